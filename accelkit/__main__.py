@@ -1,0 +1,5 @@
+import sys
+
+from accelkit._cli import main
+
+sys.exit(main())

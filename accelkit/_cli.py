@@ -1,0 +1,55 @@
+"""The ``accelkit`` command: ``accelkit devices [--json]`` and ``accelkit select [SPEC]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from accelkit._errors import AccelkitError
+
+
+def _devices(args: argparse.Namespace) -> int:
+    from accelkit import devices
+
+    reports = devices()
+    if args.json:
+        print(json.dumps([r.as_dict() for r in reports], indent=2))
+        return 0
+    rows = [("DEVICE", "KIND", "STATUS", "MODE", "COUNT", "TARGET", "NOTE")]
+    for r in reports:
+        status = "active" if r.active else "available" if r.available else "unavailable"
+        mode = "simulated" if r.simulated else "real"
+        note = r.reason or ""
+        if r.kind == "plugin" and r.available and r.simulated:
+            note = f"select by name: select_device({r.name!r})"
+        rows.append((r.name, r.kind, status, mode, str(r.device_count), r.target or "-", note))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    return 0
+
+
+def _select(args: argparse.Namespace) -> int:
+    from accelkit import explain_selection
+
+    print(explain_selection(args.spec))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="accelkit", description="One accelerator layer for PyTorch.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    devices = commands.add_parser("devices", help="list backends and devices, and why any is unavailable")
+    devices.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    devices.set_defaults(run=_devices)
+    select = commands.add_parser("select", help="show which device select_device() picks, and why")
+    select.add_argument("spec", nargs="?", default=None, help="name or preference list, e.g. 'tpu,cpu'")
+    select.set_defaults(run=_select)
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except AccelkitError as exc:
+        print(f"accelkit: error: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,107 @@
+"""The active backend: everything the runtime needs about the device this process runs on."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from accelkit._errors import AccelkitError, FallbackDeniedError
+from accelkit._stats import OpCounters
+from accelkit.sdk import (
+    FALLBACK_POLICIES,
+    AutocastPolicy,
+    BackendInfo,
+    DeviceAllocator,
+    DeviceModel,
+    DeviceProbe,
+    DtypeRules,
+    KernelTable,
+)
+
+FALLBACK_ENV = "ACCELKIT_FALLBACK"
+
+
+def policy_from_env(default: str) -> str:
+    """The fallback policy ``ACCELKIT_FALLBACK`` asks for, else ``default``."""
+    value = os.environ.get(FALLBACK_ENV, "").strip().lower()
+    if not value:
+        return default
+    if value not in FALLBACK_POLICIES:
+        raise AccelkitError(
+            f"{FALLBACK_ENV}={value!r} is not a fallback policy; use one of "
+            f"{', '.join(FALLBACK_POLICIES)}"
+        )
+    return value
+
+
+@dataclass
+class BackendContext:
+    """The process's active PrivateUse1 backend and its runtime state.
+
+    Created once by :func:`accelkit._runtime.activate`; never replaced (one backend per process).
+    """
+
+    name: str
+    info: BackendInfo
+    probe: DeviceProbe
+    model: DeviceModel
+    allocator: DeviceAllocator
+    kernels: KernelTable
+    decompositions: Mapping[Any, Callable]
+    dtype_rules: DtypeRules | None
+    autocast: AutocastPolicy
+    fallback_policy: str
+    generator: torch.Generator = field(default_factory=torch.Generator)
+    counters: OpCounters = field(default_factory=OpCounters)
+    _warned: set = field(default_factory=set)
+    _local: threading.local = field(default_factory=threading.local)
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.name, 0)
+
+    def check_dtype(self, dtype: torch.dtype) -> None:
+        if self.dtype_rules is not None:
+            self.dtype_rules.check(dtype, f"{self.name}:0")
+
+    # -- fallback policy -------------------------------------------------------------------
+
+    def admit_fallback(self, op: Any) -> bool:
+        """Apply the policy to a CPU fallback of ``op``; True when it should be counted.
+
+        Raises :class:`FallbackDeniedError` under ``deny``; warns once per op under ``warn``.
+        Formatting a tensor for display is always admitted and not counted.
+        """
+        if getattr(self._local, "formatting", 0):
+            return False
+        if self.fallback_policy == "deny":
+            raise FallbackDeniedError(
+                f"{op} has no kernel or decomposition on {self.name} and the CPU fallback is "
+                f"denied (policy 'deny'). Allow it with {FALLBACK_ENV}=warn or "
+                f"accelkit.fallback_policy('allow'), or give the {self.name} backend a kernel "
+                "for this op."
+            )
+        if self.fallback_policy == "warn" and op not in self._warned:
+            self._warned.add(op)
+            warnings.warn(
+                f"{op} is not supported natively on {self.name}; running it on the CPU "
+                f"(set {FALLBACK_ENV}=allow to silence, =deny to forbid)",
+                stacklevel=3,
+            )
+        return True
+
+    @contextlib.contextmanager
+    def formatting(self) -> Iterator[None]:
+        """Mark the current thread as formatting a tensor for ``print``/``repr``."""
+        self._local.formatting = getattr(self._local, "formatting", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.formatting -= 1

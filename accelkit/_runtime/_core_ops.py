@@ -1,0 +1,132 @@
+"""The ops the runtime owns for every backend: allocation, geometry, copies and scalars.
+
+These are not kernels a backend chooses to provide; they are what makes a PrivateUse1 tensor
+a tensor at all. Each is registered directly on PrivateUse1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from accelkit._runtime import _tensors as T
+from accelkit._runtime._context import BackendContext
+from accelkit._runtime._dispatch import META
+
+aten = torch.ops.aten
+
+_MEMORY_FORMAT_STRIDES = {
+    torch.channels_last: 4,
+    torch.channels_last_3d: 5,
+}
+
+
+def _check_index(ctx: BackendContext, device: Any) -> None:
+    if device is None:
+        return
+    index = torch.device(device).index
+    if index not in (None, 0):
+        raise RuntimeError(
+            f"accelkit places {ctx.name} tensors on {ctx.name}:0 only; {ctx.name}:{index} was "
+            "requested. Run one process per device (torch.distributed) to use several devices."
+        )
+
+
+def _strides_for(size: tuple[int, ...], memory_format: Any) -> tuple[int, ...] | None:
+    if memory_format in _MEMORY_FORMAT_STRIDES and len(size) == _MEMORY_FORMAT_STRIDES[memory_format]:
+        return torch.empty(size, device="meta", memory_format=memory_format).stride()
+    return None
+
+
+def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
+    """The runtime-owned kernels for ``ctx``'s backend, keyed by aten overload."""
+    allocator = ctx.allocator
+
+    def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+        _check_index(ctx, device)
+        size = tuple(size)
+        return T.new_tensor(ctx, size, dtype or torch.get_default_dtype(), _strides_for(size, memory_format))
+
+    def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
+        _check_index(ctx, device)
+        return T.new_tensor(ctx, tuple(size), dtype or torch.get_default_dtype(), tuple(stride))
+
+    def meta(op):
+        def run(*args, **kwargs):
+            return op.redispatch(META, *args, **kwargs)
+
+        return run
+
+    def set_storage(self, source, storage_offset=0, size=None, stride=None):
+        if not hasattr(source, "payload"):
+            raise RuntimeError(
+                f"set_() on a {ctx.name} tensor needs a {ctx.name} storage; got one on "
+                f"{source.device}. Move the source with .to('{ctx.name}') first."
+            )
+        if size is None:
+            size = (source.nbytes() // self.dtype.itemsize,)
+        stride = T.contiguous_strides(size) if stride is None else stride
+        return aten.set_.source_Storage_storage_offset.redispatch(META, self, source, storage_offset, size, stride)
+
+    def set_tensor(self, source):
+        T.buffer_of(source)
+        return aten.set_.source_Tensor.redispatch(META, self, source)
+
+    def set_empty(self):
+        fresh = T.new_tensor(ctx, (0,), self.dtype)
+        return aten.set_.source_Tensor.redispatch(META, self, fresh)
+
+    def resize_(self, size, memory_format=None):
+        size = tuple(size)
+        stride = _strides_for(size, memory_format) or T.contiguous_strides(size)
+        return T.set_geometry(ctx, self, size, stride, self.storage_offset())
+
+    def copy_(dst, src, non_blocking=False):
+        name = ctx.name
+        if dst.device.type == name:
+            if dst.numel() == 0:
+                return dst
+            if src.device.type == name:
+                if src.dtype == dst.dtype and src.shape == dst.shape:
+                    T.write(ctx, dst, T.read(ctx, src))
+                    return dst
+                src = T.to_host(ctx, src)
+            host = torch.empty(dst.shape, dtype=dst.dtype)
+            host.copy_(src)
+            T.write(ctx, dst, allocator.from_host(host))
+            return dst
+        dst.copy_(T.to_host(ctx, src))
+        return dst
+
+    def copy_from(self, dst, non_blocking=False):
+        return copy_(dst, self, non_blocking)
+
+    def copy_from_and_resize(self, dst):
+        if dst.device.type == ctx.name:
+            resize_(dst, self.shape)
+        else:
+            dst.resize_(self.shape)
+        return copy_(dst, self)
+
+    def local_scalar_dense(self):
+        return T.to_host(ctx, self).item()
+
+    return {
+        aten.empty.memory_format: empty,
+        aten.empty_strided.default: empty_strided,
+        aten.as_strided.default: meta(aten.as_strided.default),
+        aten.view.default: meta(aten.view.default),
+        aten._reshape_alias.default: meta(aten._reshape_alias.default),
+        aten.alias.default: meta(aten.alias.default),
+        aten.set_.source_Storage_storage_offset: set_storage,
+        aten.set_.source_Storage: set_storage,
+        aten.set_.source_Tensor: set_tensor,
+        aten.set_.default: set_empty,
+        aten.resize_.default: resize_,
+        aten.copy_.default: copy_,
+        aten._copy_from.default: copy_from,
+        aten._copy_from_and_resize.default: copy_from_and_resize,
+        aten._local_scalar_dense.default: local_scalar_dense,
+    }

@@ -1,0 +1,189 @@
+"""``torch.<name>``: the device module, mirroring the ``torch.cuda`` essentials.
+
+PyTorch itself calls a few of these (``is_available``, ``device_count``, ``current_device``,
+the RNG functions, ``get_amp_supported_dtype``, ``device``); the rest serve user code that
+was written for ``torch.cuda``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from accelkit._runtime._context import BackendContext
+from accelkit.sdk import DeviceModel
+
+
+@dataclass(frozen=True)
+class DeviceProperties:
+    """What ``torch.<name>.get_device_properties()`` returns."""
+
+    name: str
+    vendor: str
+    target: str
+    total_memory: int
+    simulated: bool
+    memory_bandwidth: float | None
+    peak_flops: dict[str, float] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, backend: str, model: DeviceModel) -> DeviceProperties:
+        kind = "simulated " if model.simulated else ""
+        return cls(
+            name=f"{model.vendor} {model.name} ({kind}{backend})",
+            vendor=model.vendor,
+            target=model.name,
+            total_memory=model.memory_bytes,
+            simulated=model.simulated,
+            memory_bandwidth=model.memory_bandwidth,
+            peak_flops={str(d).removeprefix("torch."): f for d, f in model.peak_flops.items()},
+            sources=dict(model.sources),
+        )
+
+
+class DeviceModule(types.ModuleType):
+    """The module registered as ``torch.<name>`` for the active backend."""
+
+    def __init__(self, ctx: BackendContext):
+        super().__init__(f"torch.{ctx.name}", f"accelkit device module for {ctx.name!r}")
+        self._ctx = ctx
+
+    # -- identity and availability ---------------------------------------------------------
+
+    def is_available(self) -> bool:
+        return self._ctx.probe.available
+
+    def is_built(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def init(self) -> None:
+        """Nothing to do: the backend is initialised when it is activated."""
+
+    def _is_in_bad_fork(self) -> bool:
+        return False
+
+    def device_count(self) -> int:
+        """Devices usable as tensor locations in this process (tensors live on index 0)."""
+        return 1 if self._ctx.probe.available else 0
+
+    def current_device(self) -> int:
+        return 0
+
+    def _index(self, device: Any) -> int:
+        if device is None:
+            return 0
+        if isinstance(device, int):
+            index = device
+        else:
+            d = torch.device(device)
+            if d.type != self._ctx.name:
+                raise ValueError(f"expected a {self._ctx.name} device, got {d}")
+            index = d.index or 0
+        if index not in (0, -1):
+            raise ValueError(
+                f"{self._ctx.name}:{index} is not available: accelkit uses {self._ctx.name}:0 in "
+                "each process (run one process per device)"
+            )
+        return 0
+
+    def set_device(self, device: Any) -> None:
+        self._index(device)
+
+    @contextlib.contextmanager
+    def device(self, device: Any) -> Iterator[None]:
+        """Context manager selecting a device; only index 0 exists in a process."""
+        self._index(device)
+        yield
+
+    def synchronize(self, device: Any = None) -> None:
+        """Wait until all work queued on the device is done."""
+        self._index(device)
+        self._ctx.allocator.synchronize()
+
+    # -- properties ------------------------------------------------------------------------
+
+    def get_device_properties(self, device: Any = None) -> DeviceProperties:
+        self._index(device)
+        return DeviceProperties.of(self._ctx.name, self._ctx.model)
+
+    def get_device_name(self, device: Any = None) -> str:
+        return self.get_device_properties(device).name
+
+    # -- RNG -------------------------------------------------------------------------------
+
+    def manual_seed(self, seed: int) -> None:
+        self._ctx.generator.manual_seed(int(seed))
+
+    manual_seed_all = manual_seed
+
+    def seed(self) -> None:
+        self._ctx.generator.seed()
+
+    seed_all = seed
+
+    def initial_seed(self) -> int:
+        return self._ctx.generator.initial_seed()
+
+    def get_rng_state(self, device: Any = "cpu") -> torch.Tensor:
+        return self._ctx.generator.get_state()
+
+    def set_rng_state(self, new_state: torch.Tensor, device: Any = "cpu") -> None:
+        self._ctx.generator.set_state(new_state)
+
+    def get_rng_state_all(self) -> list[torch.Tensor]:
+        return [self.get_rng_state()]
+
+    def set_rng_state_all(self, new_states: list[torch.Tensor]) -> None:
+        self.set_rng_state(new_states[0])
+
+    # -- AMP -------------------------------------------------------------------------------
+
+    def get_amp_supported_dtype(self) -> list[torch.dtype]:
+        return list(self._ctx.autocast.dtypes)
+
+    def is_bf16_supported(self, including_emulation: bool = True) -> bool:
+        return torch.bfloat16 in self._ctx.autocast.dtypes
+
+    # -- memory ----------------------------------------------------------------------------
+
+    def memory_allocated(self, device: Any = None) -> int:
+        self._index(device)
+        return self._ctx.allocator.memory_allocated()
+
+    def max_memory_allocated(self, device: Any = None) -> int:
+        self._index(device)
+        return self._ctx.allocator.max_memory_allocated()
+
+    def memory_reserved(self, device: Any = None) -> int:
+        self._index(device)
+        return self._ctx.allocator.memory_reserved()
+
+    def max_memory_reserved(self, device: Any = None) -> int:
+        self._index(device)
+        return self._ctx.allocator.max_memory_reserved()
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        self._index(device)
+        self._ctx.allocator.reset_peak_stats()
+
+    def empty_cache(self) -> None:
+        self._ctx.allocator.empty_cache()
+
+    def memory_stats(self, device: Any = None) -> dict[str, int]:
+        self._index(device)
+        return self._ctx.allocator.memory_stats()
+
+    def mem_get_info(self, device: Any = None) -> tuple[int, int]:
+        """``(free, total)`` bytes, where free excludes cached blocks."""
+        self._index(device)
+        allocator = self._ctx.allocator
+        return allocator.capacity - allocator.memory_reserved(), allocator.capacity

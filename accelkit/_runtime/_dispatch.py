@@ -1,0 +1,500 @@
+"""The dispatch pipeline: backend kernel → decomposition → CPU fallback → clear error.
+
+Every aten op that reaches PrivateUse1 takes exactly one of these paths:
+
+1. a **native kernel** from the backend's :class:`~accelkit.sdk.KernelTable`, registered
+   directly on PrivateUse1 (with in-place and ``out=`` overloads derived from functional ones);
+2. a **view**: ops whose result aliases an input only change metadata, so they run through the
+   Meta kernel on the device tensor and share its storage;
+3. a **decomposition** into smaller ops, which dispatch again;
+4. the **CPU fallback**, under the policy ``deny | warn | allow``: arguments are copied to the
+   host, the CPU kernel runs, mutated arguments and results are copied back.
+
+Native, decomposed and fallback executions are counted per op (:func:`accelkit.stats`).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._C import DispatchKey, DispatchKeySet
+from torch._ops import OpOverload
+
+from accelkit._runtime import _tensors as T
+from accelkit._runtime._context import BackendContext
+
+META = T.META
+_AUTOCAST = DispatchKeySet(DispatchKey.AutocastPrivateUse1)
+_Tensor = torch.Tensor
+
+
+# ---------------------------------------------------------------------------------------------
+# Schema helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_write(arg: Any) -> bool:
+    return arg.alias_info is not None and arg.alias_info.is_write
+
+
+def is_view_op(op: OpOverload) -> bool:
+    """True for ops whose results alias an input without writing to it (pure metadata)."""
+    returns = op._schema.returns
+    return bool(returns) and any(
+        r.alias_info is not None and not r.alias_info.is_write for r in returns
+    )
+
+
+def is_inplace_view_op(op: OpOverload) -> bool:
+    return torch.Tag.inplace_view in op.tags
+
+
+def out_arg_names(op: OpOverload) -> list[str]:
+    return [a.name for a in op._schema.arguments if a.kwarg_only and _is_write(a)]
+
+
+def _signature(op: OpOverload, skip_out: bool) -> list[tuple[str, str]]:
+    return [
+        (a.name, str(a.type))
+        for a in op._schema.arguments
+        if not (skip_out and a.kwarg_only and _is_write(a))
+    ]
+
+
+def variants_of(functional: OpOverload) -> tuple[OpOverload | None, OpOverload | None]:
+    """The in-place and ``out=`` overloads computing the same thing as ``functional``."""
+    name = functional._schema.name.split("::")[1]
+    overload = functional._overloadname
+    inplace = None
+    packet = getattr(torch.ops.aten, name + "_", None)
+    if packet is not None and overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        if _signature(candidate, False)[1:] == _signature(functional, False)[1:]:
+            inplace = candidate
+    out = None
+    want = _signature(functional, False)
+    packet = getattr(torch.ops.aten, name)
+    for other in packet.overloads():
+        candidate = getattr(packet, other)
+        if out_arg_names(candidate) and _signature(candidate, True) == want:
+            out = candidate
+            break
+    return inplace, out
+
+
+def functional_of(op: OpOverload) -> tuple[OpOverload | None, str]:
+    """For an in-place or ``out=`` overload, its functional overload and the variant kind."""
+    name = op._schema.name.split("::")[1]
+    if out_arg_names(op):
+        want = _signature(op, True)
+        packet = getattr(torch.ops.aten, name)
+        for other in packet.overloads():
+            candidate = getattr(packet, other)
+            if not out_arg_names(candidate) and _signature(candidate, False) == want:
+                return candidate, "out"
+        return None, ""
+    if name.endswith("_") and op._schema.arguments and _is_write(op._schema.arguments[0]):
+        packet = getattr(torch.ops.aten, name[:-1], None)
+        if packet is not None and op._overloadname in packet.overloads():
+            return getattr(packet, op._overloadname), "inplace"
+    return None, ""
+
+
+def _generator_slot(op: OpOverload) -> tuple[int, str] | None:
+    for i, a in enumerate(op._schema.arguments):
+        if "Generator" in str(a.type):
+            return i, a.name
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Result checks shared by derived variants and the decomposition path
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _type_name(dtype: torch.dtype) -> str:
+    """PyTorch's name for a dtype in error messages (``Float``, ``Long``, ``BFloat16``)."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
+def check_inplace(self: _Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """Refuse an in-place result that cannot be stored in ``self``, before anything is written."""
+    if tuple(shape) != tuple(self.shape):
+        raise RuntimeError(
+            f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(shape)}"
+        )
+    if not torch.can_cast(dtype, self.dtype):
+        raise RuntimeError(
+            f"result type {_type_name(dtype)} can't be cast to the desired output type "
+            f"{_type_name(self.dtype)}"
+        )
+
+
+def prepare_out(ctx: BackendContext, out: _Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    """Resize an ``out=`` tensor to ``shape`` as PyTorch does, and check the dtype cast."""
+    if not torch.can_cast(dtype, out.dtype):
+        raise RuntimeError(
+            f"result type {_type_name(dtype)} can't be cast to the desired output type "
+            f"{_type_name(out.dtype)}"
+        )
+    if tuple(out.shape) != tuple(shape):
+        if out.numel():
+            warnings.warn(
+                f"An output with one or more elements was resized since it had shape "
+                f"{list(out.shape)}, which does not match the required output shape {list(shape)}. "
+                "This behavior is deprecated, and in a future PyTorch release outputs will not be "
+                "resized unless they have zero elements.",
+                UserWarning,
+                stacklevel=4,
+            )
+        T.set_geometry(ctx, out, shape, T.contiguous_strides(shape), out.storage_offset())
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline
+# ---------------------------------------------------------------------------------------------
+
+
+class Pipeline:
+    """Installs and runs the dispatch pipeline for one backend (see the module docstring)."""
+
+    def __init__(self, ctx: BackendContext):
+        self.ctx = ctx
+        self._plans: dict[OpOverload, Callable] = {}
+        self._decomposing = threading.local()
+
+    # -- arrays in, tensors out ------------------------------------------------------------
+
+    def _to_array(self, value: Any) -> Any:
+        if isinstance(value, _Tensor):
+            if value.device.type == self.ctx.name:
+                return T.read(self.ctx, value)
+            return self.ctx.allocator.from_host(value)
+        if isinstance(value, (list, tuple)) and value and any(isinstance(v, _Tensor) for v in value):
+            return type(value)(self._to_array(v) if v is not None else None for v in value)
+        return value
+
+    def _wrap(self, result: Any) -> Any:
+        if isinstance(result, tuple):
+            return tuple(self._wrap(r) for r in result)
+        if isinstance(result, list):
+            return [self._wrap(r) for r in result]
+        if result is None or isinstance(result, (bool, int, float, complex)):
+            return result
+        return T.from_array(self.ctx, result)
+
+    def _meta(self, array: Any) -> tuple[tuple[int, ...], torch.dtype]:
+        return self.ctx.allocator.array_meta(array)
+
+    # -- native kernels --------------------------------------------------------------------
+
+    def native(self, op: OpOverload, fn: Callable) -> Callable:
+        """Wrap a functional backend kernel as a PrivateUse1 kernel for ``op``."""
+        ctx, name, to_array, wrap = self.ctx, str(op), self._to_array, self._wrap
+        gen = _generator_slot(op)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            ctx.counters.count(name, "native")
+            args = [to_array(a) for a in args]
+            kwargs = {k: to_array(v) for k, v in kwargs.items()}
+            if gen is not None:
+                _fill_generator(ctx, gen, args, kwargs)
+            return wrap(fn(*args, **kwargs))
+
+        return run
+
+    def native_inplace(self, op: OpOverload, fn: Callable) -> Callable:
+        """Derive ``op`` (an in-place overload) from the functional kernel ``fn``."""
+        ctx, name, to_array, meta = self.ctx, str(op), self._to_array, self._meta
+
+        def run(self_: _Tensor, *args: Any, **kwargs: Any) -> _Tensor:
+            ctx.counters.count(name, "native")
+            result = fn(T.read(ctx, self_), *[to_array(a) for a in args],
+                        **{k: to_array(v) for k, v in kwargs.items()})
+            shape, dtype = meta(result)
+            check_inplace(self_, shape, dtype)
+            if dtype != self_.dtype:
+                result = ctx.allocator.cast(result, self_.dtype)
+            T.write(ctx, self_, result)
+            return self_
+
+        return run
+
+    def native_out(self, op: OpOverload, fn: Callable) -> Callable:
+        """Derive ``op`` (an ``out=`` overload) from the functional kernel ``fn``."""
+        ctx, name, to_array, meta = self.ctx, str(op), self._to_array, self._meta
+        out_names = out_arg_names(op)
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            ctx.counters.count(name, "native")
+            outs = [kwargs.pop(n) for n in out_names]
+            result = fn(*[to_array(a) for a in args], **{k: to_array(v) for k, v in kwargs.items()})
+            results = result if isinstance(result, tuple) else (result,)
+            metas = [meta(r) for r in results]
+            for out, (shape, dtype) in zip(outs, metas):
+                prepare_out(ctx, out, shape, dtype)
+            for out, r, (_, dtype) in zip(outs, results, metas):
+                if dtype != out.dtype:
+                    r = ctx.allocator.cast(r, out.dtype)
+                if out.numel():
+                    T.write(ctx, out, r)
+            return outs[0] if len(outs) == 1 else tuple(outs)
+
+        return run
+
+    # -- the boxed fallback: view → decomposition → CPU ------------------------------------
+
+    def fallback(self, op: OpOverload, *args: Any, **kwargs: Any) -> Any:
+        plan = self._plans.get(op)
+        if plan is None:
+            plan = self._plans[op] = self._plan(op)
+        return plan(op, *args, **kwargs)
+
+    def _plan(self, op: OpOverload) -> Callable:
+        if is_view_op(op) or is_inplace_view_op(op):
+            return _run_meta
+        decomposition = self.ctx.decompositions.get(op)
+        if decomposition is not None:
+            return self._decomposed(decomposition)
+        functional, kind = functional_of(op)
+        if functional is not None and functional in self.ctx.decompositions:
+            return self._decomposed_variant(functional, kind)
+        return self.cpu_fallback
+
+    def _decomposed(self, decomposition: Callable) -> Callable:
+        def run(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
+            active = self._active_decompositions()
+            if op not in active:
+                active.add(op)
+                try:
+                    with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST):
+                        result = decomposition(*args, **kwargs)
+                finally:
+                    active.discard(op)
+                if result is not NotImplemented:
+                    self.ctx.counters.count(str(op), "decomposed")
+                    return result
+            return self.cpu_fallback(op, *args, **kwargs)
+
+        return run
+
+    def _decomposed_variant(self, functional: OpOverload, kind: str) -> Callable:
+        """Run an in-place / ``out=`` overload as its functional op, then store the result."""
+
+        def run(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
+            if kind == "out":
+                names = out_arg_names(op)
+                outs = [kwargs.pop(n) for n in names]
+                result = functional(*args, **kwargs)
+                results = result if isinstance(result, tuple) else (result,)
+                for out, r in zip(outs, results):
+                    prepare_out(self.ctx, out, tuple(r.shape), r.dtype)
+                for out, r in zip(outs, results):
+                    out.copy_(r)
+                self.ctx.counters.count(str(op), "decomposed")
+                return outs[0] if len(outs) == 1 else tuple(outs)
+            self_, rest = args[0], args[1:]
+            result = functional(self_, *rest, **kwargs)
+            check_inplace(self_, tuple(result.shape), result.dtype)
+            self_.copy_(result)
+            self.ctx.counters.count(str(op), "decomposed")
+            return self_
+
+        return run
+
+    def _active_decompositions(self) -> set:
+        active = getattr(self._decomposing, "ops", None)
+        if active is None:
+            active = self._decomposing.ops = set()
+        return active
+
+    # -- CPU fallback ----------------------------------------------------------------------
+
+    def cpu_fallback(self, op: OpOverload, *args: Any, **kwargs: Any) -> Any:
+        """Run ``op`` on the CPU with host copies of the device arguments, then copy back."""
+        ctx = self.ctx
+        if ctx.admit_fallback(op):
+            ctx.counters.count(str(op), "fallback")
+        return _HostCall(ctx, op).run(args, kwargs)
+
+
+def _run_meta(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
+    return op.redispatch(META, *args, **kwargs)
+
+
+def _fill_generator(ctx: BackendContext, slot: tuple[int, str], args: list, kwargs: dict) -> None:
+    index, name = slot
+    if index < len(args):
+        if args[index] is None:
+            args[index] = ctx.generator
+    elif kwargs.get(name) is None:
+        kwargs[name] = ctx.generator
+
+
+# ---------------------------------------------------------------------------------------------
+# One CPU-fallback call
+# ---------------------------------------------------------------------------------------------
+
+
+def _category(dtype: torch.dtype) -> int:
+    if dtype == torch.bool:
+        return 0
+    if dtype.is_complex:
+        return 3
+    if dtype.is_floating_point:
+        return 2
+    return 1
+
+
+def _scalar_dtype(value: Any, tensors: list[_Tensor]) -> torch.dtype:
+    """A dtype for a Python number standing where the schema wants a Tensor.
+
+    PyTorch wraps such numbers as "wrapped numbers", which never widen the dtype of the tensors
+    beside them. A 0-d tensor of the widest same-category dtype present behaves the same.
+    """
+    if isinstance(value, bool):
+        own = torch.bool
+    elif isinstance(value, int):
+        own = torch.int64
+    elif isinstance(value, float):
+        own = torch.get_default_dtype()
+    else:
+        own = torch.complex64 if torch.get_default_dtype() == torch.float32 else torch.complex128
+    same = [t.dtype for t in tensors if _category(t.dtype) == _category(own)]
+    if same:
+        return max(same, key=lambda d: d.itemsize)
+    return own
+
+
+class _HostCall:
+    """Copies device arguments to the host (one copy per storage, so aliasing is kept), runs
+    the CPU kernel, writes mutated storages back and brings results to the device."""
+
+    def __init__(self, ctx: BackendContext, op: OpOverload):
+        self.ctx = ctx
+        self.op = op
+        self.hosts: dict[int, tuple[Any, torch.Tensor]] = {}  # id(buffer) -> (buffer, host bytes)
+        self.twins: list[tuple[_Tensor, _Tensor]] = []  # (device tensor, host view)
+
+    def _host(self, t: _Tensor) -> _Tensor:
+        buf = T.buffer_of(t)
+        entry = self.hosts.get(id(buf))
+        if entry is None:
+            nbytes = t.untyped_storage().nbytes()
+            entry = (buf, self.ctx.allocator.read_bytes(buf.block, nbytes) if nbytes else
+                     torch.empty(0, dtype=torch.uint8))
+            self.hosts[id(buf)] = entry
+        view = torch.empty(0, dtype=t.dtype).set_(
+            entry[1].untyped_storage(), t.storage_offset(), t.shape, t.stride()
+        )
+        self.twins.append((t, view))
+        return view
+
+    def _convert(self, value: Any, arg: Any, tensors: list[_Tensor]) -> Any:
+        name = self.ctx.name
+        if isinstance(value, _Tensor):
+            return self._host(value) if value.device.type == name else value
+        if isinstance(value, (list, tuple)):
+            return type(value)(self._convert(v, arg, tensors) for v in value)
+        if isinstance(value, torch.device) and value.type == name:
+            return torch.device("cpu")
+        if isinstance(value, str) and arg is not None and arg.name == "device":
+            return "cpu" if value.split(":")[0] == name else value
+        if arg is not None and isinstance(value, (bool, int, float, complex)) and (
+            str(arg.type) in ("Tensor", "Optional[Tensor]")
+        ):
+            return torch.tensor(value, dtype=_scalar_dtype(value, tensors))
+        return value
+
+    def run(self, args: tuple, kwargs: dict) -> Any:
+        ctx, op = self.ctx, self.op
+        schema = op._schema
+        by_name = {a.name: a for a in schema.arguments}
+        tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, _Tensor)]
+        cpu_args = [
+            self._convert(v, schema.arguments[i] if i < len(schema.arguments) else None, tensors)
+            for i, v in enumerate(args)
+        ]
+        cpu_kwargs = {k: self._convert(v, by_name.get(k), tensors) for k, v in kwargs.items()}
+        if "pin_memory" in cpu_kwargs:
+            cpu_kwargs["pin_memory"] = None
+        gen = _generator_slot(op)
+        if gen is not None:
+            _fill_generator(ctx, gen, cpu_args, cpu_kwargs)
+        mutated = self._mutated_device_args(args, kwargs)
+        before = {id(v): (tuple(v.shape), v.stride(), v.storage_offset())
+                  for d, v in self.twins if id(d) in mutated}
+
+        result = op(*cpu_args, **cpu_kwargs)
+
+        self._write_back(mutated, before)
+        return self._results(result)
+
+    def _mutated_device_args(self, args: tuple, kwargs: dict) -> set[int]:
+        schema = self.op._schema
+        mutated: set[int] = set()
+        values = list(zip(schema.arguments, args)) + [
+            (a, kwargs[a.name]) for a in schema.arguments if a.name in kwargs
+        ]
+        for arg, value in values:
+            if not _is_write(arg):
+                continue
+            for v in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(v, _Tensor) and v.device.type == self.ctx.name:
+                    mutated.add(id(v))
+        return mutated
+
+    def _write_back(self, mutated: set[int], before: dict) -> None:
+        if not mutated:
+            return
+        ctx = self.ctx
+        dirty: set[int] = set()
+        for device, host in self.twins:
+            if id(device) not in mutated:
+                continue
+            buf = T.buffer_of(device)
+            host_bytes = self.hosts[id(buf)][1]
+            geometry = (tuple(host.shape), host.stride(), host.storage_offset())
+            if (
+                host.untyped_storage().data_ptr() == host_bytes.untyped_storage().data_ptr()
+                and geometry == before[id(host)]
+            ):
+                dirty.add(id(buf))
+                continue
+            # The CPU kernel resized this argument (out= resizing): resize the device tensor
+            # to match and store the new contents.
+            T.set_geometry(ctx, device, host.shape, host.stride(), host.storage_offset())
+            if host.numel():
+                T.write(ctx, device, ctx.allocator.from_host(host.contiguous()))
+        for key in dirty:
+            buf, host_bytes = self.hosts[key]
+            ctx.allocator.write_bytes(buf.block, host_bytes)
+
+    def _results(self, result: Any) -> Any:
+        if isinstance(result, _Tensor):
+            for device, host in self.twins:
+                if host is result:
+                    return device
+            if result.device.type != "cpu":
+                return result
+            return self._to_device(result)
+        if isinstance(result, tuple):
+            return tuple(self._results(r) for r in result)
+        if isinstance(result, list):
+            return [self._results(r) for r in result]
+        return result
+
+    def _to_device(self, host: _Tensor) -> _Tensor:
+        ctx = self.ctx
+        dense = host.is_contiguous() or host.is_contiguous(memory_format=torch.channels_last)
+        stride = host.stride() if dense else None
+        device = T.new_tensor(ctx, host.shape, host.dtype, stride)
+        if host.numel():
+            T.write(ctx, device, ctx.allocator.from_host(host))
+        return device

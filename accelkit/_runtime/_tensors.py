@@ -1,0 +1,127 @@
+"""Storage emulation: device tensors with real sizes, strides and offsets over a backend buffer.
+
+A device tensor is a PrivateUse1 tensor whose ``UntypedStorage`` Python object carries the
+backend :class:`~accelkit.sdk.Buffer` as ``payload``. Sizes, strides, offset and the storage's
+byte size are set through the Meta kernel of ``set_``, so every view PyTorch makes shares the
+StorageImpl — and with it the payload — exactly as on CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch._C import DispatchKey, DispatchKeySet
+
+from accelkit._runtime._context import BackendContext
+from accelkit.sdk import Buffer, ViewSpec
+
+META = DispatchKeySet(DispatchKey.Meta)
+_set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_create_empty = torch._C._acc.create_empty_tensor
+
+
+def contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(size):
+        strides.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def storage_bytes(size: Sequence[int], stride: Sequence[int], offset: int, itemsize: int) -> int:
+    """Bytes of storage a view with this geometry needs."""
+    if any(s == 0 for s in size):
+        return offset * itemsize
+    return (offset + 1 + sum((s - 1) * st for s, st in zip(size, stride))) * itemsize
+
+
+def buffer_of(tensor: torch.Tensor) -> Buffer:
+    """The backend buffer behind a device tensor."""
+    try:
+        return tensor.untyped_storage().payload
+    except AttributeError:
+        raise RuntimeError(
+            f"a {tensor.device} tensor without device memory reached accelkit; it was made by "
+            "an API that bypasses the runtime (e.g. torch.UntypedStorage(n, device=...)). "
+            "Create device tensors with torch.empty/zeros/tensor(..., device=...) or .to(device)."
+        ) from None
+
+
+def new_tensor(
+    ctx: BackendContext,
+    size: Sequence[int],
+    dtype: torch.dtype,
+    stride: Sequence[int] | None = None,
+) -> torch.Tensor:
+    """Allocate a device tensor of this geometry (contiguous unless ``stride`` is given).
+
+    Device memory is reserved before the tensor exists, so an out-of-memory error leaves
+    nothing half-built.
+    """
+    ctx.check_dtype(dtype)
+    size = tuple(size)
+    stride = contiguous_strides(size) if stride is None else tuple(stride)
+    payload = ctx.allocator.allocate(storage_bytes(size, stride, 0, dtype.itemsize))
+    tensor = _create_empty(size, dtype)
+    storage = tensor.untyped_storage()
+    storage.payload = payload
+    _set_storage.redispatch(META, tensor, storage, 0, size, stride)
+    return tensor
+
+
+def set_geometry(
+    ctx: BackendContext,
+    tensor: torch.Tensor,
+    size: Sequence[int],
+    stride: Sequence[int],
+    offset: int,
+) -> torch.Tensor:
+    """Give ``tensor`` a new geometry on its own storage, growing device memory if needed.
+
+    Growth keeps the bytes already stored (``resize_`` semantics); every other tensor sharing
+    the storage sees the new buffer.
+    """
+    storage = tensor.untyped_storage()
+    needed = storage_bytes(size, stride, offset, tensor.dtype.itemsize)
+    old = buffer_of(tensor)
+    if needed > old.nbytes:
+        grown = ctx.allocator.allocate(needed)
+        if old.nbytes:
+            ctx.allocator.write_bytes(grown.block, ctx.allocator.read_bytes(old.block, old.nbytes))
+        storage.payload = grown
+    _set_storage.redispatch(META, tensor, storage, offset, tuple(size), tuple(stride))
+    return tensor
+
+
+def read(ctx: BackendContext, tensor: torch.Tensor) -> Any:
+    """The tensor's elements as a backend array of its shape."""
+    return ctx.allocator.read(buffer_of(tensor).block, ViewSpec.of(tensor))
+
+
+def write(ctx: BackendContext, tensor: torch.Tensor, array: Any) -> None:
+    """Store a backend array of the tensor's shape and dtype into the tensor's elements."""
+    ctx.allocator.write(buffer_of(tensor).block, ViewSpec.of(tensor), array)
+
+
+def from_array(ctx: BackendContext, array: Any) -> torch.Tensor:
+    """A new contiguous device tensor holding a backend array."""
+    shape, dtype = ctx.allocator.array_meta(array)
+    tensor = new_tensor(ctx, shape, dtype)
+    if tensor.numel():
+        write(ctx, tensor, array)
+    return tensor
+
+
+def to_host(ctx: BackendContext, tensor: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of a device tensor (same shape and dtype, contiguous)."""
+    return ctx.allocator.to_host(read(ctx, tensor))
+
+
+def from_host(ctx: BackendContext, host: torch.Tensor) -> torch.Tensor:
+    """A new device tensor with the values of a CPU tensor."""
+    tensor = new_tensor(ctx, host.shape, host.dtype)
+    if tensor.numel():
+        write(ctx, tensor, ctx.allocator.from_host(host.contiguous()))
+    return tensor

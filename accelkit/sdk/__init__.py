@@ -1,0 +1,46 @@
+"""The backend-author SDK: everything a device backend is built from.
+
+The in-tree backends (``ref``, ``tpu``, ``neuron``) use exactly this surface; a third-party
+backend needs nothing else. A backend is a plugin module with ``@hookimpl`` functions (see
+:mod:`accelkit.hookspecs`) registered under the entry-point group ``accelkit.backends``.
+"""
+
+from accelkit.sdk._allocator import Buffer, DeviceAllocator, ViewSpec, format_bytes, size_class
+from accelkit.sdk._kernels import (
+    CUDA_LIKE_AUTOCAST,
+    AutocastPolicy,
+    KernelEntry,
+    KernelTable,
+    default_decompositions,
+)
+from accelkit.sdk._records import (
+    FALLBACK_POLICIES,
+    BackendInfo,
+    DeviceModel,
+    DeviceProbe,
+    DtypeRules,
+    Expectations,
+    UnsupportedDtypeError,
+)
+from accelkit._plugins import hookimpl
+
+__all__ = [
+    "CUDA_LIKE_AUTOCAST",
+    "FALLBACK_POLICIES",
+    "AutocastPolicy",
+    "BackendInfo",
+    "Buffer",
+    "DeviceAllocator",
+    "DeviceModel",
+    "DeviceProbe",
+    "DtypeRules",
+    "Expectations",
+    "KernelEntry",
+    "KernelTable",
+    "UnsupportedDtypeError",
+    "ViewSpec",
+    "default_decompositions",
+    "format_bytes",
+    "hookimpl",
+    "size_class",
+]

@@ -1,0 +1,284 @@
+"""Device memory: the allocator base every backend subclasses.
+
+The base owns what every backend needs the same way — size classes, a cache of freed blocks,
+statistics, the capacity check and the out-of-memory message. A backend supplies the raw
+primitives: how to get and drop a block, and how to move data between a block, its own array
+type and the host.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_SMALL_LIMIT = 1 << 20  # requests up to 1 MiB are rounded to 512 bytes
+_SMALL_ROUND = 512
+
+
+def size_class(nbytes: int) -> int:
+    """Round a request to its block size.
+
+    Small requests round up to 512 bytes; larger ones to one of four steps per power of two
+    (1, 1.25, 1.5, 1.75 × 2**k), so a freed block is reused by any request of the same class
+    and at most a fifth of a block is slack.
+    """
+    if nbytes <= _SMALL_LIMIT:
+        return max(_SMALL_ROUND, -(-nbytes // _SMALL_ROUND) * _SMALL_ROUND)
+    step = 1 << (nbytes.bit_length() - 3)
+    return -(-nbytes // step) * step
+
+
+def format_bytes(n: float) -> str:
+    """``1536`` → ``"1.50 KiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclass(frozen=True, slots=True)
+class ViewSpec:
+    """How a tensor reads its storage: dtype, sizes, strides and offset (in elements)."""
+
+    dtype: torch.dtype
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> ViewSpec:
+        return cls(tensor.dtype, tuple(tensor.shape), tensor.stride(), tensor.storage_offset())
+
+    @classmethod
+    def contiguous(cls, dtype: torch.dtype, size: tuple[int, ...]) -> ViewSpec:
+        stride, acc = [], 1
+        for s in reversed(size):
+            stride.append(acc)
+            acc *= max(s, 1)
+        return cls(dtype, tuple(size), tuple(reversed(stride)), 0)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.size:
+            n *= s
+        return n
+
+
+class Buffer:
+    """One device allocation: the payload kept on a device tensor's storage.
+
+    It returns its block to the allocator when the storage (and so the last tensor using it)
+    is gone. ``block`` is the backend's raw block; ``nbytes`` what was asked for.
+    """
+
+    __slots__ = ("block", "nbytes", "block_bytes", "_allocator", "__weakref__")
+
+    def __init__(self, allocator: DeviceAllocator, block: Any, nbytes: int, block_bytes: int):
+        self.block = block
+        self.nbytes = nbytes
+        self.block_bytes = block_bytes
+        self._allocator = allocator
+
+    def __del__(self) -> None:
+        allocator = self._allocator
+        if allocator is not None:
+            self._allocator = None
+            allocator._release(self.block, self.block_bytes, self.nbytes)
+
+    def __repr__(self) -> str:
+        return f"Buffer({format_bytes(self.nbytes)} on {self._allocator and self._allocator.device})"
+
+
+class DeviceAllocator:
+    """Base of every backend allocator: caching, statistics, capacity and OOM errors.
+
+    Subclasses implement the raw primitives below. The runtime calls only the public methods.
+
+    Raw primitives (backend):
+
+    - ``_alloc_block(nbytes) -> block`` and ``_free_block(block)``;
+    - ``read(block, view) -> array``: the view's elements as a backend array of ``view.size``;
+    - ``write(block, view, array)``: store an array of ``view.size`` and ``view.dtype`` into
+      the view's elements; other elements of the block are unchanged;
+    - ``to_host(array) -> torch.Tensor`` and ``from_host(tensor) -> array``;
+    - ``array_meta(array) -> (shape, torch.dtype)``.
+
+    Optional: ``cast(array, dtype)`` (default: through the host), ``read_bytes`` /
+    ``write_bytes`` for whole-block host copies (default: through ``read``/``write``) and
+    ``synchronize()`` for backends that queue work (default: nothing to wait for).
+
+    :param device: the device string used in messages (``"ref:0"``).
+    :param capacity: bytes the device holds; requests beyond it raise ``torch.OutOfMemoryError``.
+    :param max_cached: bytes of freed blocks kept for reuse (default: a quarter of capacity).
+    """
+
+    def __init__(self, device: str, capacity: int, max_cached: int | None = None):
+        if capacity <= 0:
+            raise ValueError(f"{device}: allocator capacity must be positive, got {capacity}")
+        self.device = device
+        self.capacity = capacity
+        self.max_cached = capacity // 4 if max_cached is None else max_cached
+        self._lock = threading.Lock()
+        self._cache: dict[int, list[Any]] = {}
+        self._cached_bytes = 0
+        self._allocated = 0
+        self._requested = 0
+        self._peak_allocated = 0
+        self._peak_reserved = 0
+        self._counts = {"allocations": 0, "frees": 0, "cache_hits": 0, "ooms": 0}
+
+    # -- backend primitives ----------------------------------------------------------------
+
+    def _alloc_block(self, nbytes: int) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement _alloc_block")
+
+    def _free_block(self, block: Any) -> None:
+        """Drop a block for good. The default lets garbage collection reclaim it."""
+
+    def read(self, block: Any, view: ViewSpec) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement read")
+
+    def write(self, block: Any, view: ViewSpec, array: Any) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement write")
+
+    def to_host(self, array: Any) -> torch.Tensor:
+        raise NotImplementedError(f"{type(self).__name__} must implement to_host")
+
+    def from_host(self, tensor: torch.Tensor) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement from_host")
+
+    def array_meta(self, array: Any) -> tuple[tuple[int, ...], torch.dtype]:
+        raise NotImplementedError(f"{type(self).__name__} must implement array_meta")
+
+    def cast(self, array: Any, dtype: torch.dtype) -> Any:
+        """Convert an array to ``dtype``; the default goes through the host."""
+        return self.from_host(self.to_host(array).to(dtype))
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (``torch.<name>.synchronize``); default: nothing queued."""
+
+    def read_bytes(self, block: Any, nbytes: int) -> torch.Tensor:
+        """The first ``nbytes`` of a block as a new host ``uint8`` tensor."""
+        return self.to_host(self.read(block, ViewSpec(torch.uint8, (nbytes,), (1,), 0))).clone()
+
+    def write_bytes(self, block: Any, data: torch.Tensor) -> None:
+        """Overwrite the start of a block with host ``uint8`` bytes."""
+        view = ViewSpec(torch.uint8, (data.numel(),), (1,), 0)
+        self.write(block, view, self.from_host(data.contiguous()))
+
+    # -- the public allocator --------------------------------------------------------------
+
+    def allocate(self, nbytes: int) -> Buffer:
+        """Return a buffer of at least ``nbytes``, reusing a cached block when one fits.
+
+        :raises torch.OutOfMemoryError: when the request does not fit in the capacity even
+            after the cache is emptied. The message names the device, the request, what is in
+            use and the capacity.
+        """
+        if nbytes < 0:
+            raise ValueError(f"{self.device}: cannot allocate a negative size ({nbytes} bytes)")
+        block_bytes = size_class(nbytes)
+        with self._lock:
+            cached = self._cache.get(block_bytes)
+            if cached:
+                block = cached.pop()
+                self._cached_bytes -= block_bytes
+                self._counts["cache_hits"] += 1
+            else:
+                block = None
+                if self._reserved() + block_bytes > self.capacity:
+                    self._empty_cache_locked()
+                if self._allocated + block_bytes > self.capacity:
+                    self._counts["ooms"] += 1
+                    raise torch.OutOfMemoryError(self._oom_message(nbytes))
+            self._allocated += block_bytes
+            self._requested += nbytes
+            self._counts["allocations"] += 1
+            self._peak_allocated = max(self._peak_allocated, self._allocated)
+            self._peak_reserved = max(self._peak_reserved, self._reserved())
+        if block is None:
+            try:
+                block = self._alloc_block(block_bytes)
+            except BaseException:
+                with self._lock:
+                    self._allocated -= block_bytes
+                    self._requested -= nbytes
+                raise
+        return Buffer(self, block, nbytes, block_bytes)
+
+    def _release(self, block: Any, block_bytes: int, nbytes: int) -> None:
+        drop = False
+        with self._lock:
+            self._allocated -= block_bytes
+            self._requested -= nbytes
+            self._counts["frees"] += 1
+            if self._cached_bytes + block_bytes <= self.max_cached:
+                self._cache.setdefault(block_bytes, []).append(block)
+                self._cached_bytes += block_bytes
+            else:
+                drop = True
+        if drop:
+            self._free_block(block)
+
+    def _reserved(self) -> int:
+        return self._allocated + self._cached_bytes
+
+    def _empty_cache_locked(self) -> list[Any]:
+        blocks = [b for bucket in self._cache.values() for b in bucket]
+        self._cache.clear()
+        self._cached_bytes = 0
+        for block in blocks:
+            self._free_block(block)
+        return blocks
+
+    def empty_cache(self) -> None:
+        """Give every cached (free) block back; live tensors are untouched."""
+        with self._lock:
+            self._empty_cache_locked()
+
+    def _oom_message(self, nbytes: int) -> str:
+        return (
+            f"{self.device} out of memory: tried to allocate {format_bytes(nbytes)}, "
+            f"but {format_bytes(self._allocated)} of the device's {format_bytes(self.capacity)} "
+            f"are held by live tensors ({format_bytes(self._reserved())} reserved). "
+            "Free tensors you no longer need, use a smaller batch, or pick a target "
+            "with more memory."
+        )
+
+    # -- statistics ------------------------------------------------------------------------
+
+    def memory_allocated(self) -> int:
+        return self._allocated
+
+    def memory_reserved(self) -> int:
+        return self._reserved()
+
+    def max_memory_allocated(self) -> int:
+        return self._peak_allocated
+
+    def max_memory_reserved(self) -> int:
+        return self._peak_reserved
+
+    def reset_peak_stats(self) -> None:
+        with self._lock:
+            self._peak_allocated = self._allocated
+            self._peak_reserved = self._reserved()
+
+    def memory_stats(self) -> dict[str, int]:
+        """A flat dict in the spirit of ``torch.cuda.memory_stats``."""
+        with self._lock:
+            return {
+                "allocated_bytes.current": self._allocated,
+                "allocated_bytes.peak": self._peak_allocated,
+                "requested_bytes.current": self._requested,
+                "reserved_bytes.current": self._reserved(),
+                "reserved_bytes.peak": self._peak_reserved,
+                "cached_bytes.current": self._cached_bytes,
+                "capacity_bytes": self.capacity,
+                **{f"num_{k}": v for k, v in self._counts.items()},
+            }

@@ -1,0 +1,137 @@
+"""Kernel tables and decompositions: how a backend says which aten ops it computes natively."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch._ops import OpOverload, OpOverloadPacket
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEntry:
+    """One native kernel.
+
+    :ivar op: the aten overload it implements.
+    :ivar fn: called with the op's arguments, device tensors replaced by backend arrays; returns
+        a backend array, a tuple of them, or a Python scalar for scalar-returning ops.
+    :ivar derive_variants: let the runtime build the in-place and ``out=`` overloads of a
+        functional op from this kernel (compute, check the dtype cast, write back).
+    """
+
+    op: OpOverload
+    fn: Callable[..., Any]
+    derive_variants: bool = True
+
+
+class KernelTable:
+    """A backend's native kernels, keyed by aten overload.
+
+    Use :meth:`kernel` as a decorator::
+
+        kernels = KernelTable("ref")
+
+        @kernels.kernel(aten.add.Tensor, aten.add.Scalar)
+        def add(x, y, *, alpha=1): ...
+
+    An op packet (``aten.relu``) stands for its ``default`` overload. Registering an overload
+    twice is an error that names both functions.
+    """
+
+    def __init__(self, backend: str):
+        self.backend = backend
+        self._entries: dict[OpOverload, KernelEntry] = {}
+
+    def kernel(
+        self, *ops: OpOverload | OpOverloadPacket, derive_variants: bool = True
+    ) -> Callable[[Callable], Callable]:
+        if not ops:
+            raise TypeError(f"{self.backend}: kernel() needs at least one aten op")
+
+        def register(fn: Callable) -> Callable:
+            for op in ops:
+                self.add(op, fn, derive_variants=derive_variants)
+            return fn
+
+        return register
+
+    def add(
+        self, op: OpOverload | OpOverloadPacket, fn: Callable, *, derive_variants: bool = True
+    ) -> None:
+        """Register ``fn`` for ``op`` (the decorator's non-decorator form)."""
+        if isinstance(op, OpOverloadPacket):
+            op = op.default
+        if not isinstance(op, OpOverload):
+            raise TypeError(f"{self.backend}: expected an aten op such as aten.add.Tensor, got {op!r}")
+        if op in self._entries:
+            raise ValueError(
+                f"{self.backend}: {op} already has the kernel "
+                f"{self._entries[op].fn.__qualname__}; cannot also register {fn.__qualname__}"
+            )
+        self._entries[op] = KernelEntry(op, fn, derive_variants)
+
+    def __contains__(self, op: object) -> bool:
+        return op in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __iter__(self) -> Iterator[KernelEntry]:
+        return iter(self._entries.values())
+
+    def get(self, op: OpOverload) -> KernelEntry | None:
+        return self._entries.get(op)
+
+
+def default_decompositions() -> Mapping[OpOverload, Callable]:
+    """PyTorch's core-ATen decomposition table: what the runtime uses when a backend says nothing."""
+    from torch._decomp import core_aten_decompositions
+
+    return dict(core_aten_decompositions())
+
+
+@dataclass(frozen=True)
+class AutocastPolicy:
+    """Which ops ``torch.autocast(<device>)`` runs in which precision.
+
+    Names are aten op packet names (``"mm"``, ``"layer_norm"``); every overload is covered.
+
+    :ivar lower_precision: ops cast to the autocast dtype (matmul-like work).
+    :ivar float32: ops whose floating inputs are cast up to float32 (reductions, losses).
+    :ivar promote: ops whose floating inputs are cast to the widest floating input dtype.
+    :ivar dtypes: dtypes accepted as ``torch.autocast(dtype=...)``; the first is the default.
+    """
+
+    lower_precision: tuple[str, ...]
+    float32: tuple[str, ...]
+    promote: tuple[str, ...]
+    dtypes: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+
+
+#: The policy CUDA applies (aten/src/ATen/autocast_mode.cpp), reduced to ops with aten kernels.
+CUDA_LIKE_AUTOCAST = AutocastPolicy(
+    lower_precision=(
+        "_convolution", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+        "conv_transpose3d", "convolution", "prelu", "addmm", "addmv", "addr", "matmul",
+        "einsum", "mm", "mv", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul",
+        "linalg_multi_dot", "scaled_dot_product_attention",
+    ),
+    float32=(
+        "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+        "reciprocal", "rsqrt", "sinh", "tan", "pow", "softplus", "layer_norm",
+        "native_layer_norm", "group_norm", "norm", "frobenius_norm", "nuclear_norm",
+        "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss",
+        "nll_loss2d", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss",
+        "huber_loss", "mse_loss", "margin_ranking_loss", "multilabel_margin_loss",
+        "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
+        "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+        "softmax", "log_softmax", "cross_entropy_loss", "sum", "prod", "cumsum", "cumprod",
+        "linalg_vector_norm", "linalg_matrix_norm",
+    ),
+    promote=(
+        "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler",
+        "index_put", "scatter_add", "tensordot", "cat", "stack",
+    ),
+)

@@ -1,0 +1,47 @@
+"""ref's device memory: each block is a host ``uint8`` tensor; arrays are CPU tensors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from accelkit.sdk import DeviceAllocator, ViewSpec
+
+
+class RefAllocator(DeviceAllocator):
+    """Blocks are CPU ``uint8`` tensors; a view is read without a copy by ``as_strided``."""
+
+    def _alloc_block(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def _typed(self, block: torch.Tensor, view: ViewSpec) -> torch.Tensor:
+        usable = block.numel() - block.numel() % view.dtype.itemsize
+        return block[:usable].view(view.dtype).as_strided(view.size, view.stride, view.offset)
+
+    def read(self, block: torch.Tensor, view: ViewSpec) -> torch.Tensor:
+        return self._typed(block, view)
+
+    def write(self, block: torch.Tensor, view: ViewSpec, array: torch.Tensor) -> None:
+        target = self._typed(block, view)
+        if array.untyped_storage().data_ptr() == block.untyped_storage().data_ptr():
+            array = array.clone()  # source and destination may overlap
+        target.copy_(array)
+
+    def to_host(self, array: torch.Tensor) -> torch.Tensor:
+        return array.clone()
+
+    def from_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def array_meta(self, array: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
+        return tuple(array.shape), array.dtype
+
+    def cast(self, array: torch.Tensor, dtype: torch.dtype) -> Any:
+        return array.to(dtype)
+
+    def read_bytes(self, block: torch.Tensor, nbytes: int) -> torch.Tensor:
+        return block[:nbytes].clone()
+
+    def write_bytes(self, block: torch.Tensor, data: torch.Tensor) -> None:
+        block[: data.numel()].copy_(data)
