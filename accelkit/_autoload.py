@@ -21,7 +21,7 @@ def autoload() -> None:
     except Exception as exc:  # noqa: BLE001 - an exception here would abort `import torch`
         warnings.warn(
             f"accelkit did not activate a device while torch was imported: "
-            f"{type(exc).__name__}: {exc}. Call accelkit.select_device() to see the full error, "
+            f"{type(exc).__name__}: {str(exc).rstrip('.')}. Call accelkit.select_device() to see the full error, "
             "or set ACCELKIT_AUTOLOAD=0.",
             RuntimeWarning,
             stacklevel=2,

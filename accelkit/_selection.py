@@ -227,9 +227,12 @@ def autoload() -> torch.device | None:
     spec = os.environ.get(DEVICE_ENV, "")
     reports = {r.name: r for r in devices()}
     if spec:
-        for name, _ in parse_spec(spec):
-            report = reports.get(name)
-            if report is None or not report.available:
+        prefs = parse_spec(spec)
+        for name, _ in prefs:
+            _known(name, reports)  # a typo must surface (as a warning), not be ignored
+        for name, _ in prefs:
+            report = reports[name]
+            if not report.available:
                 continue
             return _activate(name) if report.kind == "plugin" else None
         return None

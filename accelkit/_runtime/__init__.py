@@ -22,7 +22,7 @@ from accelkit._runtime._autocast import install_autocast
 from accelkit._runtime._context import BackendContext, policy_from_env
 from accelkit._runtime._core_ops import core_ops
 from accelkit._runtime._device_module import DeviceModule
-from accelkit._runtime._dispatch import Pipeline, variants_of
+from accelkit._runtime._dispatch import CPU_EQUIVALENTS, Pipeline, variants_of
 from accelkit._runtime._serialization import install_serialization
 from accelkit.sdk import CUDA_LIKE_AUTOCAST, KernelTable, default_decompositions
 
@@ -144,6 +144,11 @@ def _install(ctx: BackendContext) -> None:
         if out is not None and out not in owned:
             kernels.impl(out, pipeline.native_out(out, entry.fn), "PrivateUse1")
             owned.add(out)
+    for op in CPU_EQUIVALENTS:
+        # Device-hook ops have a CompositeExplicitAutograd kernel that only raises, which would
+        # win over the boxed fallback; route them into the pipeline explicitly.
+        if op not in owned:
+            kernels.impl(op, functools.partial(pipeline.fallback, op), "PrivateUse1")
     fallbacks = torch.library.Library("_", "IMPL")
     fallbacks.fallback(pipeline.fallback, dispatch_key="PrivateUse1")
     fallbacks.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")

@@ -372,6 +372,22 @@ def _scalar_dtype(value: Any, tensors: list[_Tensor]) -> torch.dtype:
     return own
 
 
+def _convolution_backward_on_cpu(grad, input, weight, stride, padding, dilation, transposed,
+                                 output_padding, groups, output_mask):
+    bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
+    return torch.ops.aten.convolution_backward.default(
+        grad, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
+        groups, output_mask,
+    )
+
+
+#: Ops that exist only as device hooks (no CPU kernel), and the CPU op computing the same thing.
+CPU_EQUIVALENTS: dict[OpOverload, Callable] = {
+    torch.ops.aten.convolution_overrideable.default: torch.ops.aten.convolution.default,
+    torch.ops.aten.convolution_backward_overrideable.default: _convolution_backward_on_cpu,
+}
+
+
 class _HostCall:
     """Copies device arguments to the host (one copy per storage, so aliasing is kept), runs
     the CPU kernel, writes mutated storages back and brings results to the device."""
@@ -431,7 +447,7 @@ class _HostCall:
         before = {id(v): (tuple(v.shape), v.stride(), v.storage_offset())
                   for d, v in self.twins if id(d) in mutated}
 
-        result = op(*cpu_args, **cpu_kwargs)
+        result = CPU_EQUIVALENTS.get(op, op)(*cpu_args, **cpu_kwargs)
 
         self._write_back(mutated, before)
         return self._results(result)

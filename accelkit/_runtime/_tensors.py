@@ -106,8 +106,17 @@ def write(ctx: BackendContext, tensor: torch.Tensor, array: Any) -> None:
 
 
 def from_array(ctx: BackendContext, array: Any) -> torch.Tensor:
-    """A new contiguous device tensor holding a backend array."""
+    """A new contiguous device tensor holding a backend array (adopted without a copy if the
+    backend can)."""
     shape, dtype = ctx.allocator.array_meta(array)
+    ctx.check_dtype(dtype)
+    payload = ctx.allocator.adopt(array)
+    if payload is not None:
+        tensor = _create_empty(shape, dtype)
+        storage = tensor.untyped_storage()
+        storage.payload = payload
+        _set_storage.redispatch(META, tensor, storage, 0, shape, contiguous_strides(shape))
+        return tensor
     tensor = new_tensor(ctx, shape, dtype)
     if tensor.numel():
         write(ctx, tensor, array)

@@ -9,8 +9,7 @@ type and the host.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -40,8 +39,7 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-@dataclass(frozen=True, slots=True)
-class ViewSpec:
+class ViewSpec(NamedTuple):
     """How a tensor reads its storage: dtype, sizes, strides and offset (in elements)."""
 
     dtype: torch.dtype
@@ -108,7 +106,8 @@ class DeviceAllocator:
     - ``to_host(array) -> torch.Tensor`` and ``from_host(tensor) -> array``;
     - ``array_meta(array) -> (shape, torch.dtype)``.
 
-    Optional: ``cast(array, dtype)`` (default: through the host), ``read_bytes`` /
+    Optional: ``_block_from_array(array)`` to adopt kernel results without a copy,
+    ``cast(array, dtype)`` (default: through the host), ``read_bytes`` /
     ``write_bytes`` for whole-block host copies (default: through ``read``/``write``) and
     ``synchronize()`` for backends that queue work (default: nothing to wait for).
 
@@ -183,8 +182,38 @@ class DeviceAllocator:
         if nbytes < 0:
             raise ValueError(f"{self.device}: cannot allocate a negative size ({nbytes} bytes)")
         block_bytes = size_class(nbytes)
+        block = self._reserve(nbytes, block_bytes, use_cache=True)
+        if block is None:
+            try:
+                block = self._alloc_block(block_bytes)
+            except BaseException:
+                with self._lock:
+                    self._allocated -= block_bytes
+                    self._requested -= nbytes
+                raise
+        return Buffer(self, block, nbytes, block_bytes)
+
+    def adopt(self, array: Any) -> Buffer | None:
+        """Make a freshly computed array the block of a new buffer, without a copy.
+
+        :returns: the buffer, or None when the backend cannot adopt this array (the runtime
+            then allocates and writes). The bytes count against the capacity like any other.
+        """
+        adopted = self._block_from_array(array)
+        if adopted is None:
+            return None
+        block, nbytes = adopted
+        self._reserve(nbytes, nbytes, use_cache=False)
+        return Buffer(self, block, nbytes, nbytes)
+
+    def _block_from_array(self, array: Any) -> tuple[Any, int] | None:
+        """Backend hook for :meth:`adopt`: ``(block, nbytes)`` viewing ``array``, or None."""
+        return None
+
+    def _reserve(self, nbytes: int, block_bytes: int, use_cache: bool) -> Any:
+        """Account for a new buffer; return a cached block to reuse, if any."""
         with self._lock:
-            cached = self._cache.get(block_bytes)
+            cached = self._cache.get(block_bytes) if use_cache else None
             if cached:
                 block = cached.pop()
                 self._cached_bytes -= block_bytes
@@ -201,15 +230,7 @@ class DeviceAllocator:
             self._counts["allocations"] += 1
             self._peak_allocated = max(self._peak_allocated, self._allocated)
             self._peak_reserved = max(self._peak_reserved, self._reserved())
-        if block is None:
-            try:
-                block = self._alloc_block(block_bytes)
-            except BaseException:
-                with self._lock:
-                    self._allocated -= block_bytes
-                    self._requested -= nbytes
-                raise
-        return Buffer(self, block, nbytes, block_bytes)
+            return block
 
     def _release(self, block: Any, block_bytes: int, nbytes: int) -> None:
         drop = False
@@ -217,7 +238,8 @@ class DeviceAllocator:
             self._allocated -= block_bytes
             self._requested -= nbytes
             self._counts["frees"] += 1
-            if self._cached_bytes + block_bytes <= self.max_cached:
+            # Adopted blocks are cached only when their size is a size class of its own.
+            if block_bytes == size_class(block_bytes) and self._cached_bytes + block_bytes <= self.max_cached:
                 self._cache.setdefault(block_bytes, []).append(block)
                 self._cached_bytes += block_bytes
             else:

@@ -16,15 +16,22 @@ class RefAllocator(DeviceAllocator):
         return torch.empty(nbytes, dtype=torch.uint8)
 
     def _typed(self, block: torch.Tensor, view: ViewSpec) -> torch.Tensor:
-        usable = block.numel() - block.numel() % view.dtype.itemsize
-        return block[:usable].view(view.dtype).as_strided(view.size, view.stride, view.offset)
+        # Blocks come in size classes (multiples of 512 bytes), so any dtype view fits whole.
+        return block.view(view.dtype).as_strided(view.size, view.stride, view.offset)
+
+    def _block_from_array(self, array: torch.Tensor) -> tuple[torch.Tensor, int] | None:
+        # Only a kernel's fresh, dense result owns its memory outright; views are copied.
+        nbytes = array.numel() * array.element_size()
+        if array._is_view() or not array.is_contiguous() or array.untyped_storage().nbytes() != nbytes:
+            return None
+        return array.view(-1).view(torch.uint8), nbytes
 
     def read(self, block: torch.Tensor, view: ViewSpec) -> torch.Tensor:
         return self._typed(block, view)
 
     def write(self, block: torch.Tensor, view: ViewSpec, array: torch.Tensor) -> None:
         target = self._typed(block, view)
-        if array.untyped_storage().data_ptr() == block.untyped_storage().data_ptr():
+        if array.untyped_storage()._cdata == block.untyped_storage()._cdata:
             array = array.clone()  # source and destination may overlap
         target.copy_(array)
 

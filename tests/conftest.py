@@ -1,0 +1,42 @@
+"""The core's tests run on the ref backend, activated once for the whole session.
+
+One PrivateUse1 backend per process: tests about selection before activation, conflicts and
+autoload run in subprocesses (see ``run_python``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+# A small ref device, so out-of-memory tests stay cheap. Must be set before activation.
+os.environ.setdefault("ACCELKIT_REF_MEMORY", "1GiB")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import accelkit  # noqa: E402
+
+DEVICE = accelkit.select_device("ref")
+
+
+@pytest.fixture
+def dev() -> torch.device:
+    """The ref device, with op counters cleared for the test."""
+    accelkit.reset_stats()
+    return DEVICE
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (no backend active) and return the finished process."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

@@ -1,0 +1,550 @@
+"""Views and aliasing on the ref device, checked against the same computation on the CPU.
+
+A view on the device must have the CPU view's sizes, strides, offset and values, share its
+base's storage and version counter, and pass in-place writes through to the base and to every
+other view of it — also under autograd.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import accelkit
+
+DEVICE = accelkit.select_device("ref")  # already active (conftest); returns the same device
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def raw_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's elements as bytes (CPU), so NaN payloads and dtype views compare exactly."""
+    t = t.detach().cpu().contiguous().reshape(-1)
+    if t.dtype.is_complex:
+        t = torch.view_as_real(t).reshape(-1)
+    return t.view(torch.uint8)
+
+
+def assert_same_view(on_device: torch.Tensor, on_cpu: torch.Tensor) -> None:
+    """Same geometry, dtype and bit-identical elements; the device tensor is on ref."""
+    assert on_device.device == DEVICE
+    assert on_device.dtype == on_cpu.dtype
+    assert on_device.shape == on_cpu.shape
+    assert on_device.stride() == on_cpu.stride()
+    assert on_device.storage_offset() == on_cpu.storage_offset()
+    assert on_device.is_contiguous() == on_cpu.is_contiguous()
+    assert on_device._is_view() == on_cpu._is_view()
+    assert torch.equal(raw_bytes(on_device), raw_bytes(on_cpu))
+
+
+def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
+def float_base() -> torch.Tensor:
+    return torch.arange(60, dtype=torch.float32).reshape(3, 4, 5) / 4 - 3
+
+
+def complex_base() -> torch.Tensor:
+    real = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    return torch.complex(real, -real / 2)
+
+
+def pairs_base() -> torch.Tensor:
+    return torch.arange(24, dtype=torch.float32).reshape(3, 4, 2) - 5
+
+
+# -- view ops: geometry, values and storage -----------------------------------------------------
+
+VIEW_CASES = {
+    "transpose": (float_base, lambda x: x.transpose(0, 2)),
+    "t_of_matrix": (float_base, lambda x: x[0].t()),
+    "mT": (float_base, lambda x: x.mT),
+    "permute": (float_base, lambda x: x.permute(2, 0, 1)),
+    "movedim": (float_base, lambda x: x.movedim(0, -1)),
+    "slice_with_steps": (float_base, lambda x: x[:, 1::2, ::3]),
+    "slice_empty": (float_base, lambda x: x[:, 2:2]),
+    "narrow": (float_base, lambda x: x.narrow(2, 1, 3)),
+    "select_negative_index": (float_base, lambda x: x[:, -1]),
+    "select_to_0d": (float_base, lambda x: x[2, 3, 4]),
+    "index_none_and_ellipsis": (float_base, lambda x: x[None, ..., 2]),
+    "diagonal": (float_base, lambda x: x.diagonal()),
+    "diagonal_offset_dims": (float_base, lambda x: x.diagonal(offset=1, dim1=1, dim2=2)),
+    "diagonal_negative_offset": (float_base, lambda x: x.diagonal(-1, 0, 2)),
+    "unfold": (float_base, lambda x: x.unfold(2, 2, 2)),
+    "unfold_overlapping_windows": (float_base, lambda x: x.unfold(1, 3, 1)),
+    "expand_size_one_dim": (float_base, lambda x: x[:, :1].expand(3, 4, 5)),
+    "expand_new_leading_dim": (float_base, lambda x: x.expand(2, 3, 4, 5)),
+    "view": (float_base, lambda x: x.view(12, 5)),
+    "view_inferred_dim": (float_base, lambda x: x.view(-1, 10)),
+    "reshape_of_contiguous": (float_base, lambda x: x.reshape(4, 15)),
+    "reshape_of_transposed_copies": (float_base, lambda x: x.transpose(0, 1).reshape(-1)),
+    "flatten_unflatten": (float_base, lambda x: x.flatten().unflatten(0, (6, 10))),
+    "squeeze_unsqueeze": (float_base, lambda x: x[:, :1].squeeze(1).unsqueeze(-1)),
+    "as_strided": (float_base, lambda x: x.as_strided((4, 3), (1, 4), 2)),
+    "detach": (float_base, lambda x: x.detach()),
+    "dtype_view_same_size": (float_base, lambda x: x.view(torch.int32)),
+    "dtype_view_smaller": (float_base, lambda x: x.view(torch.int16)),
+    "dtype_view_bfloat16": (float_base, lambda x: x[1:, 2:].view(torch.bfloat16)),
+    "dtype_view_larger": (float_base, lambda x: x.view(6, 10).view(torch.float64)),
+    "dtype_view_bytes": (float_base, lambda x: x.view(torch.uint8)),
+    "view_as_real": (complex_base, lambda c: torch.view_as_real(c)),
+    "view_as_real_of_slice": (complex_base, lambda c: torch.view_as_real(c[1:, ::2])),
+    "complex_real_and_imag": (complex_base, lambda c: (c.real, c.imag)),
+    "view_as_complex": (pairs_base, lambda x: torch.view_as_complex(x)),
+    "split": (float_base, lambda x: x.split(2, dim=1)),
+    "split_with_sizes": (float_base, lambda x: x.split([1, 3, 1], dim=2)),
+    "chunk": (float_base, lambda x: x.chunk(2, dim=0)),
+    "tensor_split": (float_base, lambda x: x.tensor_split(3, dim=2)),
+    "unbind": (float_base, lambda x: x.unbind(1)),
+    "chain": (float_base, lambda x: x.transpose(0, 1)[1:, ::2].unsqueeze(0).diagonal(0, 1, 3)),
+}
+
+
+@pytest.mark.parametrize("case", VIEW_CASES.values(), ids=VIEW_CASES.keys())
+def test_view_matches_cpu_geometry_values_and_shares_storage(dev, case):
+    make_base, view = case
+    base_cpu = make_base()
+    base = base_cpu.to(dev)
+    expected, actual = view(base_cpu), view(base)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    actual = actual if isinstance(actual, tuple) else (actual,)
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert_same_view(a, e)
+        # A view shares its base's storage exactly when the CPU view does.
+        assert shares_storage(a, base) == shares_storage(e, base_cpu)
+        if e._is_view():
+            assert a._base is base
+
+
+def test_base_of_a_view_of_a_view_is_the_original_base(dev):
+    base = float_base().to(dev)
+    view = base.t()[1:].view(torch.int32).unsqueeze(0)
+    assert view._base is base
+    assert shares_storage(view, base)
+
+
+# -- in-place writes through views --------------------------------------------------------------
+
+
+def small_base() -> torch.Tensor:
+    return torch.arange(6, dtype=torch.float32).reshape(2, 3)
+
+
+def _assign(target: torch.Tensor, index, value) -> None:
+    target[index] = value
+
+
+WRITES = {
+    "fill_row_of_transpose": lambda x: x.t()[0].fill_(-1),
+    "mul_selected_row": lambda x: x[1].mul_(10),
+    "add_column_slice": lambda x: x[:, 1:].add_(100),
+    "setitem_through_view": lambda x: _assign(x.view(3, 2), (2, 1), 7),
+    "sub_strided_slice": lambda x: x[:, ::2].sub_(0.5),
+    "neg_diagonal": lambda x: x.diagonal().neg_(),
+    "zero_split_piece": lambda x: x.split(2, dim=1)[1].zero_(),
+    "copy_into_unbind_piece": lambda x: x.unbind(0)[1].copy_(torch.tensor([9.0, 8.0, 7.0])),
+    "copy_device_tensor_into_view": lambda x: x[:, 1].copy_(x[:, 2]),
+    "setitem_tensor_on_column": lambda x: _assign(x, (slice(None), 0), torch.tensor([4.0, 5.0])),
+    "add_tensor_through_flatten": lambda x: x.view(-1)[1::2].add_(torch.arange(3.0)),
+    "clamp_through_transpose": lambda x: x.t()[1:].clamp_(min=1.5, max=4.5),
+    "div_through_unfold_nonoverlapping": lambda x: x.view(-1).unfold(0, 2, 2).div_(4),
+    "masked_fill_through_view": lambda x: x.t().masked_fill_(x.t() > 2, -2),
+    "index_put_through_row": lambda x: _assign(x[1], torch.tensor([0, 2]), torch.tensor([-5.0, -6.0])),
+    "int32_dtype_view_write": lambda x: x.view(torch.int32)[0, 1:].fill_(0x3F800000),
+    "int32_dtype_view_bitwise": lambda x: x.view(torch.int32).bitwise_xor_(1 << 31),
+    "int16_dtype_view_add": lambda x: x[1].view(torch.int16).add_(7),
+    "expand_of_row_fill": lambda x: x[0, :1].expand(4).fill_(3),
+    "as_strided_write": lambda x: x.as_strided((2, 2), (1, 3), 1).mul_(-1),
+    "mul_whole_base_seen_by_views": lambda x: x.mul_(2),
+}
+
+
+def _siblings(x: torch.Tensor) -> list[torch.Tensor]:
+    """Views taken before a write, which must all observe it."""
+    return [x.t(), x[1], x.view(3, 2), x.view(-1)[::2], x.diagonal(), x.view(torch.int32), x.unbind(1)[2]]
+
+
+@pytest.mark.parametrize("write", WRITES.values(), ids=WRITES.keys())
+def test_inplace_write_through_view_reaches_base_and_every_other_view(dev, write):
+    base_cpu = small_base()
+    base = base_cpu.to(dev)
+    siblings_cpu, siblings = _siblings(base_cpu), _siblings(base)
+
+    write(base_cpu)
+    write(base)
+
+    assert not torch.equal(base_cpu, small_base())  # the write changed something
+    assert_same_view(base, base_cpu)
+    for a, e in zip(siblings, siblings_cpu):
+        assert_same_view(a, e)
+
+
+def test_the_four_research_scenarios_in_sequence(dev):
+    base_cpu = small_base()
+    base = base_cpu.to(dev)
+    for x in (base_cpu, base):
+        x.t()[0].fill_(-1)
+        x[1].mul_(10)
+        x[:, 1:].add_(100)
+        x.view(3, 2)[2, 1] = 7
+    assert_same_view(base, base_cpu)
+    # The device sequence applied every step (column 0, row 1, columns 1:, last element).
+    assert base.cpu().tolist() == base_cpu.tolist()
+
+
+COMPLEX_WRITES = {
+    "view_as_real_imag_fill": lambda c: torch.view_as_real(c)[..., 1].fill_(5),
+    "imag_mul": lambda c: c.imag.mul_(2),
+    "real_of_row_add": lambda c: c[1].real.add_(0.25),
+    "complex_row_mul": lambda c: c[:, 2].mul_(2 - 1j),
+}
+
+
+@pytest.mark.parametrize("write", COMPLEX_WRITES.values(), ids=COMPLEX_WRITES.keys())
+def test_write_through_real_views_of_complex_reaches_the_complex_base(dev, write):
+    base_cpu = complex_base()
+    base = base_cpu.to(dev)
+    views_cpu = [torch.view_as_real(base_cpu), base_cpu.imag, base_cpu.t()]
+    views = [torch.view_as_real(base), base.imag, base.t()]
+    write(base_cpu)
+    write(base)
+    assert_same_view(base, base_cpu)
+    for a, e in zip(views, views_cpu):
+        assert_same_view(a, e)
+
+
+def test_write_to_overlapping_expanded_view_errors_like_cpu(dev):
+    cpu = torch.zeros(3).expand(2, 3)
+    with pytest.raises(RuntimeError, match="more than one element") as expected:
+        cpu.add_(1)
+    device = torch.zeros(3, device=dev).expand(2, 3)
+    with pytest.raises(RuntimeError, match="more than one element") as actual:
+        device.add_(1)
+    assert str(actual.value).split(".")[0] == str(expected.value).split(".")[0]
+
+
+def test_out_argument_that_is_a_view_writes_into_the_base(dev):
+    base_cpu = small_base()
+    base = base_cpu.to(dev)
+    a_cpu = torch.tensor([1.0, 2.0, 3.0])
+    torch.add(a_cpu, 10, out=base_cpu[1])
+    torch.add(a_cpu.to(dev), 10, out=base[1])
+    torch.mul(base_cpu[0], 3, out=base_cpu.t()[:, 0])
+    torch.mul(base[0], 3, out=base.t()[:, 0])
+    assert_same_view(base, base_cpu)
+
+
+# -- version counter ----------------------------------------------------------------------------
+
+
+def test_version_counter_is_shared_by_base_and_views_and_bumps_like_cpu(dev):
+    base_cpu = small_base()
+    base = base_cpu.to(dev)
+
+    def views(x):
+        return [x, x.t(), x[1], x.view(torch.int32), x.unbind(0)[0], x.diagonal()]
+
+    steps = [
+        lambda x: x[1].add_(1),  # native in-place
+        lambda x: x.t()[0].fill_(2),  # native in-place through a chain
+        lambda x: x.view(-1).clamp_(max=3),  # CPU fallback
+        lambda x: torch.mul(x[0], 2, out=x[1]),  # out= into a view
+        lambda x: x.view(3, 2).__setitem__((0, 0), 5),  # setitem
+        lambda x: x.view(torch.int32).bitwise_and_(-1),  # dtype view, fallback
+    ]
+    held_cpu, held = views(base_cpu), views(base)
+    assert {v._version for v in held} == {0}
+    for step in steps:
+        step(base_cpu)
+        step(base)
+        expected = base_cpu._version
+        assert [v._version for v in held] == [v._version for v in held_cpu] == [expected] * len(held)
+        # Views taken after the write start from the shared counter too.
+        assert [v._version for v in views(base)] == [expected] * len(held)
+    assert_same_view(base, base_cpu)
+
+
+def test_detached_view_shares_version_counter(dev):
+    x = torch.ones(4, device=dev, requires_grad=True)
+    y = x.detach()
+    before = x._version
+    y[1:].mul_(3)
+    assert x._version == y._version == before + 1
+    assert x.detach().cpu().tolist() == [1.0, 3.0, 3.0, 3.0]
+
+
+# -- autograd through in-place ops on views -----------------------------------------------------
+
+
+def _grads(device: torch.device | str, program) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    leaves = [torch.randn(2, 3, generator=gen).to(device).requires_grad_() for _ in range(2)]
+    out = program(*leaves)
+    out.backward()
+    return [out.detach().cpu()] + [leaf.grad.cpu() for leaf in leaves]
+
+
+def _mul_row(a, b):
+    x = a.clone()
+    x[1].mul_(10)
+    return (x * x).sum() + b.sum()
+
+
+def _add_leaf_through_column_slice(a, b):
+    x = a * 2
+    x[:, 1:].add_(b[:, :2])
+    return (x.exp() * torch.arange(6.0, device=x.device).view(2, 3)).sum()
+
+
+def _fill_transposed_row(a, b):
+    x = a + b
+    x.t()[0].fill_(-1)
+    return (x * a).sum()
+
+
+def _setitem_through_view(a, b):
+    x = a.clone()
+    x.view(3, 2)[2] = b[0, :2] * 3
+    return (x**2).mean()
+
+
+def _copy_into_diagonal(a, b):
+    x = torch.zeros(3, 3, device=a.device)
+    x.diagonal().copy_(a[0] * b[1])
+    return (x @ x.t()).sum()
+
+
+def _inplace_on_base_then_use_older_view(a, b):
+    x = a.clone()
+    v = x[0]
+    x.mul_(b)
+    return (v * torch.tensor([1.0, 2.0, 3.0], device=a.device)).sum()
+
+
+def _inplace_on_view_of_view(a, b):
+    x = a.clone()
+    x.t()[1:].unsqueeze(0)[0, 0].mul_(b[1, :2])
+    return x.tanh().sum()
+
+
+def _relu_inplace_on_slice(a, b):
+    x = a - b
+    x[:, ::2].relu_()
+    return (x * b).sum()
+
+
+AUTOGRAD_PROGRAMS = {
+    f.__name__.lstrip("_"): f
+    for f in (
+        _mul_row,
+        _add_leaf_through_column_slice,
+        _fill_transposed_row,
+        _setitem_through_view,
+        _copy_into_diagonal,
+        _inplace_on_base_then_use_older_view,
+        _inplace_on_view_of_view,
+        _relu_inplace_on_slice,
+    )
+}
+
+
+@pytest.mark.parametrize("program", AUTOGRAD_PROGRAMS.values(), ids=AUTOGRAD_PROGRAMS.keys())
+def test_autograd_through_inplace_on_views_gives_cpu_gradients(dev, program):
+    expected = _grads("cpu", program)
+    actual = _grads(dev, program)
+    for a, e in zip(actual, expected):
+        # Same CPU kernels underneath; only summation order may differ, hence float32 eps-level.
+        torch.testing.assert_close(a, e, rtol=1e-6, atol=1e-6)
+    # The gradient really flowed: some entries are non-zero.
+    assert any(g.abs().sum() > 0 for g in expected[1:])
+
+
+def test_mul_row_gradient_is_ten_times_twice_the_row(dev):
+    a = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], device=dev, requires_grad=True)
+    x = a.clone()
+    x[1].mul_(10)
+    x[1].sum().backward()
+    assert a.grad.cpu().tolist() == [[0.0, 0.0, 0.0], [10.0, 10.0, 10.0]]
+
+
+def test_view_created_before_inplace_gets_rebased_grad_fn(dev):
+    a = torch.ones(2, 3, device=dev, requires_grad=True)
+    x = a.clone()
+    v = x[1]
+    x.mul_(2)
+    # PyTorch regenerates the view's grad_fn after an in-place op on its base.
+    assert "AsStrided" in type(v.grad_fn).__name__ or "Select" in type(v.grad_fn).__name__
+    x_cpu = torch.ones(2, 3, requires_grad=True).clone()
+    v_cpu = x_cpu[1]
+    x_cpu.mul_(2)
+    assert type(v.grad_fn).__name__ == type(v_cpu.grad_fn).__name__
+
+
+# -- property: random view chains plus an in-place write ----------------------------------------
+
+
+def _overlap_free(t: torch.Tensor) -> bool:
+    """True when no two elements of ``t`` share a memory location."""
+    if t.numel() <= 1:
+        return True
+    span = t.storage_offset() + 1 + sum((s - 1) * abs(st) for s, st in zip(t.shape, t.stride()))
+    offsets = torch.arange(span).as_strided(t.shape, t.stride(), t.storage_offset())
+    return offsets.unique().numel() == t.numel()
+
+
+@st.composite
+def _view_step(draw, t: torch.Tensor):
+    """One view op with parameters valid for ``t`` (a CPU tensor), as (name, fn)."""
+    n, shape = t.dim(), tuple(t.shape)
+    choices = ["unsqueeze", "dtype"]
+    if n >= 1:
+        choices += ["transpose", "permute", "slice", "narrow", "split", "flatten", "reshape", "dim_split"]
+        if any(s > 0 for s in shape):
+            choices += ["select", "unbind"]
+        choices += ["unfold", "expand"]
+        if 1 in shape:
+            choices.append("squeeze")
+    if n >= 2:
+        choices += ["diagonal", "merge_dims"]
+    if t.dtype.is_complex:
+        choices.append("view_as_real")
+    elif t.dtype == torch.float32 and n >= 1 and shape[-1] == 2:
+        choices.append("view_as_complex")
+    kind = draw(st.sampled_from(choices))
+    dim = draw(st.integers(0, n - 1)) if n >= 1 else 0
+    size = shape[dim] if n >= 1 else 1
+
+    if kind == "unsqueeze":
+        d = draw(st.integers(-n - 1, n))
+        return f"unsqueeze({d})", lambda x: x.unsqueeze(d)
+    if kind == "dtype":
+        target = draw(st.sampled_from([torch.float32, torch.int32, torch.int16, torch.float64, torch.uint8]))
+        return f"view({target})", lambda x: x.view(target)
+    if kind == "transpose":
+        d2 = draw(st.integers(-n, n - 1))
+        return f"transpose({dim},{d2})", lambda x: x.transpose(dim, d2)
+    if kind == "permute":
+        order = draw(st.permutations(range(n)))
+        return f"permute({order})", lambda x: x.permute(*order)
+    if kind == "slice":
+        start = draw(st.integers(0, size))
+        stop = draw(st.integers(start, size))
+        step = draw(st.integers(1, 3))
+        index = (slice(None),) * dim + (slice(start, stop, step),)
+        return f"[{index}]", lambda x: x[index]
+    if kind == "narrow":
+        start = draw(st.integers(-size, size)) if size else 0
+        length = draw(st.integers(0, size - (start % size if size and start < 0 else start)))
+        return f"narrow({dim},{start},{length})", lambda x: x.narrow(dim, start, length)
+    if kind == "split":
+        chunk = draw(st.integers(1, max(size, 1)))
+        pieces = max(1, -(-size // chunk))
+        which = draw(st.integers(0, pieces - 1))
+        return f"split({chunk},{dim})[{which}]", lambda x: x.split(chunk, dim)[which]
+    if kind == "flatten":
+        end = draw(st.integers(dim, n - 1))
+        return f"flatten({dim},{end})", lambda x: x.flatten(dim, end)
+    if kind == "reshape":
+        return "reshape(-1)", lambda x: x.reshape(-1)
+    if kind == "dim_split":
+        divisors = [k for k in range(1, size + 1) if size % k == 0] or [1]
+        k = draw(st.sampled_from(divisors))
+        new = shape[:dim] + (k, size // k if k else 0) + shape[dim + 1:]
+        return f"view({new})", lambda x: x.view(new)
+    if kind == "select":
+        dim = draw(st.sampled_from([i for i, s in enumerate(shape) if s > 0]))
+        index = draw(st.integers(-shape[dim], shape[dim] - 1))
+        return f"select({dim},{index})", lambda x: x.select(dim, index)
+    if kind == "unbind":
+        dim = draw(st.sampled_from([i for i, s in enumerate(shape) if s > 0]))
+        which = draw(st.integers(0, shape[dim] - 1))
+        return f"unbind({dim})[{which}]", lambda x: x.unbind(dim)[which]
+    if kind == "unfold":
+        window = draw(st.integers(0, size))
+        step = draw(st.integers(1, 3))
+        return f"unfold({dim},{window},{step})", lambda x: x.unfold(dim, window, step)
+    if kind == "expand":
+        new_shape = tuple(draw(st.integers(0, 3)) if s == 1 else s for s in shape)
+        lead = draw(st.lists(st.integers(1, 3), max_size=1))
+        target = tuple(lead) + new_shape
+        return f"expand({target})", lambda x: x.expand(*target)
+    if kind == "squeeze":
+        d = draw(st.sampled_from([i for i, s in enumerate(shape) if s == 1]))
+        return f"squeeze({d})", lambda x: x.squeeze(d)
+    if kind == "diagonal":
+        d1, d2 = draw(st.permutations(range(n)))[:2]
+        offset = draw(st.integers(-3, 3))
+        return f"diagonal({offset},{d1},{d2})", lambda x: x.diagonal(offset, d1, d2)
+    if kind == "merge_dims":
+        d = draw(st.integers(0, n - 2))
+        new = shape[:d] + (shape[d] * shape[d + 1],) + shape[d + 2:]
+        return f"view({new})", lambda x: x.view(new)
+    if kind == "view_as_real":
+        return "view_as_real", torch.view_as_real
+    return "view_as_complex", torch.view_as_complex
+
+
+def _apply(fn, t: torch.Tensor):
+    try:
+        return fn(t), None
+    except RuntimeError as error:  # e.g. a dtype view or view() the strides do not allow
+        return None, error
+
+
+@st.composite
+def _write(draw, view: torch.Tensor):
+    """An in-place write valid for ``view``'s dtype, as (name, fn)."""
+    kind = draw(st.sampled_from(["fill_", "add_", "mul_", "copy_", "add_tensor"]))
+    if view.dtype.is_floating_point or view.dtype.is_complex:
+        value = draw(st.floats(-4, 4, allow_nan=False, width=16))
+    else:
+        info = torch.iinfo(view.dtype)
+        value = draw(st.integers(max(info.min, -300), min(info.max, 300)))
+    if kind in ("copy_", "add_tensor"):
+        seed = draw(st.integers(0, 2**16))
+        source = (torch.rand(view.shape, generator=torch.Generator().manual_seed(seed)) * 50 - 25).to(view.dtype)
+        if kind == "copy_":
+            return "copy_", lambda x: x.copy_(source.to(x.device))
+        return "add_(tensor)", lambda x: x.add_(source.to(x.device))
+    return f"{kind}({value})", lambda x: getattr(x, kind)(value)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_view_chain_with_inplace_write_matches_cpu(data):
+    base_dtype = data.draw(st.sampled_from([torch.float32, torch.complex64, torch.int32]), label="dtype")
+    shape = tuple(data.draw(st.lists(st.integers(1, 5), min_size=1, max_size=4), label="shape"))
+    base_cpu = (torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape) * 1.5 - 7).to(base_dtype)
+    if base_dtype.is_complex:
+        base_cpu = base_cpu + 1j * base_cpu.flip(-1)
+    base = base_cpu.to(DEVICE)
+
+    view_cpu, view = base_cpu, base
+    for _ in range(data.draw(st.integers(1, 5), label="length")):
+        name, fn = data.draw(_view_step(view_cpu), label="view op")
+        next_cpu, cpu_error = _apply(fn, view_cpu)
+        next_dev, dev_error = _apply(fn, view)
+        # The device accepts exactly the view ops the CPU accepts.
+        assert (cpu_error is None) == (dev_error is None), (name, cpu_error, dev_error)
+        if cpu_error is not None:
+            continue
+        view_cpu, view = next_cpu, next_dev
+        assert_same_view(view, view_cpu)
+
+    name, write = data.draw(_write(view_cpu), label="write")
+    note = f"write {name} on view {tuple(view_cpu.shape)}/{view_cpu.stride()}+{view_cpu.storage_offset()}"
+    if not _overlap_free(view_cpu) and not 0 in view_cpu.stride():
+        # Partially overlapping windows (unfold with step < size): the result of an in-place
+        # write is unspecified in PyTorch, so only the geometry checked above is compared.
+        return
+    _, cpu_error = _apply(write, view_cpu)
+    _, dev_error = _apply(write, view)
+    assert (cpu_error is None) == (dev_error is None), (note, cpu_error, dev_error)
+    assert_same_view(view, view_cpu)
+    assert_same_view(base, base_cpu)
+    assert base._version == view._version == base_cpu._version
