@@ -17,14 +17,15 @@ def _devices(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.as_dict() for r in reports], indent=2))
         return 0
-    rows = [("DEVICE", "KIND", "STATUS", "MODE", "COUNT", "TARGET", "NOTE")]
+    rows = [("DEVICE", "KIND", "STATUS", "MODE", "COUNT", "TARGET", "NOT SUPPORTED", "NOTE")]
     for r in reports:
         status = "active" if r.active else "available" if r.available else "unavailable"
         mode = "simulated" if r.simulated else "real"
         note = r.reason or ""
         if r.kind == "plugin" and r.available and r.simulated:
             note = f"select by name: select_device({r.name!r})"
-        rows.append((r.name, r.kind, status, mode, str(r.device_count), r.target or "-", note))
+        missing = ",".join(area for area, ok in r.supports.items() if not ok) or "-"
+        rows.append((r.name, r.kind, status, mode, str(r.device_count), r.target or "-", missing, note))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])

@@ -27,10 +27,15 @@ class BackendRecord:
 
     name: str
     info: Any = None  # accelkit.sdk.BackendInfo
+    plugin: Any = field(default=None, repr=False)
     origin: str = ""
     load_error: str | None = None
     init_error: str | None = None
     _probe: Any = field(default=None, repr=False)
+
+    def supports(self, hook_name: str) -> bool:
+        """Whether the backend's plugin implements an optional hook (compiler, collectives)."""
+        return self.plugin is not None and hasattr(self.plugin, hook_name)
 
     def probe(self, pm: pluggy.PluginManager) -> Any:
         """The backend's :class:`DeviceProbe`, computed once; a raising probe becomes a reason."""
@@ -119,7 +124,7 @@ class Registry:
                         f"backend {info.name!r} from {origin} is already provided by "
                         f"{self.backends[info.name].origin}"
                     )
-                self.backends[info.name] = BackendRecord(info.name, info=info, origin=origin)
+                self.backends[info.name] = BackendRecord(info.name, info=info, plugin=plugin, origin=origin)
                 names.append(info.name)
             return names
 

@@ -10,7 +10,7 @@ import difflib
 import logging
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -20,6 +20,9 @@ from accelkit._plugins import BackendRecord, registry
 
 DEVICE_ENV = "ACCELKIT_DEVICE"
 BUILTIN = ("cuda", "xpu", "mps", "cpu")
+
+#: Optional contract areas and the hook that provides each; without it the area is "not supported".
+OPTIONAL_AREAS = {"compile": "accelkit_make_compiler", "collectives": "accelkit_make_process_group"}
 
 log = logging.getLogger("accelkit")
 
@@ -38,6 +41,7 @@ class DeviceReport:
     active: bool
     reason: str | None
     origin: str
+    supports: dict[str, bool] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -80,6 +84,7 @@ def _plugin_report(record: BackendRecord) -> DeviceReport:
         active=ctx is not None and ctx.name == record.name,
         reason=reason,
         origin=record.origin,
+        supports={area: record.supports(hook) for area, hook in OPTIONAL_AREAS.items()},
     )
 
 

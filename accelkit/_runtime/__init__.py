@@ -96,6 +96,7 @@ def _build_context(record: BackendRecord, probe: Any, registry: Registry) -> Bac
         dtype_rules=hook.accelkit_dtype_rules(name=name),
         autocast=hook.accelkit_autocast_policy(name=name) or CUDA_LIKE_AUTOCAST,
         fallback_policy=policy_from_env(record.info.default_fallback),
+        compiler=hook.accelkit_make_compiler(name=name),
     )
 
 

@@ -58,6 +58,7 @@ class BackendContext:
     dtype_rules: DtypeRules | None
     autocast: AutocastPolicy
     fallback_policy: str
+    compiler: Callable | None = None
     generator: torch.Generator = field(default_factory=torch.Generator)
     counters: OpCounters = field(default_factory=OpCounters)
     _warned: set = field(default_factory=set)

@@ -52,3 +52,11 @@ def accelkit_kernels(name):
         from accelkit_backends.ref.kernels import kernels
 
         return kernels
+
+
+@hookimpl
+def accelkit_make_compiler(name):
+    if name == NAME:
+        from accelkit_backends.ref.compiler import compile_graph
+
+        return compile_graph
