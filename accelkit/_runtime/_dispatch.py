@@ -425,7 +425,12 @@ class _HostCall:
         if arg is not None and isinstance(value, (bool, int, float, complex)) and (
             str(arg.type) in ("Tensor", "Optional[Tensor]")
         ):
-            return torch.tensor(value, dtype=_scalar_dtype(value, tensors))
+            # Built at full width, then cast: PyTorch casts a wrapped number to the op's dtype
+            # as C++ does (300 → 44 in int8), where torch.tensor(300, dtype=int8) would raise.
+            wide = torch.float64 if isinstance(value, float) else (
+                torch.complex128 if isinstance(value, complex) else None
+            )
+            return torch.tensor(value, dtype=wide).to(_scalar_dtype(value, tensors))
         return value
 
     def run(self, args: tuple, kwargs: dict) -> Any:

@@ -86,7 +86,10 @@ class Buffer:
         allocator = self._allocator
         if allocator is not None:
             self._allocator = None
-            allocator._release(self.block, self.block_bytes, self.nbytes)
+            try:
+                allocator._release(self.block, self.block_bytes, self.nbytes)
+            except Exception:  # interpreter shutdown may have torn the allocator down already
+                pass
 
     def __repr__(self) -> str:
         return f"Buffer({format_bytes(self.nbytes)} on {self._allocator and self._allocator.device})"
