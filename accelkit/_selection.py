@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from accelkit import _runtime
-from accelkit._errors import BackendConflictError, DeviceUnavailableError, UnknownDeviceError
+from accelkit._errors import AccelkitError, BackendConflictError, DeviceUnavailableError, UnknownDeviceError
 from accelkit._plugins import BackendRecord, registry
 
 DEVICE_ENV = "ACCELKIT_DEVICE"
@@ -132,11 +132,14 @@ def _activate(name: str) -> torch.device:
         raise _runtime.conflict_error(ctx.name, name)
     try:
         return _runtime.activate(record, registry())
-    except BackendConflictError:
-        raise
+    except AccelkitError as exc:
+        if not isinstance(exc, DeviceUnavailableError):
+            raise  # a conflict or a bad setting (ACCELKIT_FALLBACK=...): not the backend's failure
+        error: Exception = exc
     except Exception as exc:
-        record.init_error = f"failed to initialise: {type(exc).__name__}: {exc}"
-        raise DeviceUnavailableError(f"backend {name!r} {record.init_error}") from exc
+        error = exc
+    record.init_error = f"failed to initialise: {type(error).__name__}: {error}"
+    raise DeviceUnavailableError(f"backend {name!r} {record.init_error}") from error
 
 
 def _device(name: str, index: int | None, report: DeviceReport) -> torch.device:

@@ -136,6 +136,11 @@ def check_inplace(self: _Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> 
         )
 
 
+def _is_broadcast(t: _Tensor) -> bool:
+    """True when a stride-0 dimension makes several elements of ``t`` share one location."""
+    return any(st == 0 and sz > 1 for sz, st in zip(t.shape, t.stride()))
+
+
 def prepare_out(ctx: BackendContext, out: _Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
     """Resize an ``out=`` tensor to ``shape`` as PyTorch does, and check the dtype cast."""
     if not torch.can_cast(dtype, out.dtype):
@@ -212,8 +217,13 @@ class Pipeline:
     def native_inplace(self, op: OpOverload, fn: Callable) -> Callable:
         """Derive ``op`` (an in-place overload) from the functional kernel ``fn``."""
         ctx, name, to_array, meta = self.ctx, str(op), self._to_array, self._meta
+        cpu_fallback = self.cpu_fallback
 
         def run(self_: _Tensor, *args: Any, **kwargs: Any) -> _Tensor:
+            if 0 in self_.stride() and _is_broadcast(self_):
+                # Several elements share one location (an expanded view). Whether writing it is
+                # allowed depends on the op (fill_/zero_ yes, arithmetic no): the CPU kernel decides.
+                return cpu_fallback(op, self_, *args, **kwargs)
             ctx.counters.count(name, "native")
             result = fn(T.read(ctx, self_), *[to_array(a) for a in args],
                         **{k: to_array(v) for k, v in kwargs.items()})
@@ -387,6 +397,13 @@ CPU_EQUIVALENTS: dict[OpOverload, Callable] = {
     torch.ops.aten.convolution_backward_overrideable.default: _convolution_backward_on_cpu,
 }
 
+#: Ops that write to arguments their schema does not mark as mutable: batch norm updates its
+#: running statistics in place although they are declared ``Tensor?``.
+UNDECLARED_WRITES: dict[OpOverload, tuple[str, ...]] = {
+    torch.ops.aten.native_batch_norm.default: ("running_mean", "running_var"),
+    torch.ops.aten.native_batch_norm.out: ("running_mean", "running_var"),
+}
+
 
 class _HostCall:
     """Copies device arguments to the host (one copy per storage, so aliasing is kept), runs
@@ -463,8 +480,9 @@ class _HostCall:
         values = list(zip(schema.arguments, args)) + [
             (a, kwargs[a.name]) for a in schema.arguments if a.name in kwargs
         ]
+        undeclared = UNDECLARED_WRITES.get(self.op, ())
         for arg, value in values:
-            if not _is_write(arg):
+            if not (_is_write(arg) or arg.name in undeclared):
                 continue
             for v in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(v, _Tensor) and v.device.type == self.ctx.name:

@@ -72,14 +72,17 @@ class Buffer:
 
     It returns its block to the allocator when the storage (and so the last tensor using it)
     is gone. ``block`` is the backend's raw block; ``nbytes`` what was asked for.
+    ``cacheable`` is False for adopted blocks, which go back to the backend when freed.
     """
 
-    __slots__ = ("block", "nbytes", "block_bytes", "_allocator", "__weakref__")
+    __slots__ = ("block", "nbytes", "block_bytes", "cacheable", "_allocator", "__weakref__")
 
-    def __init__(self, allocator: DeviceAllocator, block: Any, nbytes: int, block_bytes: int):
+    def __init__(self, allocator: DeviceAllocator, block: Any, nbytes: int, block_bytes: int,
+                 cacheable: bool = True):
         self.block = block
         self.nbytes = nbytes
         self.block_bytes = block_bytes
+        self.cacheable = cacheable
         self._allocator = allocator
 
     def __del__(self) -> None:
@@ -87,7 +90,7 @@ class Buffer:
         if allocator is not None:
             self._allocator = None
             try:
-                allocator._release(self.block, self.block_bytes, self.nbytes)
+                allocator._release(self.block, self.block_bytes, self.nbytes, self.cacheable)
             except Exception:  # interpreter shutdown may have torn the allocator down already
                 pass
 
@@ -125,7 +128,9 @@ class DeviceAllocator:
         self.device = device
         self.capacity = capacity
         self.max_cached = capacity // 4 if max_cached is None else max_cached
-        self._lock = threading.Lock()
+        # Reentrant: a buffer freed by the garbage collector while this thread holds the lock
+        # (a collection can start at any allocation) releases its block from inside it.
+        self._lock = threading.RLock()
         self._cache: dict[int, list[Any]] = {}
         self._cached_bytes = 0
         self._allocated = 0
@@ -207,7 +212,7 @@ class DeviceAllocator:
             return None
         block, nbytes = adopted
         self._reserve(nbytes, nbytes, use_cache=False)
-        return Buffer(self, block, nbytes, nbytes)
+        return Buffer(self, block, nbytes, nbytes, cacheable=False)
 
     def _block_from_array(self, array: Any) -> tuple[Any, int] | None:
         """Backend hook for :meth:`adopt`: ``(block, nbytes)`` viewing ``array``, or None."""
@@ -235,14 +240,15 @@ class DeviceAllocator:
             self._peak_reserved = max(self._peak_reserved, self._reserved())
             return block
 
-    def _release(self, block: Any, block_bytes: int, nbytes: int) -> None:
+    def _release(self, block: Any, block_bytes: int, nbytes: int, cacheable: bool = True) -> None:
         drop = False
         with self._lock:
             self._allocated -= block_bytes
             self._requested -= nbytes
             self._counts["frees"] += 1
-            # Adopted blocks are cached only when their size is a size class of its own.
-            if block_bytes == size_class(block_bytes) and self._cached_bytes + block_bytes <= self.max_cached:
+            # Adopted blocks are never cached: adoption does not draw on the cache, so caching
+            # them would grow it by one block per kernel result until max_cached is reached.
+            if cacheable and self._cached_bytes + block_bytes <= self.max_cached:
                 self._cache.setdefault(block_bytes, []).append(block)
                 self._cached_bytes += block_bytes
             else:
@@ -254,9 +260,9 @@ class DeviceAllocator:
         return self._allocated + self._cached_bytes
 
     def _empty_cache_locked(self) -> list[Any]:
-        blocks = [b for bucket in self._cache.values() for b in bucket]
-        self._cache.clear()
-        self._cached_bytes = 0
+        # Detach the cache first: a block released while we iterate lands in the new one.
+        cache, self._cache, self._cached_bytes = self._cache, {}, 0
+        blocks = [b for bucket in cache.values() for b in bucket]
         for block in blocks:
             self._free_block(block)
         return blocks

@@ -16,7 +16,11 @@ class RefAllocator(DeviceAllocator):
         return torch.empty(nbytes, dtype=torch.uint8)
 
     def _typed(self, block: torch.Tensor, view: ViewSpec) -> torch.Tensor:
-        # Blocks come in size classes (multiples of 512 bytes), so any dtype view fits whole.
+        # Adopted blocks have their exact byte size, which a wider dtype may not divide; the
+        # trimmed tail is shorter than one element, so no view can reach it.
+        tail = block.numel() % view.dtype.itemsize
+        if tail:
+            block = block[:-tail]
         return block.view(view.dtype).as_strided(view.size, view.stride, view.offset)
 
     def _block_from_array(self, array: torch.Tensor) -> tuple[torch.Tensor, int] | None:
