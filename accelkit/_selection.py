@@ -148,12 +148,11 @@ def _device(name: str, index: int | None, report: DeviceReport) -> torch.device:
             f"{name}:{index} does not exist: {report.device_count} {name} device(s) visible"
         )
     if report.kind == "plugin":
-        device = _activate(name)
         if index not in (None, 0):
             raise DeviceUnavailableError(
                 f"{name}:{index}: accelkit uses {name}:0 in each process; run one process per device"
             )
-        return device
+        return _activate(name)
     return torch.device(name, index) if index is not None else torch.device(name)
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import defaultdict
+from collections.abc import Iterator
 
 KINDS = ("native", "decomposed", "fallback")
 
@@ -17,8 +19,11 @@ class OpCounters:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(KINDS, 0))
+        self._paused = threading.local()
 
     def count(self, op: str, kind: str) -> None:
+        if getattr(self._paused, "depth", 0):
+            return
         with self._lock:
             self._counts[op][kind] += 1
 
@@ -29,6 +34,15 @@ class OpCounters:
     def totals(self) -> dict[str, int]:
         with self._lock:
             return {k: sum(c[k] for c in self._counts.values()) for k in KINDS}
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Count nothing on the current thread inside the block (e.g. while formatting)."""
+        self._paused.depth = getattr(self._paused, "depth", 0) + 1
+        try:
+            yield
+        finally:
+            self._paused.depth -= 1
 
     def reset(self) -> None:
         with self._lock:

@@ -28,6 +28,7 @@ from accelkit.sdk import CUDA_LIKE_AUTOCAST, KernelTable, default_decompositions
 
 _lock = threading.RLock()
 _active: BackendContext | None = None
+_failed: str | None = None  # why a half-done activation left PrivateUse1 unusable in this process
 _libraries: list[torch.library.Library] = []  # kept alive: dropping one deregisters its kernels
 
 
@@ -42,12 +43,17 @@ def activate(record: BackendRecord, registry: Registry) -> torch.device:
     :raises BackendConflictError: another backend is already active.
     :raises DeviceUnavailableError: the backend's probe says it cannot run here.
     """
-    global _active
+    global _active, _failed
     with _lock:
         if _active is not None:
             if _active.name == record.name:
                 return _active.device
             raise conflict_error(_active.name, record.name)
+        if _failed is not None:
+            raise DeviceUnavailableError(
+                f"cannot activate {record.name!r}: {_failed}. PyTorch registers PrivateUse1 once "
+                "per process, so start a new process."
+            )
         foreign = torch._C._get_privateuse1_backend_name()
         if foreign != "privateuseone":
             raise BackendConflictError(
@@ -59,7 +65,12 @@ def activate(record: BackendRecord, registry: Registry) -> torch.device:
         if not probe.available:
             raise DeviceUnavailableError(f"backend {record.name!r} is unavailable: {probe.reason}")
         ctx = _build_context(record, probe, registry)
-        _install(ctx)
+        _check_kernels(ctx)
+        try:
+            _install(ctx)
+        except Exception as exc:
+            _failed = f"activating {record.name!r} failed part-way ({type(exc).__name__}: {exc})"
+            raise
         _active = ctx
     registry.pm.hook.accelkit_backend_activated(name=ctx.name, device=ctx.device)
     return ctx.device
@@ -123,7 +134,6 @@ class _Guard(_acc.DeviceGuard):
 def _install(ctx: BackendContext) -> None:
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    _check_kernels(ctx)
     _setup_privateuseone_for_python_backend(
         rename=ctx.name, backend_module=DeviceModule(ctx), hook=_Hooks(ctx), device_guard=_Guard()
     )

@@ -103,6 +103,7 @@ class BackendContext:
         """Mark the current thread as formatting a tensor for ``print``/``repr``."""
         self._local.formatting = getattr(self._local, "formatting", 0) + 1
         try:
-            yield
+            with self.counters.paused():
+                yield
         finally:
             self._local.formatting -= 1

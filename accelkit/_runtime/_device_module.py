@@ -65,6 +65,10 @@ class DeviceModule(types.ModuleType):
     def is_initialized(self) -> bool:
         return True
 
+    #: Read as a module attribute (like ``torch.cuda._initialized``) by torch.utils.checkpoint,
+    #: which saves and restores the device RNG state for recomputation only when it is set.
+    _initialized = True
+
     def init(self) -> None:
         """Nothing to do: the backend is initialised when it is activated."""
 

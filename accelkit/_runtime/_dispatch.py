@@ -161,6 +161,47 @@ def prepare_out(ctx: BackendContext, out: _Tensor, shape: tuple[int, ...], dtype
         T.set_geometry(ctx, out, shape, T.contiguous_strides(shape), out.storage_offset())
 
 
+def _as_meta(value: Any) -> Any:
+    if isinstance(value, _Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_meta(v) for v in value)
+    return value
+
+
+def check_out_dtypes(
+    op: OpOverload, args: tuple, kwargs: dict, outs: list[_Tensor], dtypes: list[torch.dtype]
+) -> None:
+    """Apply ``op``'s own rule for ``out=`` tensors of another dtype than the result.
+
+    No op may narrow a result's dtype category. Beyond that the rule differs per op (``exp``
+    casts, ``mm`` and ``where`` refuse), so the op's Meta kernel — which runs the checks the
+    CPU kernel runs — decides, raising PyTorch's error.
+    """
+    for out, dtype in zip(outs, dtypes):
+        if not torch.can_cast(dtype, out.dtype):
+            raise RuntimeError(
+                f"result type {_type_name(dtype)} can't be cast to the desired output type "
+                f"{_type_name(out.dtype)}"
+            )
+    meta_kwargs = {k: _as_meta(v) for k, v in kwargs.items()}
+    meta_kwargs.update(zip(out_arg_names(op), (_as_meta(o) for o in outs)))
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            op(*[_as_meta(a) for a in args], **meta_kwargs)
+    except NotImplementedError:
+        pass  # no Meta kernel: keep the generic cast rule
+
+
+def _dtype_from_out(functional_or_out: OpOverload, kwargs: dict, outs: list[_Tensor]) -> None:
+    """Ops with a ``dtype`` argument compute in the ``out=`` tensor's dtype, as on CPU."""
+    if len(outs) == 1 and kwargs.get("dtype") is None and any(
+        a.name == "dtype" and a.kwarg_only for a in functional_or_out._schema.arguments
+    ):
+        kwargs["dtype"] = outs[0].dtype
+
+
 # ---------------------------------------------------------------------------------------------
 # The pipeline
 # ---------------------------------------------------------------------------------------------
@@ -244,9 +285,12 @@ class Pipeline:
         def run(*args: Any, **kwargs: Any) -> Any:
             ctx.counters.count(name, "native")
             outs = [kwargs.pop(n) for n in out_names]
+            _dtype_from_out(op, kwargs, outs)
             result = fn(*[to_array(a) for a in args], **{k: to_array(v) for k, v in kwargs.items()})
             results = result if isinstance(result, tuple) else (result,)
             metas = [meta(r) for r in results]
+            if any(dtype != out.dtype for out, (_, dtype) in zip(outs, metas)):
+                check_out_dtypes(op, args, kwargs, outs, [dtype for _, dtype in metas])
             for out, (shape, dtype) in zip(outs, metas):
                 prepare_out(ctx, out, shape, dtype)
             for out, r, (_, dtype) in zip(outs, results, metas):
@@ -301,8 +345,11 @@ class Pipeline:
             if kind == "out":
                 names = out_arg_names(op)
                 outs = [kwargs.pop(n) for n in names]
+                _dtype_from_out(op, kwargs, outs)
                 result = functional(*args, **kwargs)
                 results = result if isinstance(result, tuple) else (result,)
+                if any(r.dtype != out.dtype for out, r in zip(outs, results)):
+                    check_out_dtypes(op, args, kwargs, outs, [r.dtype for r in results])
                 for out, r in zip(outs, results):
                     prepare_out(self.ctx, out, tuple(r.shape), r.dtype)
                 for out, r in zip(outs, results):
@@ -345,6 +392,20 @@ def _fill_generator(ctx: BackendContext, slot: tuple[int, str], args: list, kwar
             args[index] = ctx.generator
     elif kwargs.get(name) is None:
         kwargs[name] = ctx.generator
+
+
+def _on_device_stream(ctx: BackendContext, kernel: Callable, args: list, kwargs: dict) -> Any:
+    """Run a random CPU kernel whose schema takes no generator (``native_dropout``) on the
+    device's stream: it draws from the CPU default generator, so lend it the device state."""
+    cpu = torch.default_generator
+    saved = cpu.get_state()
+    cpu.set_state(ctx.generator.get_state())
+    try:
+        result = kernel(*args, **kwargs)
+        ctx.generator.set_state(cpu.get_state())
+    finally:
+        cpu.set_state(saved)
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,7 +530,11 @@ class _HostCall:
         before = {id(v): (tuple(v.shape), v.stride(), v.storage_offset())
                   for d, v in self.twins if id(d) in mutated}
 
-        result = CPU_EQUIVALENTS.get(op, op)(*cpu_args, **cpu_kwargs)
+        kernel = CPU_EQUIVALENTS.get(op, op)
+        if gen is None and torch.Tag.nondeterministic_seeded in op.tags:
+            result = _on_device_stream(ctx, kernel, cpu_args, cpu_kwargs)
+        else:
+            result = kernel(*cpu_args, **cpu_kwargs)
 
         self._write_back(mutated, before)
         return self._results(result)
