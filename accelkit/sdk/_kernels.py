@@ -101,7 +101,8 @@ class AutocastPolicy:
     :ivar lower_precision: ops cast to the autocast dtype (matmul-like work).
     :ivar float32: ops whose floating inputs are cast up to float32 (reductions, losses).
     :ivar promote: ops whose floating inputs are cast to the widest floating input dtype.
-    :ivar dtypes: dtypes accepted as ``torch.autocast(dtype=...)``; the first is the default.
+    :ivar dtypes: dtypes accepted as ``torch.autocast(dtype=...)``, preferred first. PyTorch's
+        own default for a custom device is float16 (per thread), so pass ``dtype=`` explicitly.
     """
 
     lower_precision: tuple[str, ...]

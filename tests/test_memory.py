@@ -1,0 +1,538 @@
+"""Device memory: the SDK's caching allocator on its own, and the ref device's memory through torch.
+
+The unit tests drive :class:`accelkit.sdk.DeviceAllocator` through a tiny in-test backend whose
+blocks are ``bytearray`` objects; the device tests watch ``torch.ref.memory_*`` while tensors come
+and go, run out of memory on purpose and check that nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import random
+import subprocess
+
+import pytest
+import torch
+from conftest import run_python
+
+from accelkit.sdk import DeviceAllocator, format_bytes, size_class
+from accelkit_backends.ref.device import parse_bytes
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def counters_move_only_for_this_test():
+    """Collect earlier tests' garbage, then keep the collector off: memory counters change only
+    through this test's own tensors, so a leak shows as an exact difference."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+class BytesAllocator(DeviceAllocator):
+    """The smallest backend: blocks are bytearrays; it records what the base asks of it."""
+
+    def __init__(self, capacity: int, max_cached: int | None = None):
+        super().__init__("tiny:0", capacity, max_cached)
+        self.made: list[int] = []
+        self.freed: list[int] = []
+        self.fail_next = False
+
+    def _alloc_block(self, nbytes: int) -> bytearray:
+        if self.fail_next:
+            self.fail_next = False
+            raise MemoryError("backend refused the block")
+        self.made.append(nbytes)
+        return bytearray(nbytes)
+
+    def _free_block(self, block: bytearray) -> None:
+        self.freed.append(len(block))
+
+
+# ---------------------------------------------------------------------------------------------
+# size classes
+# ---------------------------------------------------------------------------------------------
+
+
+def test_small_requests_round_up_to_512_byte_multiples():
+    for n in [0, 1, 511, 512, 513, 1000, 4096, 65_537, MiB - 1, MiB]:
+        c = size_class(n)
+        assert c >= max(n, 512)
+        assert c % 512 == 0
+        assert c - n < 512 or n == 0
+
+
+def test_large_requests_use_four_classes_per_power_of_two():
+    for k in range(21, 34):
+        low = 1 << (k - 1)
+        classes = {size_class(n) for n in range(low + 1, 2 * low + 1, max(1, low // 997))}
+        classes.add(size_class(2 * low))
+        assert classes == {low * 5 // 4, low * 3 // 2, low * 7 // 4, 2 * low}
+
+
+def test_large_classes_fit_the_request_with_under_a_fifth_of_slack():
+    rng = random.Random(7)
+    sizes = [MiB + 1, 3 * MiB, (5 << 20) + 3, 1 << 30] + [rng.randrange(MiB + 1, 1 << 34) for _ in range(500)]
+    for n in sizes:
+        c = size_class(n)
+        assert n <= c
+        assert (c - n) * 5 <= c
+
+
+def test_size_classes_never_shrink_as_requests_grow():
+    rng = random.Random(3)
+    sizes = sorted(rng.randrange(0, 1 << 32) for _ in range(2000))
+    classes = [size_class(n) for n in sizes]
+    assert classes == sorted(classes)
+
+
+# ---------------------------------------------------------------------------------------------
+# the DeviceAllocator base, with an in-test backend
+# ---------------------------------------------------------------------------------------------
+
+
+def test_buffer_reserves_its_size_class_and_remembers_the_request():
+    alloc = BytesAllocator(64 * MiB)
+    buf = alloc.allocate(1000)
+    assert buf.nbytes == 1000
+    assert buf.block_bytes == size_class(1000)
+    assert alloc.made == [size_class(1000)]
+    assert len(buf.block) == size_class(1000)
+    stats = alloc.memory_stats()
+    assert stats["allocated_bytes.current"] == size_class(1000)
+    assert stats["requested_bytes.current"] == 1000
+
+
+def test_freed_block_is_cached_and_reused_by_a_request_of_the_same_class():
+    alloc = BytesAllocator(64 * MiB)
+    first = alloc.allocate(1000)
+    block = first.block
+    del first
+    assert alloc.memory_allocated() == 0
+    assert alloc.memory_reserved() == size_class(1000)  # kept for reuse, not given back
+    assert alloc.freed == []
+
+    again = alloc.allocate(900)  # a different request in the same class
+    assert again.block is block
+    assert alloc.made == [size_class(1000)]
+    assert alloc.memory_stats()["num_cache_hits"] == 1
+    assert alloc.memory_reserved() == size_class(1000)
+
+
+def test_request_of_another_class_gets_a_new_block():
+    alloc = BytesAllocator(64 * MiB)
+    small = alloc.allocate(1000)
+    block = small.block
+    del small
+    big = alloc.allocate(5000)
+    assert big.block is not block
+    assert alloc.made == [size_class(1000), size_class(5000)]
+    assert alloc.memory_stats()["num_cache_hits"] == 0
+    assert alloc.memory_reserved() == size_class(1000) + size_class(5000)
+
+
+def test_current_and_peak_statistics_follow_allocations_and_reset():
+    alloc = BytesAllocator(64 * MiB)
+    a = alloc.allocate(1 * KiB)
+    b = alloc.allocate(4 * KiB)
+    both = size_class(KiB) + size_class(4 * KiB)
+    assert alloc.memory_allocated() == both
+    assert alloc.max_memory_allocated() == both
+
+    del b
+    assert alloc.memory_allocated() == size_class(KiB)
+    assert alloc.max_memory_allocated() == both
+    assert alloc.max_memory_reserved() == both
+
+    alloc.reset_peak_stats()
+    assert alloc.max_memory_allocated() == size_class(KiB)
+    assert alloc.max_memory_reserved() == alloc.memory_reserved() == both  # b's block is cached
+
+    stats = alloc.memory_stats()
+    assert stats["num_allocations"] == 2
+    assert stats["num_frees"] == 1
+    assert stats["allocated_bytes.peak"] == size_class(KiB)
+    assert stats["cached_bytes.current"] == size_class(4 * KiB)
+    assert stats["reserved_bytes.current"] == stats["allocated_bytes.current"] + stats["cached_bytes.current"]
+    assert stats["capacity_bytes"] == 64 * MiB
+    del a
+
+
+def test_empty_cache_gives_back_cached_blocks_and_keeps_live_ones():
+    alloc = BytesAllocator(64 * MiB)
+    live = alloc.allocate(2 * KiB)
+    live.block[:3] = b"abc"
+    dead = [alloc.allocate(n) for n in (1 * KiB, 8 * KiB, 100 * KiB)]
+    del dead
+    assert alloc.memory_reserved() > alloc.memory_allocated()
+
+    alloc.empty_cache()
+    assert sorted(alloc.freed) == sorted(size_class(n) for n in (1 * KiB, 8 * KiB, 100 * KiB))
+    assert alloc.memory_reserved() == alloc.memory_allocated() == size_class(2 * KiB)
+    assert bytes(live.block[:3]) == b"abc"
+
+    again = alloc.allocate(1 * KiB)  # the cache is empty: a fresh block
+    assert alloc.made[-1] == size_class(1 * KiB)
+    assert alloc.memory_stats()["num_cache_hits"] == 0
+    del again
+
+
+def test_frees_beyond_the_cache_limit_go_straight_back_to_the_backend():
+    alloc = BytesAllocator(64 * MiB, max_cached=10 * KiB)
+    bufs = [alloc.allocate(4 * KiB) for _ in range(4)]
+    del bufs
+    assert alloc.memory_stats()["cached_bytes.current"] == 8 * KiB  # two fit under the limit
+    assert alloc.freed == [4 * KiB, 4 * KiB]
+    assert alloc.memory_reserved() == 8 * KiB
+
+
+def test_default_cache_limit_is_a_quarter_of_capacity():
+    alloc = BytesAllocator(8 * MiB)
+    bufs = [alloc.allocate(MiB) for _ in range(5)]
+    del bufs
+    assert alloc.memory_stats()["cached_bytes.current"] == 2 * MiB
+    assert len(alloc.freed) == 3
+
+
+def test_request_beyond_capacity_raises_oom_and_changes_nothing():
+    alloc = BytesAllocator(4 * MiB)
+    held = alloc.allocate(3 * MiB)
+    before = alloc.memory_stats()
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        alloc.allocate(2 * MiB)
+    message = str(info.value)
+    assert "tiny:0" in message
+    assert format_bytes(2 * MiB) in message  # the request
+    assert format_bytes(3 * MiB) in message  # what live tensors hold
+    assert format_bytes(4 * MiB) in message  # the capacity
+    after = alloc.memory_stats()
+    assert after["num_ooms"] == before["num_ooms"] + 1
+    for key in ("allocated_bytes.current", "requested_bytes.current", "reserved_bytes.current"):
+        assert after[key] == before[key]
+    assert held.nbytes == 3 * MiB
+
+
+def test_cached_blocks_are_dropped_before_declaring_oom():
+    alloc = BytesAllocator(4 * MiB, max_cached=4 * MiB)
+    cached = [alloc.allocate(MiB) for _ in range(3)]
+    del cached
+    assert alloc.memory_reserved() == 3 * MiB
+    big = alloc.allocate(3 * MiB)  # fits only once the three cached blocks are given back
+    assert alloc.freed == [MiB, MiB, MiB]
+    assert alloc.memory_allocated() == alloc.memory_reserved() == 3 * MiB
+    del big
+
+
+def test_backend_failure_while_making_a_block_rolls_the_accounting_back():
+    alloc = BytesAllocator(64 * MiB)
+    alloc.fail_next = True
+    with pytest.raises(MemoryError):
+        alloc.allocate(10 * KiB)
+    assert alloc.memory_allocated() == 0
+    assert alloc.memory_reserved() == 0
+    assert alloc.memory_stats()["requested_bytes.current"] == 0
+    ok = alloc.allocate(10 * KiB)
+    assert alloc.memory_allocated() == size_class(10 * KiB)
+    del ok
+
+
+class AdoptingAllocator(BytesAllocator):
+    """Adopts ``bytearray`` results as blocks, the way ref adopts a kernel's fresh tensor."""
+
+    def _block_from_array(self, array):
+        return (array, len(array)) if isinstance(array, bytearray) else None
+
+
+def test_adopted_results_count_against_capacity_and_bypass_the_cache():
+    alloc = AdoptingAllocator(64 * MiB)
+    assert alloc.adopt("not adoptable") is None
+    result = bytearray(4 * KiB)  # exactly a size class
+    buf = alloc.adopt(result)
+    assert buf.block is result
+    assert alloc.made == []  # no copy, no new block
+    assert alloc.memory_allocated() == 4 * KiB
+    del buf
+    assert alloc.memory_allocated() == alloc.memory_reserved() == 0
+    assert alloc.freed == [4 * KiB]
+    with pytest.raises(torch.OutOfMemoryError):
+        alloc.adopt(bytearray(65 * MiB))
+    assert alloc.memory_allocated() == 0
+
+
+def test_repeated_adoption_does_not_grow_reserved_memory():
+    alloc = AdoptingAllocator(64 * MiB)
+    for _ in range(200):
+        scratch = alloc.allocate(4 * KiB)  # reuses one cached block after the first round
+        result = alloc.adopt(bytearray(4 * KiB))
+        del scratch, result
+    assert alloc.memory_allocated() == 0
+    assert alloc.memory_reserved() == 4 * KiB
+    assert alloc.made == [4 * KiB]
+
+
+def test_negative_requests_and_capacities_are_refused():
+    with pytest.raises(ValueError, match="capacity"):
+        BytesAllocator(0)
+    alloc = BytesAllocator(MiB)
+    with pytest.raises(ValueError, match="negative"):
+        alloc.allocate(-1)
+
+
+def test_a_buffer_freed_by_garbage_collection_inside_the_allocator_does_not_deadlock():
+    # A device tensor caught in a reference cycle is freed whenever the garbage collector runs,
+    # which can be in the middle of the allocator's own bookkeeping. With the collector made
+    # eager, that happens on nearly every call; the loop must simply finish.
+    code = """
+        import gc
+        import torch
+        from accelkit.sdk import DeviceAllocator
+
+        class A(DeviceAllocator):
+            def _alloc_block(self, n):
+                return bytearray(n)
+
+        alloc = A("tiny:0", 1 << 20)
+
+        class Holder:
+            pass
+
+        gc.set_threshold(1)
+        for i in range(2000):
+            h = Holder()
+            h.me = h
+            h.buf = alloc.allocate(100)
+            del h
+            shift = [[] for _ in range(i % 4)]  # move where the next collection falls
+            alloc.empty_cache()
+            try:
+                alloc.allocate(2 << 20)
+            except torch.OutOfMemoryError:
+                pass
+        gc.set_threshold(700)
+        gc.collect()
+        print("allocated", alloc.memory_allocated())
+    """
+    try:
+        result = run_python(code, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the allocator deadlocked when the garbage collector freed a buffer inside it")
+    assert result.returncode == 0, result.stderr
+    assert "allocated 0" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# the ref device
+# ---------------------------------------------------------------------------------------------
+
+
+def _capacity() -> int:
+    return torch.ref.get_device_properties().total_memory
+
+
+def test_device_capacity_is_the_configured_ref_memory():
+    assert _capacity() == parse_bytes(os.environ["ACCELKIT_REF_MEMORY"])
+    assert torch.ref.memory_stats()["capacity_bytes"] == _capacity()
+
+
+def test_memory_allocated_grows_with_a_tensor_and_shrinks_when_it_goes(dev):
+    base = torch.ref.memory_allocated()
+    x = torch.empty(1000, device=dev)
+    assert torch.ref.memory_allocated() - base == size_class(x.nbytes)
+    y = torch.empty(3, 1 << 18, device=dev)
+    assert torch.ref.memory_allocated() - base == size_class(x.nbytes) + size_class(y.nbytes)
+    del x
+    assert torch.ref.memory_allocated() - base == size_class(y.nbytes)
+    del y
+    assert torch.ref.memory_allocated() == base
+
+
+def test_views_share_memory_and_keep_it_alive(dev):
+    x = torch.empty(64, 64, device=dev)
+    with_x = torch.ref.memory_allocated()
+    views = [x.t(), x[3:], x.view(-1), x[:, 1], x.view(torch.int32)]
+    assert torch.ref.memory_allocated() == with_x
+    del x
+    assert torch.ref.memory_allocated() == with_x  # the views still hold the storage
+    del views
+    assert torch.ref.memory_allocated() == with_x - size_class(64 * 64 * 4)
+
+
+def test_op_results_count_against_device_memory_until_freed(dev):
+    x = torch.ones(300, 300, device=dev)
+    base = torch.ref.memory_allocated()
+    y = x * 2  # a native kernel
+    z = torch.cumsum(x, 0)  # the CPU fallback
+    assert torch.ref.memory_allocated() - base >= y.nbytes + z.nbytes
+    torch.testing.assert_close(z.cpu(), torch.cumsum(x.cpu(), 0))
+    del y, z
+    assert torch.ref.memory_allocated() == base
+
+
+def test_kernel_result_of_odd_byte_size_can_be_reinterpreted_as_a_wider_dtype(dev):
+    # A kernel's result is adopted with its exact byte size (6 here), not a padded size class.
+    cpu = torch.arange(6, dtype=torch.uint8) + 1
+    x = torch.arange(6, dtype=torch.uint8, device=dev) + 1
+    assert torch.equal(x[:4].view(torch.int32).cpu(), cpu[:4].view(torch.int32))
+    assert torch.equal(x[2:].view(torch.int16).cpu(), cpu[2:].view(torch.int16))
+
+
+def test_peak_memory_and_reset_peak_memory_stats(dev):
+    torch.ref.reset_peak_memory_stats()
+    base = torch.ref.memory_allocated()
+    assert torch.ref.max_memory_allocated() == base
+    temp = torch.empty(8 * MiB, dtype=torch.uint8, device=dev)
+    del temp
+    assert torch.ref.memory_allocated() == base
+    assert torch.ref.max_memory_allocated() == base + size_class(8 * MiB)
+    assert torch.ref.max_memory_reserved() >= base + size_class(8 * MiB)
+    torch.ref.reset_peak_memory_stats()
+    assert torch.ref.max_memory_allocated() == base
+    assert torch.ref.max_memory_reserved() == torch.ref.memory_reserved()
+
+
+def test_memory_stats_agree_with_the_module_functions(dev):
+    x = torch.empty(5000, device=dev)
+    stats = torch.ref.memory_stats()
+    assert stats["allocated_bytes.current"] == torch.ref.memory_allocated()
+    assert stats["reserved_bytes.current"] == torch.ref.memory_reserved()
+    assert stats["allocated_bytes.peak"] == torch.ref.max_memory_allocated()
+    free, total = torch.ref.mem_get_info()
+    assert total == _capacity()
+    assert free == total - torch.ref.memory_reserved()
+    del x
+
+
+def test_empty_cache_returns_cached_device_memory(dev):
+    x = torch.empty(2 * MiB, dtype=torch.uint8, device=dev)
+    del x
+    assert torch.ref.memory_reserved() > torch.ref.memory_allocated()
+    torch.ref.empty_cache()
+    assert torch.ref.memory_reserved() == torch.ref.memory_allocated()
+
+
+def test_allocation_beyond_capacity_raises_oom_naming_device_request_use_and_capacity(dev):
+    capacity = _capacity()
+    held = torch.empty(capacity // 4, dtype=torch.uint8, device=dev)
+    in_use = torch.ref.memory_allocated()
+    request = capacity - capacity // 8  # fits the empty device, not beside `held`
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        torch.empty(request, dtype=torch.uint8, device=dev)
+    message = str(info.value)
+    assert "ref:0" in message
+    assert format_bytes(request) in message
+    assert format_bytes(in_use) in message
+    assert format_bytes(capacity) in message
+    assert torch.ref.memory_allocated() == in_use
+    del held
+
+
+def test_request_larger_than_the_whole_device_raises_oom(dev):
+    base = torch.ref.memory_allocated()
+    with pytest.raises(torch.OutOfMemoryError, match="ref:0"):
+        torch.zeros(_capacity() // 4 + 1, device=dev)  # one float32 more than the device holds
+    assert torch.ref.memory_allocated() == base
+
+
+def test_nothing_leaks_when_an_op_runs_out_of_memory_midway(dev):
+    base = torch.ref.memory_allocated()
+    n = int(_capacity() * 0.4) // 4  # float32 elements filling 40% of the device
+    a = torch.ones(n, device=dev)
+    b = a + 1
+    held = torch.ref.memory_allocated()
+    with pytest.raises(torch.OutOfMemoryError):
+        a * 2  # native kernel: the result cannot be placed
+    assert torch.ref.memory_allocated() == held
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.cumsum(a, 0)  # CPU fallback: the result cannot be brought back
+    assert torch.ref.memory_allocated() == held
+    with pytest.raises(torch.OutOfMemoryError):
+        torch.stack([a, b])
+    assert torch.ref.memory_allocated() == held
+    del a, b
+    assert torch.ref.memory_allocated() == base
+    small = torch.ones(10, device=dev) * 3  # the device still works
+    assert small.cpu().tolist() == [3.0] * 10
+
+
+def test_allocation_loop_keeps_reserved_memory_bounded(dev):
+    # Element counts: some sizes fall on a size class exactly (1024, 4096, 65536 floats), some not.
+    counts = [1000, 1024, 3000, 4096, 20_000, 65_536]
+    rng = random.Random(0)
+    base_allocated = torch.ref.memory_allocated()
+    base_reserved = torch.ref.memory_reserved()
+    live: list[torch.Tensor] = []
+    for _ in range(3000):
+        n = rng.choice(counts)
+        x = torch.empty(n, device=dev)
+        x.fill_(1.0)
+        y = x * 2  # a kernel result of the same size
+        live.append(y)
+        if len(live) > 2:
+            live.pop(0)
+        del x, y
+    del live
+    assert torch.ref.memory_allocated() == base_allocated
+    # At most four buffers of one size are alive at once (x, y and two kept results), so no
+    # size needs more than four blocks, whatever the number of iterations.
+    bound = 4 * sum(size_class(4 * n) for n in counts)
+    assert torch.ref.memory_reserved() - base_reserved <= bound
+
+
+def _ints(d):
+    return torch.arange(4, device=d)
+
+
+def _floats(d):
+    return torch.arange(4.0, device=d)
+
+
+def _matrix(d):
+    return torch.arange(6.0, device=d).reshape(2, 3)
+
+
+def _ones(t, *shape, dtype=torch.float32):
+    return torch.ones(*shape, dtype=dtype, device=t.device)
+
+
+@pytest.mark.parametrize(
+    ("make", "op"),
+    [
+        pytest.param(_ints, lambda t: t.add_(1.5), id="int-add-float-scalar"),
+        pytest.param(_ints, lambda t: t.add_(_ones(t, 4) / 2), id="int-add-float-tensor"),
+        pytest.param(_ints, lambda t: t.div_(3), id="int-true-div"),
+        pytest.param(_ints, lambda t: t.exp_(), id="int-exp"),
+        pytest.param(_ints, lambda t: t.clamp_(min=_ones(t, ()) / 2), id="int-clamp-float"),
+        pytest.param(_floats, lambda t: t.add_(_ones(t, 3)), id="shape-mismatch"),
+        pytest.param(_floats, lambda t: t.add_(_ones(t, 2, 4)), id="broadcast-beyond-self"),
+        pytest.param(_matrix, lambda t: t.mul_(_ones(t, 4, 3)), id="mul-shape-mismatch"),
+        pytest.param(_matrix, lambda t: t.copy_(_ones(t, 4)), id="copy-shape-mismatch"),
+        pytest.param(_floats, lambda t: t.addcmul_(_ones(t, 2, 4), _ones(t, 2, 4)),
+                     id="addcmul-broadcast-beyond-self"),
+        pytest.param(_floats, lambda t: t.masked_fill_(_ones(t, 2, 4, dtype=torch.bool), 0.0),
+                     id="masked-fill-broadcast-beyond-self"),
+        pytest.param(_floats, lambda t: t.add_(_ones(t, 4, dtype=torch.complex64)), id="float-add-complex"),
+        pytest.param(lambda d: torch.ones(4, dtype=torch.bool, device=d),
+                     lambda t: t.sub_(_ones(t, 4, dtype=torch.bool)), id="bool-sub"),
+    ],
+)
+def test_failed_inplace_op_raises_like_cpu_and_leaves_the_tensor_unchanged(dev, make, op):
+    cpu = make("cpu")
+    with pytest.raises(RuntimeError) as on_cpu:
+        op(cpu)
+    t = make(dev)
+    alias = t.view(-1)
+    before = t.cpu()
+    allocated = torch.ref.memory_allocated()
+    with pytest.raises(type(on_cpu.value)) as on_device:
+        op(t)
+    assert str(on_device.value).splitlines()[0] == str(on_cpu.value).splitlines()[0]
+    assert torch.equal(t.cpu(), before)
+    assert torch.equal(alias.cpu(), before.view(-1))
+    assert t.shape == before.shape
+    del on_device
+    assert torch.ref.memory_allocated() == allocated
