@@ -6,6 +6,7 @@ autoload run in subprocesses (see ``run_python``).
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -27,6 +28,18 @@ def dev() -> torch.device:
     """The ref device, with op counters cleared for the test."""
     accelkit.reset_stats()
     return DEVICE
+
+
+@pytest.fixture
+def no_gc():
+    """Collect earlier tests' garbage and keep the collector off, so memory counters move only
+    through this test's tensors."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -3,7 +3,6 @@ plus what ``torch.accelerator`` reports for the active backend."""
 
 from __future__ import annotations
 
-import gc
 import os
 import warnings
 
@@ -13,18 +12,6 @@ import torch.nn.functional as F
 
 from accelkit.sdk import CUDA_LIKE_AUTOCAST
 from accelkit_backends.ref.device import parse_bytes
-
-
-@pytest.fixture
-def no_gc():
-    """Collect earlier tests' garbage and keep the collector off, so memory counters move only
-    through this test's tensors."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ and go, run out of memory on purpose and check that nothing is left behind.
 
 from __future__ import annotations
 
-import gc
 import os
 import random
 import subprocess
@@ -22,16 +21,9 @@ from accelkit_backends.ref.device import parse_bytes
 KiB, MiB = 1 << 10, 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def counters_move_only_for_this_test():
-    """Collect earlier tests' garbage, then keep the collector off: memory counters change only
-    through this test's own tensors, so a leak shows as an exact difference."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+# Memory counters change only through each test's own tensors, so a leak shows as an exact
+# difference (see the no_gc fixture in conftest).
+pytestmark = pytest.mark.usefixtures("no_gc")
 
 
 class BytesAllocator(DeviceAllocator):

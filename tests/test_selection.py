@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import sys
 import textwrap
 from pathlib import Path
 

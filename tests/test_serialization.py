@@ -7,7 +7,6 @@ through one loaded tensor and reading through another.
 from __future__ import annotations
 
 import copy
-import gc
 import io
 
 import pytest
@@ -20,18 +19,6 @@ def roundtrip(obj, **load_kwargs):
     torch.save(obj, buf)
     buf.seek(0)
     return torch.load(buf, **load_kwargs)
-
-
-@pytest.fixture
-def no_gc():
-    """Collect earlier tests' garbage and keep the collector off, so memory counters move only
-    through this test's tensors."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 MAP_TO_DEVICE = [None, "device", "ref", "ref:0"]
