@@ -69,7 +69,9 @@ class BackendContext:
         return torch.device(self.name, 0)
 
     def check_dtype(self, dtype: torch.dtype) -> None:
-        if self.dtype_rules is not None:
+        # Formatting for print computes display statistics in float64; that is not the
+        # program's data, so the device's dtype rules do not apply to it.
+        if self.dtype_rules is not None and not getattr(self._local, "formatting", 0):
             self.dtype_rules.check(dtype, f"{self.name}:0")
 
     # -- fallback policy -------------------------------------------------------------------

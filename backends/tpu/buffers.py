@@ -1,0 +1,273 @@
+"""tpu device memory: each block holds one immutable ``jax.Array``; views are read lazily.
+
+A block is a mutable :class:`Holder` around the array that currently holds the storage's bytes
+(any shape: its row-major flattening is the storage). Kernels receive :class:`JaxView` values —
+the holder's array plus the tensor's geometry — and materialise them *inside* their jitted
+program, so a view costs no separate XLA dispatch. A write replaces the array on the fast path
+(the view covers the whole storage) and otherwise scatters into it with one jitted update.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import torch
+
+from accelkit.sdk import DeviceAllocator, ViewSpec
+
+TORCH_TO_JAX = {
+    torch.float32: jnp.float32, torch.float64: jnp.float64, torch.float16: jnp.float16,
+    torch.bfloat16: jnp.bfloat16, torch.int8: jnp.int8, torch.int16: jnp.int16,
+    torch.int32: jnp.int32, torch.int64: jnp.int64, torch.uint8: jnp.uint8, torch.bool: jnp.bool_,
+    torch.complex64: jnp.complex64, torch.complex128: jnp.complex128,
+    torch.uint16: jnp.uint16, torch.uint32: jnp.uint32, torch.uint64: jnp.uint64,
+    torch.float8_e4m3fn: jnp.float8_e4m3fn, torch.float8_e5m2: jnp.float8_e5m2,
+}
+JAX_TO_TORCH = {np.dtype(v): k for k, v in TORCH_TO_JAX.items()}
+# numpy has no bf16/fp8: host copies travel as same-width integers and are reinterpreted.
+_HOST_CARRIER = {
+    torch.bfloat16: (torch.uint16, ml_dtypes.bfloat16),
+    torch.float8_e4m3fn: (torch.uint8, ml_dtypes.float8_e4m3fn),
+    torch.float8_e5m2: (torch.uint8, ml_dtypes.float8_e5m2),
+}
+
+
+def jax_dtype(dtype: torch.dtype) -> Any:
+    try:
+        return TORCH_TO_JAX[dtype]
+    except KeyError:
+        raise TypeError(f"{dtype} has no XLA equivalent on tpu") from None
+
+
+def torch_dtype(dtype: Any) -> torch.dtype:
+    return JAX_TO_TORCH[np.dtype(dtype)]
+
+
+class Holder:
+    """The mutable block: the array holding a storage's bytes (None until first written)."""
+
+    __slots__ = ("array", "nbytes")
+
+    def __init__(self, nbytes: int, array: jax.Array | None = None):
+        self.nbytes = nbytes
+        self.array = array
+
+
+class JaxView(NamedTuple):
+    """A tensor argument as kernels receive it: the storage's array and the tensor's geometry."""
+
+    array: jax.Array
+    spec: ViewSpec
+
+
+# ---------------------------------------------------------------------------------------------
+# Traced helpers (run inside jitted programs)
+# ---------------------------------------------------------------------------------------------
+
+
+def as_flat(array: jax.Array, dtype: torch.dtype) -> jax.Array:
+    """The storage's elements reinterpreted as a flat array of ``dtype`` (traced)."""
+    target = jax_dtype(dtype)
+    flat = array.reshape(-1)
+    if flat.dtype == target:
+        return flat
+    if flat.dtype == jnp.bool_:
+        flat = flat.astype(jnp.uint8)
+    want_bool = target == jnp.bool_
+    if want_bool:
+        target = jnp.uint8
+    size, want = np.dtype(flat.dtype).itemsize, np.dtype(target).itemsize
+    if size != 1:
+        flat = jax.lax.bitcast_convert_type(flat, jnp.uint8).reshape(-1)
+    if want != 1:
+        usable = flat.shape[0] - flat.shape[0] % want
+        flat = jax.lax.bitcast_convert_type(flat[:usable].reshape(-1, want), target)
+    elif flat.dtype != target:
+        flat = jax.lax.bitcast_convert_type(flat, target)
+    return flat != 0 if want_bool else flat
+
+
+def _is_dense_permutation(spec: ViewSpec) -> tuple[int, ...] | None:
+    """If ``spec`` is a permutation of a contiguous layout, the permutation; else None."""
+    order = sorted(range(len(spec.size)), key=lambda d: -spec.stride[d])
+    expected = 1
+    for d in reversed(order):
+        if spec.size[d] != 1 and spec.stride[d] != expected:
+            return None
+        expected *= spec.size[d]
+    return tuple(order)
+
+
+@functools.lru_cache(maxsize=4096)
+def _gather_index(spec: ViewSpec) -> np.ndarray:
+    index = np.full(spec.size, spec.offset, dtype=np.int64)
+    for dim, (size, stride) in enumerate(zip(spec.size, spec.stride)):
+        shape = [1] * len(spec.size)
+        shape[dim] = size
+        index = index + (np.arange(size, dtype=np.int64) * stride).reshape(shape)
+    return index
+
+
+def materialize(array: jax.Array, spec: ViewSpec) -> jax.Array:
+    """The view's elements as an array of ``spec.size`` (traced; ``spec`` is static)."""
+    flat = as_flat(array, spec.dtype)
+    numel = spec.numel
+    if numel == 0:
+        return jnp.zeros(spec.size, jax_dtype(spec.dtype))
+    # Broadcast (stride-0) dimensions: read the rest once, then broadcast.
+    if any(st == 0 and sz > 1 for sz, st in zip(spec.size, spec.stride)):
+        reduced = ViewSpec(spec.dtype, tuple(1 if st == 0 else sz for sz, st in zip(spec.size, spec.stride)),
+                           spec.stride, spec.offset)
+        return jnp.broadcast_to(materialize(array, reduced), spec.size)
+    order = _is_dense_permutation(spec)
+    if order is not None:
+        block = jax.lax.slice(flat, (spec.offset,), (spec.offset + numel,))
+        permuted = block.reshape(tuple(spec.size[d] for d in order))
+        inverse = tuple(order.index(d) for d in range(len(order)))
+        return permuted.transpose(inverse) if inverse != tuple(range(len(order))) else permuted
+    return flat[_gather_index(spec)]
+
+
+def value_of(argument: Any) -> Any:
+    """A kernel argument as an array: views are materialised, everything else passes (traced)."""
+    if isinstance(argument, JaxView):
+        return materialize(argument.array, argument.spec)
+    return argument
+
+
+# ---------------------------------------------------------------------------------------------
+# Jitted data movement
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _read(array: jax.Array, spec: ViewSpec) -> jax.Array:
+    return materialize(array, spec)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3))
+def _scatter(storage: jax.Array, values: jax.Array, spec: ViewSpec, storage_dtype: torch.dtype) -> jax.Array:
+    flat = as_flat(storage, spec.dtype)
+    index = _gather_index(spec).reshape(-1)
+    updated = flat.at[index].set(values.reshape(-1).astype(flat.dtype))
+    return updated if spec.dtype == storage_dtype else as_flat(updated, storage_dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _cast(array: jax.Array, dtype: Any) -> jax.Array:
+    return array.astype(dtype)
+
+
+def _covers(spec: ViewSpec, nbytes: int) -> bool:
+    """The view is the whole storage in row-major order."""
+    if spec.offset or spec.numel * spec.dtype.itemsize != nbytes:
+        return False
+    expected = 1
+    for size, stride in zip(reversed(spec.size), reversed(spec.stride)):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+class TpuAllocator(DeviceAllocator):
+    """Device memory as :class:`Holder` blocks of ``jax.Array`` on one PJRT device.
+
+    Capacity accounting follows the target's HBM; XLA owns the real buffers, so freed blocks
+    are not cached (``max_cached=0``): dropping the last reference frees the device memory.
+    """
+
+    def __init__(self, device: str, capacity: int, jax_device: Any):
+        super().__init__(device, capacity, max_cached=0)
+        self.jax_device = jax_device
+        self._last: jax.Array | None = None
+
+    # -- blocks ------------------------------------------------------------------------------
+
+    def _alloc_block(self, nbytes: int) -> Holder:
+        return Holder(nbytes)
+
+    def _block_from_array(self, array: Any) -> tuple[Holder, int] | None:
+        if isinstance(array, JaxView):
+            return None
+        nbytes = array.size * array.dtype.itemsize
+        self._last = array
+        return Holder(nbytes, array), nbytes
+
+    def _storage(self, block: Holder, dtype: torch.dtype) -> jax.Array:
+        if block.array is None:  # never written: PyTorch's empty memory, here zeros
+            itemsize = dtype.itemsize
+            block.array = jax.device_put(jnp.zeros(max(block.nbytes // itemsize, 1), jax_dtype(dtype)), self.jax_device)
+        return block.array
+
+    # -- views -------------------------------------------------------------------------------
+
+    def read(self, block: Holder, view: ViewSpec) -> JaxView:
+        return JaxView(self._storage(block, view.dtype), view)
+
+    def write(self, block: Holder, view: ViewSpec, array: Any) -> None:
+        if isinstance(array, JaxView):
+            array = _read(array.array, array.spec)
+        if _covers(view, block.nbytes) and array.dtype == jax_dtype(view.dtype):
+            block.array = array
+        else:
+            storage = self._storage(block, view.dtype)
+            block.array = _scatter(storage, array, view, torch_dtype(storage.dtype))
+        self._last = block.array
+
+    # -- host --------------------------------------------------------------------------------
+
+    def to_host(self, array: Any) -> torch.Tensor:
+        if isinstance(array, JaxView):
+            array = _read(array.array, array.spec)
+        dtype = torch_dtype(array.dtype)
+        host = np.array(array)  # a copy: jax's host view is read-only
+        carrier = _HOST_CARRIER.get(dtype)
+        if carrier is not None:
+            return torch.from_numpy(host.view(_np_int(carrier[0]))).view(dtype)
+        return torch.from_numpy(host)
+
+    def from_host(self, tensor: torch.Tensor) -> jax.Array:
+        carrier = _HOST_CARRIER.get(tensor.dtype)
+        tensor = tensor.detach().contiguous()
+        if carrier is not None:
+            host = tensor.view(carrier[0]).numpy().view(carrier[1])
+        else:
+            host = tensor.numpy()
+        return jax.device_put(host, self.jax_device)
+
+    def array_meta(self, array: Any) -> tuple[tuple[int, ...], torch.dtype]:
+        if isinstance(array, JaxView):
+            return array.spec.size, array.spec.dtype
+        return tuple(array.shape), torch_dtype(array.dtype)
+
+    def cast(self, array: Any, dtype: torch.dtype) -> jax.Array:
+        if isinstance(array, JaxView):
+            array = _read(array.array, array.spec)
+        return _cast(array, jax_dtype(dtype))
+
+    def read_bytes(self, block: Holder, nbytes: int) -> torch.Tensor:
+        if block.array is None:
+            return torch.zeros(nbytes, dtype=torch.uint8)
+        host = np.array(block.array).reshape(-1).view(np.uint8)
+        return torch.from_numpy(host[:nbytes].copy())
+
+    def write_bytes(self, block: Holder, data: torch.Tensor) -> None:
+        old = self.read_bytes(block, block.nbytes) if data.numel() < block.nbytes else None
+        if old is not None:
+            old[: data.numel()] = data
+            data = old
+        block.array = jax.device_put(data.contiguous().numpy(), self.jax_device)
+
+    def synchronize(self) -> None:
+        if self._last is not None:
+            self._last.block_until_ready()
+
+
+def _np_int(dtype: torch.dtype) -> Any:
+    return {torch.uint16: np.uint16, torch.uint8: np.uint8}[dtype]

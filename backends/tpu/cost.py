@@ -1,0 +1,91 @@
+"""Estimated time on the target TPU: XLA's cost analysis against the generation's roofline.
+
+For every program executed, XLA reports the floating-point operations and the bytes it
+accesses. On the target generation that program takes at least ``flops / peak`` (compute-bound)
+and at least ``bytes / HBM bandwidth`` (memory-bound); the estimate is the larger of the two.
+It is an **estimate** from public peak figures, not a measurement: real programs reach a
+fraction of peak, and XLA on the CPU platform may fuse differently from XLA on a TPU.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from accelkit.sdk import DeviceModel
+
+
+@dataclass(frozen=True)
+class ProgramCost:
+    """XLA's cost analysis of one compiled program."""
+
+    flops: float
+    bytes_accessed: float
+    low_precision: bool  # a bf16/fp16 input: the MXU's bf16 peak applies
+
+    @classmethod
+    def of(cls, compiled: Any, arrays: list) -> ProgramCost:
+        try:
+            analysis = compiled.cost_analysis() or {}
+            if isinstance(analysis, list):
+                analysis = analysis[0] if analysis else {}
+        except Exception:  # not every platform reports costs
+            analysis = {}
+        low = any(np.dtype(a.dtype).itemsize == 2 and np.dtype(a.dtype).kind == "f" or str(a.dtype) == "bfloat16"
+                  for a in arrays)
+        return cls(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)), low)
+
+
+@dataclass
+class CostLedger:
+    """Per-op totals of executed programs and their estimated device time."""
+
+    model: DeviceModel | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _ops: dict[str, list[float]] = field(default_factory=dict)  # op -> [calls, flops, bytes, seconds]
+
+    def seconds(self, cost: ProgramCost) -> float:
+        if self.model is None:
+            return 0.0
+        peak_dtype = torch.bfloat16 if cost.low_precision else torch.float32
+        peak = self.model.peak_flops.get(peak_dtype) or max(self.model.peak_flops.values())
+        compute = cost.flops / peak
+        memory = cost.bytes_accessed / self.model.memory_bandwidth if self.model.memory_bandwidth else 0.0
+        return max(compute, memory)
+
+    def record(self, op: str, cost: ProgramCost) -> None:
+        seconds = self.seconds(cost)
+        with self._lock:
+            row = self._ops.get(op)
+            if row is None:
+                row = self._ops[op] = [0, 0.0, 0.0, 0.0]
+            row[0] += 1
+            row[1] += cost.flops
+            row[2] += cost.bytes_accessed
+            row[3] += seconds
+
+    def reset(self) -> None:
+        with self._lock:
+            self._ops.clear()
+
+    def summary(self) -> dict[str, Any]:
+        with self._lock:
+            ops = {op: {"calls": int(c), "flops": f, "bytes": b, "estimated_seconds": s}
+                   for op, (c, f, b, s) in sorted(self._ops.items())}
+        return {
+            "note": "estimate: XLA cost analysis (flops, bytes accessed) against the target's "
+                    "published peak FLOP/s and HBM bandwidth; not a measurement",
+            "target": self.model.name if self.model else None,
+            "flops": sum(o["flops"] for o in ops.values()),
+            "bytes": sum(o["bytes"] for o in ops.values()),
+            "estimated_seconds": sum(o["estimated_seconds"] for o in ops.values()),
+            "ops": ops,
+        }
+
+
+#: The process's ledger; its device model is set when the tpu backend is activated.
+COSTS = CostLedger()

@@ -1,0 +1,88 @@
+"""Wiring the tpu backend into the accelkit runtime: allocator, dtype policy, autocast, stats."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from accelkit.sdk import CUDA_LIKE_AUTOCAST, AutocastPolicy, DeviceModel, DtypeRules
+
+FLOAT64_ENV = "ACCELKIT_TPU_FLOAT64"
+FLOAT64_POLICIES = ("error", "emulate")
+
+_WIDE = frozenset({torch.float64, torch.complex128})
+
+
+def _jax() -> Any:
+    import jax
+
+    # PyTorch's int64 indices and float64 tensors need 64-bit types; JAX defaults to 32 bits.
+    jax.config.update("jax_enable_x64", True)
+    return jax
+
+
+def jax_device(simulated: bool) -> Any:
+    jax = _jax()
+    return jax.devices("cpu" if simulated else "tpu")[0]
+
+
+def make_allocator(model: DeviceModel) -> Any:
+    from accelkit_backends.tpu.buffers import TpuAllocator
+
+    return TpuAllocator("tpu:0", model.memory_bytes, jax_device(model.simulated))
+
+
+def float64_policy() -> str:
+    value = os.environ.get(FLOAT64_ENV, "error").strip().lower() or "error"
+    if value not in FLOAT64_POLICIES:
+        raise ValueError(f"{FLOAT64_ENV}={value!r}: use one of {', '.join(FLOAT64_POLICIES)}")
+    return value
+
+
+def dtype_rules() -> DtypeRules | None:
+    """float64/complex128: refused unless ``ACCELKIT_TPU_FLOAT64=emulate`` (never a silent downcast)."""
+    if float64_policy() == "emulate":
+        return None
+    supported = frozenset(d for d in vars(torch).values() if isinstance(d, torch.dtype)) - _WIDE
+    return DtypeRules(
+        supported=supported,
+        hint=("TPUs have no 64-bit floating-point hardware. Cast to float32 (or bfloat16) before "
+              f"moving to tpu, or set {FLOAT64_ENV}=emulate to accept XLA's slow, partial "
+              "emulation on a TPU (exact float64 when simulated on the CPU)."),
+    )
+
+
+def autocast_policy() -> AutocastPolicy:
+    """CUDA's op lists with bfloat16 preferred: the MXU's native input type."""
+    return AutocastPolicy(
+        lower_precision=CUDA_LIKE_AUTOCAST.lower_precision,
+        float32=CUDA_LIKE_AUTOCAST.float32,
+        promote=CUDA_LIKE_AUTOCAST.promote,
+        dtypes=(torch.bfloat16, torch.float16),
+    )
+
+
+def on_activated() -> None:
+    from accelkit import _runtime
+    from accelkit_backends.tpu.cost import COSTS
+
+    ctx = _runtime.active()
+    COSTS.model = ctx.model if ctx is not None else None
+
+
+def stats() -> dict[str, Any]:
+    from accelkit_backends.tpu import modes
+    from accelkit_backends.tpu.cost import COSTS
+    from accelkit_backends.tpu.lowering import compile_counts
+
+    counts = compile_counts()
+    return {
+        "tpu": {
+            "mode": modes.current(),
+            "compiled_programs": counts,
+            "compiled_programs_total": sum(counts.values()),
+            "estimate": COSTS.summary(),
+        }
+    }
