@@ -93,13 +93,16 @@ def stats() -> dict[str, Any]:
 
 
 def reset_stats() -> None:
-    """Zero the op counters and the memory peaks of the active backend."""
+    """Zero the op counters, the memory peaks and the backend's own statistics."""
     from accelkit import _runtime
+
+    from accelkit._plugins import registry
 
     ctx = _runtime.active()
     if ctx is not None:
         ctx.counters.reset()
         ctx.allocator.reset_peak_stats()
+        registry().pm.hook.accelkit_reset_stats(name=ctx.name)
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,5 @@
-"""The ``accelkit`` command: ``accelkit devices [--json]`` and ``accelkit select [SPEC]``."""
+"""The ``accelkit`` command: ``accelkit devices [--json]``, ``accelkit select [SPEC]`` and
+``accelkit conformance {run,report,diff}`` (see :mod:`accelkit_conformance`)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     select = commands.add_parser("select", help="show which device select_device() picks, and why")
     select.add_argument("spec", nargs="?", default=None, help="name or preference list, e.g. 'tpu,cpu'")
     select.set_defaults(run=_select)
+    commands.add_parser(
+        "conformance", add_help=False,
+        help="run the conformance suites against backends, render and compare results (run, report, diff)",
+    )
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["conformance"]:
+        # Parsed by the conformance package, imported only when asked for.
+        from accelkit_conformance.__main__ import main as conformance_main
+
+        return conformance_main(argv[1:])
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -219,3 +219,12 @@ def accelkit_stats(name: str) -> dict[str, Any] | None:
     1:N — each plugin may return a dict merged into the stats under its keys (compile-cache
     counts, estimated device time, ...). Plugins not named ``name`` return ``None``.
     """
+
+
+@hookspec
+def accelkit_reset_stats(name: str) -> None:
+    """Zero the backend-specific statistics contributed by :func:`accelkit_stats`.
+
+    1:N — called by :func:`accelkit.reset_stats`; plugins not named ``name`` ignore it.
+    Compile caches are not statistics and stay.
+    """

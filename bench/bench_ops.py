@@ -1,26 +1,33 @@
 """Per-op cost on an accelkit device against native CPU torch, measured in the same run.
 
-    python bench/bench_ops.py                 # ref (the default), or --device tpu / neuron
+    python bench/bench_ops.py                      # ref
+    python bench/bench_ops.py --device tpu         # tpu (XLA); adds torchax when it is installed
 
 Prints microseconds per call (median of several repeats) for a small elementwise add, a 64×64
-matmul and a chain of in-place updates, and the ratio to the same op on the CPU. Figures are
-wall-clock on this machine; compare ratios, not absolute numbers, across machines.
+matmul, an in-place update and one training step of a small MLP (forward, backward, SGD), with
+the ratio to the same work on the CPU. The device is synchronised before each clock reading.
+Figures are wall-clock on this machine: compare ratios, not absolute numbers, across machines.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 import timeit
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
-
-import accelkit
+from torch import nn
 
 
 def per_call_us(fn: Callable[[], object], sync: Callable[[], None], number: int, repeat: int) -> float:
-    fn()
+    for _ in range(3):
+        fn()
     sync()
     samples = []
     for _ in range(repeat):
@@ -32,15 +39,50 @@ def per_call_us(fn: Callable[[], object], sync: Callable[[], None], number: int,
     return statistics.median(samples)
 
 
-def cases(device: torch.device) -> dict[str, Callable[[], object]]:
-    small_a, small_b = torch.randn(16, device=device), torch.randn(16, device=device)
-    mat_a, mat_b = torch.randn(64, 64, device=device), torch.randn(64, 64, device=device)
-    acc = torch.zeros(16, device=device)
+def cases(device: torch.device | str) -> dict[str, tuple[Callable[[], object], int]]:
+    """name -> (callable, relative iteration weight)."""
+    torch.manual_seed(0)
+    small_a, small_b = torch.randn(16).to(device), torch.randn(16).to(device)
+    mat_a, mat_b = torch.randn(64, 64).to(device), torch.randn(64, 64).to(device)
+    acc = torch.zeros(16).to(device)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(16, 32).to(device), torch.randint(0, 10, (16,)).to(device)
+
+    def train_step() -> None:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+
+    def no_grad(fn: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            with torch.no_grad():
+                return fn()
+
+        return run
+
     return {
-        "add (16,)": lambda: small_a + small_b,
-        "matmul 64x64": lambda: mat_a @ mat_b,
-        "add_ in place (16,)": lambda: acc.add_(small_a),
+        "add (16,)": (no_grad(lambda: small_a + small_b), 1),
+        "matmul 64x64": (no_grad(lambda: mat_a @ mat_b), 1),
+        "add_ in place (16,)": (no_grad(lambda: acc.add_(small_a)), 1),
+        "MLP training step": (train_step, 20),
     }
+
+
+def measure(device: torch.device | str, sync: Callable[[], None], number: int, repeat: int) -> dict[str, float]:
+    return {name: per_call_us(fn, sync, max(number // weight, 5), repeat) for name, (fn, weight) in cases(device).items()}
+
+
+def torchax_figures(number: int, repeat: int) -> dict[str, float] | str:
+    """The same cases on torchax, in a subprocess (torchax claims PrivateUse1 when imported)."""
+    env = dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0", ACCELKIT_AUTOLOAD="0")
+    script = Path(__file__).with_name("_torchax_peer.py")
+    done = subprocess.run([sys.executable, str(script), str(number), str(repeat)], env=env,
+                          capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return f"torchax not measured: {last}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -48,22 +90,40 @@ def main() -> None:
     parser.add_argument("--device", default="ref")
     parser.add_argument("--number", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--no-torchax", action="store_true", help="skip the torchax comparison")
     args = parser.parse_args()
+
+    import accelkit
 
     device = accelkit.select_device(args.device)
     module = torch.get_device_module(device.type) if device.type != "cpu" else None
     sync_device = module.synchronize if module is not None and hasattr(module, "synchronize") else (lambda: None)
-    with torch.no_grad():
-        cpu = {name: per_call_us(fn, lambda: None, args.number, args.repeat) for name, fn in cases(torch.device("cpu")).items()}
-        dev = {name: per_call_us(fn, sync_device, args.number, args.repeat) for name, fn in cases(device).items()}
+    cpu = measure("cpu", lambda: None, args.number, args.repeat)
+    dev = measure(device, sync_device, args.number, args.repeat)
+    peer = None if args.no_torchax or device.type != "tpu" else torchax_figures(args.number, args.repeat)
 
-    print(f"torch {torch.__version__}, device {device}, {args.repeat}×{args.number} calls, median µs per call")
-    print(f"{'op':<22}{'cpu µs':>10}{str(device) + ' µs':>12}{'ratio':>8}")
+    print(f"torch {torch.__version__}, device {device}, median µs per call of {args.repeat} repeats")
+    header = f"{'case':<22}{'cpu µs':>10}{str(device) + ' µs':>12}{'ratio':>8}"
+    if isinstance(peer, dict):
+        header += f"{'torchax µs':>12}{'ratio':>8}"
+    print(header)
     for name in cpu:
-        print(f"{name:<22}{cpu[name]:>10.2f}{dev[name]:>12.2f}{dev[name] / cpu[name]:>7.1f}×")
+        line = f"{name:<22}{cpu[name]:>10.2f}{dev[name]:>12.2f}{dev[name] / cpu[name]:>7.1f}×"
+        if isinstance(peer, dict):
+            theirs = peer["torchax"][name]
+            line += f"{theirs:>12.2f}{theirs / peer['cpu'][name]:>7.1f}×"
+        print(line)
+    if isinstance(peer, dict):
+        print("torchax ratios are against the CPU measured in torchax's own process (same machine, same run)")
+    elif isinstance(peer, str):
+        print(peer)
     if device.type != "cpu":
-        totals = accelkit.stats()["totals"]
-        print(f"paths taken on {device.type}: {totals}")
+        stats = accelkit.stats()
+        print(f"paths taken on {device.type}: {stats['totals']}")
+        if "tpu" in stats:
+            estimate = stats["tpu"]["estimate"]
+            print(f"estimated {estimate['target']} device time for all of the above: "
+                  f"{estimate['estimated_seconds'] * 1e3:.3f} ms (roofline estimate, not a measurement)")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ import torch  # noqa: E402
 
 import accelkit  # noqa: E402
 
-DEVICE = accelkit.select_device("ref")
+#: The device under test: ref by default; ACCELKIT_TEST_DEVICE=tpu runs the device-generic files
+#: (views, printing, training) against another backend.
+DEVICE = accelkit.select_device(os.environ.get("ACCELKIT_TEST_DEVICE", "ref"))
 
 
 @pytest.fixture

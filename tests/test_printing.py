@@ -12,10 +12,11 @@ import warnings
 
 import pytest
 import torch
+from conftest import DEVICE
 
 import accelkit
 
-SUFFIX = "device='ref:0'"
+SUFFIX = f"device='{DEVICE}'"
 _KEYWORD = re.compile(r",\s+(?=[a-z_]+=)")  # the separator before each ``key=value`` suffix
 
 

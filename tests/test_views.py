@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import DEVICE  # noqa: E402 - the device under test, activated by conftest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-import accelkit
-
-DEVICE = accelkit.select_device("ref")  # already active (conftest); returns the same device
-
 
 # -- helpers ------------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from accelkit._runtime._autocast import install_autocast
 from accelkit._runtime._context import BackendContext, policy_from_env
 from accelkit._runtime._core_ops import core_ops
 from accelkit._runtime._device_module import DeviceModule
-from accelkit._runtime._dispatch import CPU_EQUIVALENTS, Pipeline, variants_of
+from accelkit._runtime._dispatch import CPU_EQUIVALENTS, Pipeline, is_inplace_op, variants_of
 from accelkit._runtime._serialization import install_serialization
 from accelkit.sdk import CUDA_LIKE_AUTOCAST, KernelTable, default_decompositions
 
@@ -143,7 +143,8 @@ def _install(ctx: BackendContext) -> None:
         kernels.impl(op, fn, "PrivateUse1")
     owned = set(core_ops(ctx))
     for entry in ctx.kernels:
-        kernels.impl(entry.op, pipeline.native(entry.op, entry.fn), "PrivateUse1")
+        wrap = pipeline.native_inplace if is_inplace_op(entry.op) else pipeline.native
+        kernels.impl(entry.op, wrap(entry.op, entry.fn), "PrivateUse1")
         owned.add(entry.op)
     for entry in ctx.kernels:
         if not entry.derive_variants:

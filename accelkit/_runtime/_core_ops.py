@@ -89,8 +89,12 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
             if dst.numel() == 0:
                 return dst
             if src.device.type == name:
-                if src.dtype == dst.dtype and src.shape == dst.shape:
-                    T.write(ctx, dst, T.read(ctx, src))
+                # Complex to real stays on the host path, which warns that the imaginary part goes.
+                if src.shape == dst.shape and (dst.is_complex() or not src.is_complex()):
+                    array = T.read(ctx, src)
+                    if src.dtype != dst.dtype:  # a dtype conversion (.to(dtype)): on the device
+                        array = allocator.cast(array, dst.dtype)
+                    T.write(ctx, dst, array)
                     return dst
                 src = T.to_host(ctx, src)
             host = torch.empty(dst.shape, dtype=dst.dtype)

@@ -54,15 +54,32 @@ def is_inplace_view_op(op: OpOverload) -> bool:
     return torch.Tag.inplace_view in op.tags
 
 
+def is_inplace_op(op: OpOverload) -> bool:
+    """True for ops that write their first argument (``normal_``), not counting ``out=`` ops.
+
+    A backend kernel registered for such an op is still functional: it returns the new value of
+    ``self`` and the runtime stores it (:meth:`Pipeline.native_inplace`). This is how in-place
+    ops without a functional counterpart (``normal_``, ``bernoulli_.float``) run natively.
+    """
+    arguments = op._schema.arguments
+    return bool(arguments) and _is_write(arguments[0]) and not out_arg_names(op)
+
+
 def out_arg_names(op: OpOverload) -> list[str]:
     return [a.name for a in op._schema.arguments if a.kwarg_only and _is_write(a)]
 
 
-def _signature(op: OpOverload, skip_out: bool) -> list[tuple[str, str]]:
+#: What a factory's functional overload takes where its ``out=`` overload takes ``out``
+#: (``arange.start_step`` and ``arange.start_out``).
+_TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory"})
+
+
+def _signature(op: OpOverload, skip_out: bool, skip_options: bool = False) -> list[tuple[str, str]]:
     return [
         (a.name, str(a.type))
         for a in op._schema.arguments
         if not (skip_out and a.kwarg_only and _is_write(a))
+        and not (skip_options and a.kwarg_only and a.name in _TENSOR_OPTIONS)
     ]
 
 
@@ -77,11 +94,11 @@ def variants_of(functional: OpOverload) -> tuple[OpOverload | None, OpOverload |
         if _signature(candidate, False)[1:] == _signature(functional, False)[1:]:
             inplace = candidate
     out = None
-    want = _signature(functional, False)
+    want = _signature(functional, False, skip_options=True)
     packet = getattr(torch.ops.aten, name)
     for other in packet.overloads():
         candidate = getattr(packet, other)
-        if out_arg_names(candidate) and _signature(candidate, True) == want:
+        if out_arg_names(candidate) and _signature(candidate, True, skip_options=True) == want:
             out = candidate
             break
     return inplace, out
@@ -244,14 +261,18 @@ class Pipeline:
         """Wrap a functional backend kernel as a PrivateUse1 kernel for ``op``."""
         ctx, name, to_array, wrap = self.ctx, str(op), self._to_array, self._wrap
         gen = _generator_slot(op)
+        store = _undeclared_writer(ctx, op)  # None for almost every op
 
         def run(*args: Any, **kwargs: Any) -> Any:
             ctx.counters.count(name, "native")
-            args = [to_array(a) for a in args]
-            kwargs = {k: to_array(v) for k, v in kwargs.items()}
+            arrays = [to_array(a) for a in args]
+            array_kwargs = {k: to_array(v) for k, v in kwargs.items()}
             if gen is not None:
-                _fill_generator(ctx, gen, args, kwargs)
-            return wrap(fn(*args, **kwargs))
+                _fill_generator(ctx, gen, arrays, array_kwargs)
+            result = fn(*arrays, **array_kwargs)
+            if store is not None:
+                result = store(args, kwargs, result)
+            return wrap(result)
 
         return run
 
@@ -259,6 +280,7 @@ class Pipeline:
         """Derive ``op`` (an in-place overload) from the functional kernel ``fn``."""
         ctx, name, to_array, meta = self.ctx, str(op), self._to_array, self._meta
         cpu_fallback = self.cpu_fallback
+        gen = _generator_slot(op)
 
         def run(self_: _Tensor, *args: Any, **kwargs: Any) -> _Tensor:
             if 0 in self_.stride() and _is_broadcast(self_):
@@ -266,8 +288,11 @@ class Pipeline:
                 # allowed depends on the op (fill_/zero_ yes, arithmetic no): the CPU kernel decides.
                 return cpu_fallback(op, self_, *args, **kwargs)
             ctx.counters.count(name, "native")
-            result = fn(T.read(ctx, self_), *[to_array(a) for a in args],
-                        **{k: to_array(v) for k, v in kwargs.items()})
+            arrays = [T.read(ctx, self_), *(to_array(a) for a in args)]
+            array_kwargs = {k: to_array(v) for k, v in kwargs.items()}
+            if gen is not None:
+                _fill_generator(ctx, gen, arrays, array_kwargs)
+            result = fn(*arrays, **array_kwargs)
             shape, dtype = meta(result)
             check_inplace(self_, shape, dtype)
             if dtype != self_.dtype:
@@ -281,12 +306,20 @@ class Pipeline:
         """Derive ``op`` (an ``out=`` overload) from the functional kernel ``fn``."""
         ctx, name, to_array, meta = self.ctx, str(op), self._to_array, self._meta
         out_names = out_arg_names(op)
+        store = _undeclared_writer(ctx, op)
+        gen = _generator_slot(op)
 
         def run(*args: Any, **kwargs: Any) -> Any:
             ctx.counters.count(name, "native")
             outs = [kwargs.pop(n) for n in out_names]
             _dtype_from_out(op, kwargs, outs)
-            result = fn(*[to_array(a) for a in args], **{k: to_array(v) for k, v in kwargs.items()})
+            arrays = [to_array(a) for a in args]
+            array_kwargs = {k: to_array(v) for k, v in kwargs.items()}
+            if gen is not None:
+                _fill_generator(ctx, gen, arrays, array_kwargs)
+            result = fn(*arrays, **array_kwargs)
+            if store is not None:
+                result = store(args, kwargs, result)
             results = result if isinstance(result, tuple) else (result,)
             metas = [meta(r) for r in results]
             if any(dtype != out.dtype for out, (_, dtype) in zip(outs, metas)):
@@ -460,10 +493,37 @@ CPU_EQUIVALENTS: dict[OpOverload, Callable] = {
 
 #: Ops that write to arguments their schema does not mark as mutable: batch norm updates its
 #: running statistics in place although they are declared ``Tensor?``.
+#: A native kernel for such an op cannot write (it is functional): it returns the op's results
+#: followed by the new values of these arguments, in this order (None leaves one unchanged), and
+#: the runtime stores them (:func:`_undeclared_writer`).
 UNDECLARED_WRITES: dict[OpOverload, tuple[str, ...]] = {
     torch.ops.aten.native_batch_norm.default: ("running_mean", "running_var"),
     torch.ops.aten.native_batch_norm.out: ("running_mean", "running_var"),
 }
+
+
+def _undeclared_writer(ctx: BackendContext, op: OpOverload) -> Callable | None:
+    """For an op in :data:`UNDECLARED_WRITES`, a function ``(args, kwargs, kernel result) ->
+    op's results`` that stores the new argument values the kernel returned after the op's
+    results into those (device tensor) arguments; None for every other op."""
+    names = UNDECLARED_WRITES.get(op)
+    if not names:
+        return None
+    position = {a.name: i for i, a in enumerate(op._schema.arguments)}
+    slots = [(position[n], n) for n in names]
+    count = len(slots)
+
+    def store(args: Any, kwargs: dict, result: Any) -> Any:
+        for (index, name), new in zip(slots, result[-count:]):
+            target = args[index] if index < len(args) else kwargs.get(name)
+            if new is None or target is None:
+                continue
+            if ctx.allocator.array_meta(new)[1] != target.dtype:
+                new = ctx.allocator.cast(new, target.dtype)
+            T.write(ctx, target, new)
+        return tuple(result[:-count])
+
+    return store
 
 
 class _HostCall:

@@ -19,7 +19,9 @@ from accelkit.sdk._records import (
     DeviceModel,
     DeviceProbe,
     DtypeRules,
+    ExpectationRule,
     Expectations,
+    Tolerance,
     UnsupportedDtypeError,
 )
 from accelkit._plugins import hookimpl
@@ -34,9 +36,11 @@ __all__ = [
     "DeviceModel",
     "DeviceProbe",
     "DtypeRules",
+    "ExpectationRule",
     "Expectations",
     "KernelEntry",
     "KernelTable",
+    "Tolerance",
     "UnsupportedDtypeError",
     "ViewSpec",
     "default_decompositions",

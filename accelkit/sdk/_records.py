@@ -122,15 +122,263 @@ class DtypeRules:
             raise UnsupportedDtypeError(f"{dtype} is not supported on {device}. {self.hint}".rstrip())
 
 
+EXPECTATION_SUITES = ("ops", "modules", "contract", "dynamic")
+EXPECTATION_VARIANTS = ("forward", "backward")
+
+
+@dataclass(frozen=True)
+class ExpectationRule:
+    """One declared gap: tests matching it are skipped (``kind="skip"``) or expected to fail.
+
+    :ivar kind: ``"skip"`` (the test is not run; reported as a declared skip) or ``"xfail"``
+        (run; a failure is expected, a pass is reported as a fix to remove this entry).
+    :ivar match: ``"<suite>/<subject>"`` or ``"<subject>"`` (any suite), where subject is a
+        glob over the test's subject: an OpInfo name (``"fft.*"``), a module class
+        (``"torch.nn.LSTM"``), a contract check (``"serialization*"``) or a dynamic case.
+    :ivar reason: why; shown with every test the rule covers.
+    :ivar dtypes: dtype names the rule is limited to (empty: all).
+    :ivar variants: ``"forward"``/``"backward"`` the rule is limited to (empty: all).
+    :ivar key: where the rule was declared, for reports (e.g. ``'known_failures "ops/neg"'``).
+    """
+
+    kind: str
+    match: str
+    reason: str
+    dtypes: frozenset[str] = frozenset()
+    variants: frozenset[str] = frozenset()
+    key: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("skip", "xfail"):
+            raise ValueError(f"expectation kind must be 'skip' or 'xfail', not {self.kind!r}")
+        _check_match(self.match, self.key or self.match)
+        if not isinstance(self.reason, str) or not self.reason.strip():
+            raise ValueError(f"expectation {self.key or self.match!r} needs a reason")
+        object.__setattr__(self, "dtypes", _dtype_names(self.dtypes, self.key or self.match))
+        object.__setattr__(self, "variants", _variant_names(self.variants, self.key or self.match))
+        if not self.key:
+            object.__setattr__(self, "key", f'{self.kind} "{self.match}"')
+
+    def covers(self, suite: str, subject: str | None, dtype: str | None, variant: str | None) -> bool:
+        """Whether a test of ``suite`` about ``subject`` in ``dtype``/``variant`` matches."""
+        return (
+            _match_subject(self.match, suite, subject)
+            and (not self.dtypes or dtype in self.dtypes)
+            and (not self.variants or variant in self.variants)
+        )
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Comparison tolerance for matching tests (see :class:`ExpectationRule` for ``match``).
+
+    A result passes when ``|device - cpu| <= atol + rtol * |cpu|`` elementwise; ``reason``
+    says why the default is not enough.
+    """
+
+    match: str
+    atol: float
+    rtol: float
+    dtypes: frozenset[str] = frozenset()
+    variants: frozenset[str] = frozenset()
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        _check_match(self.match, self.match)
+        if not (self.atol >= 0 and self.rtol >= 0):
+            raise ValueError(f"tolerance {self.match!r}: atol and rtol must be >= 0")
+        object.__setattr__(self, "dtypes", _dtype_names(self.dtypes, self.match))
+        object.__setattr__(self, "variants", _variant_names(self.variants, self.match))
+
+    def covers(self, suite: str, subject: str | None, dtype: str | None, variant: str | None) -> bool:
+        return (
+            _match_subject(self.match, suite, subject)
+            and (not self.dtypes or dtype in self.dtypes)
+            and (not self.variants or variant in self.variants)
+        )
+
+
+def _check_match(match: str, where: str) -> None:
+    if not isinstance(match, str) or not match.strip():
+        raise ValueError(f"expectation {where!r}: match must be a non-empty string")
+    if "/" in match:
+        suite = match.split("/", 1)[0]
+        if suite not in EXPECTATION_SUITES:
+            raise ValueError(
+                f"expectation {where!r}: unknown suite {suite!r}; use one of {EXPECTATION_SUITES} "
+                "as '<suite>/<subject>', or a bare subject for every suite"
+            )
+
+
+def _match_subject(match: str, suite: str, subject: str | None) -> bool:
+    from fnmatch import fnmatchcase
+
+    if subject is None:
+        return False
+    if "/" in match:
+        want_suite, pattern = match.split("/", 1)
+        return want_suite == suite and fnmatchcase(subject, pattern)
+    return fnmatchcase(subject, match)
+
+
+def _dtype_names(names: Any, where: str) -> frozenset[str]:
+    names = frozenset([names] if isinstance(names, str) else names or ())
+    for name in names:
+        if not isinstance(getattr(torch, str(name), None), torch.dtype):
+            raise ValueError(f"expectation {where!r}: {name!r} is not a torch dtype name (e.g. 'float32')")
+    return names
+
+
+def _variant_names(names: Any, where: str) -> frozenset[str]:
+    names = frozenset([names] if isinstance(names, str) else names or ())
+    if not names <= set(EXPECTATION_VARIANTS):
+        raise ValueError(f"expectation {where!r}: variant must be one of {EXPECTATION_VARIANTS}")
+    return names
+
+
 @dataclass(frozen=True)
 class Expectations:
     """A backend's declared gaps; each value is the reason (see ``accelkit_conformance_expectations``).
 
-    :ivar unsupported: ops or features the backend will not support.
+    Keys of the three mappings are ``"<suite>/<subject>"`` or ``"<subject>"`` globs (see
+    :class:`ExpectationRule`); ``unsupported_dtypes`` is keyed by dtype name.
+
+    :ivar unsupported: ops or features the backend will not support (declared skips).
     :ivar known_failures: ops or features that fail today and should (expected failures).
-    :ivar unsupported_dtypes: dtypes, by name, that the device cannot hold.
+    :ivar unsupported_dtypes: dtypes, by name, that the device cannot hold (declared skips of
+        every test in that dtype).
+    :ivar rules: finer entries, limited to dtypes and/or variants; checked after the mappings.
+    :ivar tolerances: comparison tolerances overriding the suite's defaults; first match wins.
+    :ivar source: the file the expectations were read from, if any (named in reports).
+
+    Build one in code, or read the TOML file next to the plugin with :meth:`from_toml`.
     """
 
     unsupported: Mapping[str, str] = field(default_factory=dict)
     known_failures: Mapping[str, str] = field(default_factory=dict)
     unsupported_dtypes: Mapping[str, str] = field(default_factory=dict)
+    rules: tuple[ExpectationRule, ...] = ()
+    tolerances: tuple[Tolerance, ...] = ()
+    source: str | None = None
+
+    def __post_init__(self) -> None:
+        _dtype_names(self.unsupported_dtypes, "unsupported_dtypes")
+        for name in ("unsupported", "known_failures", "unsupported_dtypes"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
+        object.__setattr__(self, "rules", tuple(self.rules))
+        object.__setattr__(self, "tolerances", tuple(self.tolerances))
+        # The mappings as rules, in the order lookup() consults them (validates them, too).
+        object.__setattr__(self, "_ordered", (
+            *(ExpectationRule("skip", m, r, key=f'unsupported "{m}"') for m, r in self.unsupported.items()),
+            *(ExpectationRule("xfail", m, r, key=f'known_failures "{m}"') for m, r in self.known_failures.items()),
+            *self.rules,
+        ))
+
+    def lookup(
+        self, suite: str, subject: str | None, dtype: str | None = None, variant: str | None = None
+    ) -> ExpectationRule | None:
+        """The entry that decides a test's expectation, or None when it must pass.
+
+        Unsupported dtypes come first, then skips, then expected failures; within each, the
+        first declared entry wins.
+        """
+        if dtype is not None and dtype in self.unsupported_dtypes:
+            return ExpectationRule(
+                "skip", "*", self.unsupported_dtypes[dtype], key=f'unsupported_dtypes "{dtype}"'
+            )
+        for kind in ("skip", "xfail"):
+            for rule in self._ordered:
+                if rule.kind == kind and rule.covers(suite, subject, dtype, variant):
+                    return rule
+        return None
+
+    def tolerance(
+        self, suite: str, subject: str | None, dtype: str | None = None, variant: str | None = None
+    ) -> Tolerance | None:
+        """The first declared tolerance covering the test, or None for the suite's default."""
+        return next((t for t in self.tolerances if t.covers(suite, subject, dtype, variant)), None)
+
+    @classmethod
+    def from_toml(cls, path: Any) -> Expectations:
+        """Read a backend's expectations file.
+
+        Format (every table optional; every entry needs a reason)::
+
+            [unsupported_dtypes]            # dtype name = reason (declared skips)
+            float64 = "no 64-bit floats on this device"
+
+            [unsupported]                   # "<suite>/<subject glob>" = reason (declared skips)
+            "ops/fft.*" = "complex FFT is not implemented"
+
+            [known_failures]                # expected failures; a pass is reported as xpass
+            "ops/linalg.svd" = "sign convention differs (issue #12)"
+
+            [[skip]]                        # or [[xfail]]: limited to dtypes and/or a variant
+            match = "ops/nn.functional.conv2d"
+            dtypes = ["bfloat16"]
+            variants = ["backward"]
+            reason = "..."
+
+            [[tolerance]]
+            match = "ops/nn.functional.gelu"
+            dtypes = ["bfloat16"]
+            atol = 1e-2
+            rtol = 1.6e-2
+            reason = "the kernel rounds intermediates to bfloat16"
+
+        :raises ValueError: the file is not valid TOML or an entry is malformed; the message
+            names the file and the entry.
+        """
+        import tomllib
+        from pathlib import Path
+
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"cannot read conformance expectations {path}: {exc}") from exc
+        known = {"unsupported_dtypes", "unsupported", "known_failures", "skip", "xfail", "tolerance"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown table(s) {unknown}; expected some of {sorted(known)}")
+        try:
+            for table in ("unsupported_dtypes", "unsupported", "known_failures"):
+                entries = data.get(table, {})
+                if not isinstance(entries, dict) or not all(isinstance(v, str) for v in entries.values()):
+                    raise ValueError(f"[{table}] must map names to reason strings")
+            rules = []
+            for kind in ("skip", "xfail"):
+                for i, entry in enumerate(data.get(kind, [])):
+                    extra = set(entry) - {"match", "reason", "dtypes", "variants"}
+                    if extra:
+                        raise ValueError(f"[[{kind}]] #{i + 1}: unknown keys {sorted(extra)}")
+                    if "match" not in entry:
+                        raise ValueError(f"[[{kind}]] #{i + 1}: needs match = \"<suite>/<subject>\"")
+                    qualifiers = "".join(
+                        f" ({k}: {', '.join(sorted(entry[k]))})" for k in ("dtypes", "variants") if entry.get(k)
+                    )
+                    rules.append(ExpectationRule(
+                        kind, entry["match"], entry.get("reason", ""), entry.get("dtypes", ()),
+                        entry.get("variants", ()), key=f'{kind} "{entry["match"]}"{qualifiers}',
+                    ))
+            tolerances = []
+            for i, entry in enumerate(data.get("tolerance", [])):
+                extra = set(entry) - {"match", "atol", "rtol", "dtypes", "variants", "reason"}
+                if extra or not {"match", "atol", "rtol", "reason"} <= set(entry):
+                    raise ValueError(
+                        f"[[tolerance]] #{i + 1}: needs match, atol, rtol and reason (and optional dtypes, variants)"
+                    )
+                tolerances.append(Tolerance(
+                    entry["match"], float(entry["atol"]), float(entry["rtol"]),
+                    entry.get("dtypes", ()), entry.get("variants", ()), entry["reason"],
+                ))
+            return cls(
+                unsupported=data.get("unsupported", {}),
+                known_failures=data.get("known_failures", {}),
+                unsupported_dtypes=data.get("unsupported_dtypes", {}),
+                rules=tuple(rules),
+                tolerances=tuple(tolerances),
+                source=str(path),
+            )
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{path}: {exc}") from exc

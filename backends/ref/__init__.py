@@ -60,3 +60,13 @@ def accelkit_make_compiler(name):
         from accelkit_backends.ref.compiler import compile_graph
 
         return compile_graph
+
+
+@hookimpl
+def accelkit_conformance_expectations(name):
+    if name == NAME:
+        from pathlib import Path
+
+        from accelkit.sdk import Expectations
+
+        return Expectations.from_toml(Path(__file__).with_name("conformance.toml"))

@@ -90,6 +90,14 @@ def accelkit_stats(name):
         return stats()
 
 
+@hookimpl
+def accelkit_reset_stats(name):
+    if name == NAME:
+        from accelkit_backends.tpu.cost import COSTS
+
+        COSTS.reset()
+
+
 def execution_mode(mode):
     """Context manager: run a block in ``"strict"`` (async) or ``"debug"`` (per-op sync) mode."""
     from accelkit_backends.tpu.modes import execution_mode as _execution_mode

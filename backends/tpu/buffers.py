@@ -76,20 +76,11 @@ def as_flat(array: jax.Array, dtype: torch.dtype) -> jax.Array:
     flat = array.reshape(-1)
     if flat.dtype == target:
         return flat
-    if flat.dtype == jnp.bool_:
-        flat = flat.astype(jnp.uint8)
-    want_bool = target == jnp.bool_
-    if want_bool:
-        target = jnp.uint8
-    size, want = np.dtype(flat.dtype).itemsize, np.dtype(target).itemsize
-    if size != 1:
-        flat = jax.lax.bitcast_convert_type(flat, jnp.uint8).reshape(-1)
-    if want != 1:
-        usable = flat.shape[0] - flat.shape[0] % want
-        flat = jax.lax.bitcast_convert_type(flat[:usable].reshape(-1, want), target)
-    elif flat.dtype != target:
-        flat = jax.lax.bitcast_convert_type(flat, target)
-    return flat != 0 if want_bool else flat
+    width = np.dtype(target).itemsize
+    if np.dtype(flat.dtype).itemsize != width:
+        flat = flat.view(jnp.uint8)
+        flat = flat[: flat.shape[0] - flat.shape[0] % width]
+    return flat.view(target)
 
 
 def _is_dense_permutation(spec: ViewSpec) -> tuple[int, ...] | None:
@@ -223,10 +214,17 @@ class TpuAllocator(DeviceAllocator):
     # -- host --------------------------------------------------------------------------------
 
     def to_host(self, array: Any) -> torch.Tensor:
+        shape = None
         if isinstance(array, JaxView):
-            array = _read(array.array, array.spec)
+            whole = array.array.size * array.array.dtype.itemsize
+            if _covers(array.spec, whole) and array.array.dtype == jax_dtype(array.spec.dtype):
+                array, shape = array.array, array.spec.size  # reshaped on the host: no program to compile
+            else:
+                array = _read(array.array, array.spec)
         dtype = torch_dtype(array.dtype)
         host = np.array(array)  # a copy: jax's host view is read-only
+        if shape is not None:
+            host = host.reshape(shape)
         carrier = _HOST_CARRIER.get(dtype)
         if carrier is not None:
             return torch.from_numpy(host.view(_np_int(carrier[0]))).view(dtype)

@@ -9,6 +9,7 @@ fraction of peak, and XLA on the CPU platform may fuse differently from XLA on a
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,18 +27,23 @@ class ProgramCost:
     flops: float
     bytes_accessed: float
     low_precision: bool  # a bf16/fp16 input: the MXU's bf16 peak applies
+    seconds: float | None = None  # the roofline estimate, once the ledger has a device model
 
     @classmethod
-    def of(cls, compiled: Any, arrays: list) -> ProgramCost:
+    def of(cls, lowered: Any, arrays: list) -> ProgramCost:
+        """From a lowered program's HLO cost analysis (no second compilation)."""
         try:
-            analysis = compiled.cost_analysis() or {}
+            analysis = lowered.cost_analysis() or {}
             if isinstance(analysis, list):
                 analysis = analysis[0] if analysis else {}
         except Exception:  # not every platform reports costs
             analysis = {}
         low = any(np.dtype(a.dtype).itemsize == 2 and np.dtype(a.dtype).kind == "f" or str(a.dtype) == "bfloat16"
                   for a in arrays)
-        return cls(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)), low)
+        cost = cls(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)), low)
+        if COSTS.model is not None:
+            cost = dataclasses.replace(cost, seconds=COSTS.seconds(cost))
+        return cost
 
 
 @dataclass
@@ -58,7 +64,7 @@ class CostLedger:
         return max(compute, memory)
 
     def record(self, op: str, cost: ProgramCost) -> None:
-        seconds = self.seconds(cost)
+        seconds = cost.seconds if cost.seconds is not None else self.seconds(cost)
         with self._lock:
             row = self._ops.get(op)
             if row is None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -36,7 +35,7 @@ from torch._ops import OpOverload, OpOverloadPacket
 
 from accelkit.sdk import KernelTable
 from accelkit_backends.tpu import modes
-from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize
+from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize, torch_dtype
 from accelkit_backends.tpu.cost import COSTS, ProgramCost
 
 kernels = KernelTable("tpu")
@@ -44,25 +43,23 @@ kernels = KernelTable("tpu")
 _VIEW, _ARRAY, _SCALAR, _STATIC, _SEQ, _KEY = "v", "a", "f", "s", "l", "k"
 
 
-@dataclass
-class _Program:
-    run: Callable[..., Any]
-    cost: ProgramCost
-
-
 class Lowering:
     """One aten overload's JAX implementation with its compile cache (see the module docstring)."""
 
-    def __init__(self, op: OpOverload, fn: Callable[..., Any]):
+    def __init__(self, op: OpOverload, fn: Callable[..., Any], static: tuple[str, ...] = ()):
         self.op = op
         self.fn = fn
         self.name = str(op)
-        self.programs: dict[Any, _Program] = {}
+        # Float arguments named here are compile-time constants (a norm's ``ord``): the program
+        # may branch on them and the Meta kernel sees their values.
+        names = [a.name for a in op._schema.arguments]
+        self._static_positions = frozenset(i for i, n in enumerate(names) if n in static)
+        self._static_names = frozenset(static)
+        self.compiles = 0
+        self._jitted: dict[Any, Any] = {}  # static structure -> jax.jit function
+        self._seen: dict[Any, int] = {}  # static structure -> programs compiled for it
+        self._costs: dict[Any, dict[Any, ProgramCost]] = {}  # structure -> input shapes -> cost
         self._lock = threading.Lock()
-
-    @property
-    def compiles(self) -> int:
-        return len(self.programs)
 
     # -- encoding arguments into (static structure, dynamic inputs) -------------------------
 
@@ -75,7 +72,7 @@ class Lowering:
             return (_ARRAY, len(arrays) - 1)
         if isinstance(value, float | complex):
             scalars.append(value)
-            return (_SCALAR, len(scalars) - 1)
+            return (_SCALAR, len(scalars) - 1, type(value))
         if isinstance(value, torch.Generator):
             scalars.append(int(torch.randint(0, 2**31 - 1, (), generator=value)))
             return (_KEY, len(scalars) - 1)
@@ -99,22 +96,20 @@ class Lowering:
         return code[1]
 
     @staticmethod
-    def _meta(code: Any, arrays: list, scalars: list) -> Any:
+    def _meta(code: Any, arrays: Any) -> Any:
         kind = code[0]
         if kind == _VIEW:
             spec = code[2]
             return torch.empty_strided(spec.size, spec.stride, dtype=spec.dtype, device="meta")
         if kind == _ARRAY:
-            from accelkit_backends.tpu.buffers import torch_dtype
-
             array = arrays[code[1]]
-            return torch.empty(array.shape, dtype=torch_dtype(array.dtype), device="meta")
+            return torch.empty(tuple(array.shape), dtype=torch_dtype(array.dtype), device="meta")
         if kind == _SCALAR:
-            return scalars[code[1]]
+            return code[2](1)  # only the Python type matters for PyTorch's dtype rules
         if kind == _KEY:
             return None
         if kind == _SEQ:
-            return [Lowering._meta(c, arrays, scalars) for c in code[1]]
+            return [Lowering._meta(c, arrays) for c in code[1]]
         return code[1]
 
     # -- calling -----------------------------------------------------------------------------
@@ -122,47 +117,68 @@ class Lowering:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         arrays: list = []
         scalars: list = []
-        structure = (
-            tuple(self._encode(a, arrays, scalars) for a in args),
-            tuple((k, self._encode(v, arrays, scalars)) for k, v in kwargs.items()),
-        )
-        key = (structure, tuple((a.shape, a.dtype) for a in arrays), tuple(type(s) for s in scalars))
-        program = self.programs.get(key)
-        if program is None:
-            program = self._build(structure, arrays, scalars, key)
-        out = program.run(arrays, scalars)
-        COSTS.record(self.name, program.cost)
+        if self._static_positions or self._static_names:
+            structure = (
+                tuple([(_STATIC, a) if i in self._static_positions else self._encode(a, arrays, scalars)
+                       for i, a in enumerate(args)]),
+                tuple([(k, (_STATIC, v) if k in self._static_names else self._encode(v, arrays, scalars))
+                       for k, v in kwargs.items()]),
+            )
+        else:
+            structure = (
+                tuple([self._encode(a, arrays, scalars) for a in args]),
+                tuple([(k, self._encode(v, arrays, scalars)) for k, v in kwargs.items()]),
+            )
+        jitted = self._jitted.get(structure)
+        if jitted is None:
+            jitted = self._jitted.setdefault(structure, jax.jit(self._program(structure)))
         if modes.current() == "debug":
-            modes.check(self.name, out, args)
+            out = modes.run_checked(self.name, args, jitted, arrays, scalars)
+        else:
+            out = jitted(arrays, scalars)
+        COSTS.record(self.name, self._cost(structure, jitted, arrays, scalars))
         return out
 
-    def _expected(self, structure: Any, arrays: list, scalars: list) -> Any:
-        """Run the op's Meta kernel: PyTorch's result shapes/dtypes, or its error for bad input."""
-        args = [self._meta(c, arrays, scalars) for c in structure[0]]
-        kwargs = {k: self._meta(c, arrays, scalars) for k, c in structure[1]}
-        try:
-            result = self.op(*args, **kwargs)
-        except NotImplementedError:
-            return None  # no Meta kernel: trust the lowering
-        return result
+    def _cost(self, structure: Any, jitted: Any, arrays: list, scalars: list) -> ProgramCost:
+        """The cost of the program just run; analysed once, when it is first compiled."""
+        costs = self._costs.get(structure)
+        compiled = jitted._cache_size()
+        if costs is not None and compiled == self._seen.get(structure):
+            if len(costs) == 1:
+                return next(iter(costs.values()))
+            cost = costs.get(tuple(a.shape for a in arrays))
+            if cost is not None:
+                return cost
+        with self._lock:
+            self.compiles += compiled - self._seen.get(structure, 0)
+            self._seen[structure] = compiled
+            cost = ProgramCost.of(jitted.lower(arrays, scalars), arrays)
+            self._costs.setdefault(structure, {})[tuple(a.shape for a in arrays)] = cost
+        return cost
 
-    def _build(self, structure: Any, arrays: list, scalars: list, key: Any) -> _Program:
-        expected = self._expected(structure, arrays, scalars)
-        fn, name = self.fn, self.name
+    def _program(self, structure: Any) -> Callable[..., Any]:
+        """The traceable program for one static structure of arguments.
+
+        At trace time (once per input signature) it runs the op's Meta kernel: PyTorch's result
+        shapes and dtypes, or PyTorch's own error for bad input.
+        """
+        fn, op, name = self.fn, self.op, self.name
 
         def program(arrays: Any, scalars: Any) -> Any:
+            meta_args = [Lowering._meta(c, arrays) for c in structure[0]]
+            # A key keyword may be one the schema lacks (native_dropout's, see random.py);
+            # where the schema has a generator, leaving it out means its default, None.
+            meta_kwargs = {k: Lowering._meta(c, arrays) for k, c in structure[1] if c[0] != _KEY}
+            try:
+                expected = op(*meta_args, **meta_kwargs)
+            except NotImplementedError:
+                expected = None  # no Meta kernel: trust the lowering
             args = [Lowering._decode(c, arrays, scalars) for c in structure[0]]
             kwargs = {k: Lowering._decode(c, arrays, scalars) for k, c in structure[1]}
             return _conform(name, fn(*args, **kwargs), expected)
 
-        with self._lock:
-            existing = self.programs.get(key)
-            if existing is not None:
-                return existing
-            compiled = jax.jit(program).lower(arrays, scalars).compile()
-            built = _Program(compiled, ProgramCost.of(compiled, arrays))
-            self.programs[key] = built
-            return built
+        program.__name__ = name.replace(".", "_")
+        return program
 
 
 def _conform(name: str, out: Any, expected: Any) -> Any:
@@ -186,14 +202,19 @@ def _conform(name: str, out: Any, expected: Any) -> Any:
     return out
 
 
-def lowering(*ops: OpOverload | OpOverloadPacket, derive_variants: bool = True) -> Callable:
-    """Register a JAX function as the tpu kernel of each of ``ops`` (see the module docstring)."""
+def lowering(
+    *ops: OpOverload | OpOverloadPacket, derive_variants: bool = True, static: tuple[str, ...] = ()
+) -> Callable:
+    """Register a JAX function as the tpu kernel of each of ``ops`` (see the module docstring).
+
+    :param static: names of float arguments to treat as compile-time constants (e.g. ``"ord"``).
+    """
 
     def register(fn: Callable) -> Callable:
         for op in ops:
             if isinstance(op, OpOverloadPacket):
                 op = op.default
-            kernels.add(op, Lowering(op, fn), derive_variants=derive_variants)
+            kernels.add(op, Lowering(op, fn, static), derive_variants=derive_variants)
         return fn
 
     return register
@@ -201,7 +222,7 @@ def lowering(*ops: OpOverload | OpOverloadPacket, derive_variants: bool = True) 
 
 def compile_counts() -> dict[str, int]:
     """Programs compiled so far, per op (only ops that compiled at least one)."""
-    return {entry.op.__str__(): entry.fn.compiles for entry in kernels if entry.fn.compiles}
+    return {str(entry.op): entry.fn.compiles for entry in kernels if entry.fn.compiles}
 
 
 def scalar_like(value: Any, array: jax.Array) -> Any:

@@ -2,9 +2,11 @@
 
 - ``strict`` (default): ops are dispatched asynchronously, as XLA runs them; a failure inside a
   program surfaces at the next synchronisation (``.cpu()``, ``.item()``, ``torch.tpu.synchronize()``)
-  and may name a later op.
-- ``debug``: every op waits for its program to finish, so an error is raised by the op that
-  caused it, with the op's name and its arguments' shapes. Slower; for finding a failing op.
+  and may name a later op. (XLA's CPU platform runs host callbacks inline, so there a callback's
+  failure is raised at once.)
+- ``debug``: every op waits for its program to finish, and any failure of an op is raised as
+  :class:`TpuExecutionError` naming the op and its arguments' shapes, with the original error as
+  its cause. Slower; for finding a failing op.
 
 Choose with ``ACCELKIT_TPU_MODE=strict|debug`` or, for a block of code,
 ``with accelkit_backends.tpu.execution_mode("debug"): ...``.
@@ -63,9 +65,15 @@ def _shapes(args: Any) -> str:
     return ", ".join(parts)
 
 
-def check(op: str, out: Any, args: Any) -> None:
-    """Wait for ``out``; re-raise a device failure as :class:`TpuExecutionError` naming ``op``."""
+def run_checked(op: str, args: Any, program: Any, *inputs: Any) -> Any:
+    """Run ``program`` and wait for it; any failure becomes :class:`TpuExecutionError` naming ``op``.
+
+    In debug mode every error of an op — from tracing, compiling or running its program — is
+    reported this way, with the original exception as ``__cause__``.
+    """
     try:
+        out = program(*inputs)
         jax.block_until_ready(out)
     except Exception as exc:
         raise TpuExecutionError(f"{op} failed on tpu:0 with arguments ({_shapes(args)}): {exc}") from exc
+    return out

@@ -1,6 +1,10 @@
 """tpu lowerings by op family; importing this package registers them all in ``kernels``."""
 
 from accelkit_backends.tpu.kernels import elementwise, linalg, reductions  # noqa: F401
+from accelkit_backends.tpu.kernels import softmax, sorting  # noqa: F401
+from accelkit_backends.tpu.kernels import indexing, shape  # noqa: F401
+from accelkit_backends.tpu.kernels import activations, random  # noqa: F401
+from accelkit_backends.tpu.kernels import attention, conv, embedding, losses, normalization, pooling  # noqa: F401
 from accelkit_backends.tpu.lowering import kernels
 
 __all__ = ["kernels"]

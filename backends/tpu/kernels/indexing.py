@@ -1,0 +1,656 @@
+"""Indexing lowerings: advanced indexing, gather/scatter, the ``index_*`` ops, masks and lookups.
+
+**Data-dependent result shapes.** An XLA program has static shapes, but ``nonzero``,
+``masked_select``, ``unique`` (also ``unique_consecutive``, ``unique_dim``), ``repeat_interleave``
+with a tensor of repeats and indexing with a boolean mask (``x[mask]``) return as many elements as
+the data says. They run in two steps: a small program counts (true elements, distinct values,
+the total of the repeats), the count is read on the host — one synchronisation, as PyTorch's CUDA kernels
+do — and a second program, compiled once per count, computes the result at that static size
+(``jnp.nonzero(..., size=n)``). Writes need no count: ``x[mask] = v`` with ``v`` broadcasting over
+the selected positions (the usual case) is one ``where``; ``masked_scatter`` places its source by
+a running count.
+
+**Out-of-range indices** cannot raise inside a program (XLA has no device-side errors): where
+PyTorch raises an IndexError, reads here return a clamped or fill value and writes are dropped
+or clamped — never an error.
+Negative indices wrap where PyTorch accepts them (``index``, ``index_put``, ``index_fill``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from torch._ops import OpOverload
+
+from accelkit_backends.tpu.buffers import JaxView
+from accelkit_backends.tpu.lowering import Lowering, kernels, lowering
+
+aten = torch.ops.aten
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels that compute static arguments on the host first
+# ---------------------------------------------------------------------------------------------
+
+
+class Specialised:
+    """One op's lowerings specialised on static values known only at call time (a count read
+    from the device, a length computed from Python scalars): one :class:`Lowering` — with
+    PyTorch's Meta check and its own compile cache — per distinct value."""
+
+    def __init__(self, op: OpOverload, fn: Callable[..., Any]):
+        self.op, self.fn = op, fn
+        self._by_value: dict[tuple, Lowering] = {}
+
+    def __call__(self, **statics: Any) -> Lowering:
+        key = tuple(sorted(statics.items()))
+        found = self._by_value.get(key)
+        if found is None:
+            found = self._by_value[key] = Lowering(self.op, functools.partial(self.fn, **statics))
+        return found
+
+    @property
+    def compiles(self) -> int:
+        return sum(lowered.compiles for lowered in list(self._by_value.values()))
+
+
+class HostStep:
+    """A kernel-table entry that runs host logic, then its programs (``uses``: the lowerings
+    and :class:`Specialised` families it calls, whose programs count as this op's)."""
+
+    def __init__(self, run: Callable[..., Any], uses: Sequence[Any]):
+        self.run, self.uses = run, tuple(uses)
+        functools.update_wrapper(self, run)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.run(*args, **kwargs)
+
+    @property
+    def compiles(self) -> int:
+        return sum(used.compiles for used in self.uses)
+
+
+def host_step(*ops: OpOverload, uses: Sequence[Any]) -> Callable:
+    """Register a host-side function as the tpu kernel of ``ops`` (see :class:`HostStep`)."""
+
+    def register(fn: Callable) -> Callable:
+        step = HostStep(fn, uses)
+        for op in ops:
+            kernels.add(op, step)
+        return fn
+
+    return register
+
+
+def torch_dtype_of(argument: Any) -> torch.dtype | None:
+    """The dtype of a kernel argument (a device view or an array), else None."""
+    from accelkit_backends.tpu.buffers import torch_dtype
+
+    if isinstance(argument, JaxView):
+        return argument.spec.dtype
+    if isinstance(argument, jax.Array):
+        return torch_dtype(argument.dtype)
+    return None
+
+
+def shape_of(argument: Any) -> tuple[int, ...]:
+    if isinstance(argument, JaxView):
+        return tuple(argument.spec.size)
+    return tuple(argument.shape)
+
+
+def _is_mask(index: Any) -> bool:
+    return torch_dtype_of(index) in (torch.bool, torch.uint8)
+
+
+def true_counter() -> Specialised:
+    """Programs counting the true elements of a mask broadcast to ``shape`` (one family per op,
+    so that each op's compile count holds its own programs)."""
+    return Specialised(aten.count_nonzero.default,
+                       lambda mask, shape: jnp.count_nonzero(jnp.broadcast_to(mask, shape)))
+
+
+def count_true(counter: Specialised, mask: Any, shape: tuple[int, ...] | None = None) -> int:
+    """The number of true elements of ``mask`` broadcast to ``shape``, read on the host (a sync)."""
+    return int(counter(shape=shape if shape is not None else shape_of(mask))(mask))
+
+
+# ---------------------------------------------------------------------------------------------
+# Advanced indexing: index, index_put
+# ---------------------------------------------------------------------------------------------
+
+
+def _check_masks(x: Any, indices: Sequence[Any]) -> None:
+    """PyTorch's IndexError for a mask whose shape differs from the dims it covers."""
+    dim, size = 0, shape_of(x)
+    for position, index in enumerate(indices):
+        if index is None:
+            dim += 1
+            continue
+        if _is_mask(index):
+            mask_shape = shape_of(index)
+            for j, extent in enumerate(mask_shape):
+                if dim + j >= len(size) or size[dim + j] != extent:
+                    raise IndexError(
+                        f"The shape of the mask {list(mask_shape)} at index {j} does not match the "
+                        f"shape of the indexed tensor {list(size)} at index {dim + j}"
+                    )
+            dim += len(mask_shape)
+        else:
+            dim += 1
+
+
+def _mask_counts(counter: Specialised, x: Any, indices: Sequence[Any]) -> tuple[int, ...]:
+    _check_masks(x, indices)
+    return tuple(count_true(counter, index) for index in indices if index is not None and _is_mask(index))
+
+
+def _key(indices: Sequence[Any], true_counts: Sequence[int]) -> tuple:
+    """A jnp index tuple: None is a full slice, a mask becomes its ``nonzero`` coordinates (traced)."""
+    key: list = []
+    counts = iter(true_counts)
+    for index in indices:
+        if index is None:
+            key.append(slice(None))
+        elif index.dtype in (jnp.bool_, jnp.uint8):
+            key.extend(jnp.nonzero(index, size=next(counts)))
+        else:
+            key.append(index)
+    return tuple(key)
+
+
+def _index(x, indices, true_counts=()):
+    return x[_key(indices, true_counts)]
+
+
+_index_program = Specialised(aten.index.Tensor, _index)
+_index_counter = true_counter()
+
+
+@host_step(aten.index.Tensor, uses=(_index_program, _index_counter))
+def index(x, indices):
+    return _index_program(true_counts=_mask_counts(_index_counter, x, indices))(x, indices)
+
+
+def _put(x, indices, values, accumulate=False, unsafe=False, true_counts=()):
+    key = _key(indices, true_counts)
+    if not accumulate:
+        return x.at[key].set(values.astype(x.dtype))
+    if x.dtype == jnp.bool_:
+        return x.at[key].max(values.astype(x.dtype))
+    wide = _accumulator(x.dtype)
+    return x.astype(wide).at[key].add(values.astype(wide)).astype(x.dtype)
+
+
+def _put_through_mask(x, indices, values, accumulate=False, unsafe=False):
+    """``x[..., mask] = values`` where ``values`` has no extent along the selected positions."""
+    position = next(p for p, index in enumerate(indices) if index is not None)
+    mask = indices[position].astype(jnp.bool_)
+    rest = x.shape[position + mask.ndim:]
+    wanted = position + 1 + len(rest)  # PyTorch's indexed shape: leading dims, count, rest
+    if values.ndim > wanted:
+        values = values.reshape(values.shape[values.ndim - wanted:])
+    values = values.reshape((1,) * (wanted - values.ndim) + values.shape)
+    fill = values.reshape(values.shape[:position] + (1,) * mask.ndim + values.shape[position + 1:])
+    selected = mask.reshape((1,) * position + mask.shape + (1,) * len(rest))
+    fill = fill.astype(x.dtype)
+    if not accumulate:
+        return jnp.where(selected, fill, x)
+    if x.dtype == jnp.bool_:
+        return x | (selected & fill)
+    return x + jnp.where(selected, fill, jnp.zeros((), x.dtype))
+
+
+class _PutPrograms:
+    """One op's index_put programs: by mask counts, through a mask, and the counting."""
+
+    def __init__(self, op: OpOverload):
+        self.by_counts = Specialised(op, _put)
+        self.through_mask = Lowering(aten.index_put.default, _put_through_mask)
+        self.counter = true_counter()
+        self.all = (self.by_counts, self.through_mask, self.counter)
+
+
+_index_put_programs = _PutPrograms(aten.index_put.default)
+_index_put_impl_programs = _PutPrograms(aten._index_put_impl.default)
+
+
+def _mask_write_needs_no_count(x: Any, indices: Sequence[Any], values: Any) -> bool:
+    """One mask, the other entries None, and values that do not vary along the selection."""
+    present = [p for p, index in enumerate(indices) if index is not None]
+    if len(present) != 1 or not _is_mask(indices[present[0]]):
+        return False
+    position = present[0]
+    rest = len(shape_of(x)) - position - len(shape_of(indices[position]))
+    vshape = shape_of(values)
+    along_selection = len(vshape) - rest - 1
+    return along_selection < 0 or vshape[along_selection] == 1
+
+
+def _index_put(programs: _PutPrograms, x, indices, values, accumulate=False, unsafe=None):
+    extra = () if unsafe is None else (unsafe,)
+    if _mask_write_needs_no_count(x, indices, values):
+        _check_masks(x, indices)
+        return programs.through_mask(x, indices, values, accumulate)
+    counts = _mask_counts(programs.counter, x, indices)
+    return programs.by_counts(true_counts=counts)(x, indices, values, accumulate, *extra)
+
+
+@host_step(aten.index_put.default, uses=_index_put_programs.all)
+def index_put(x, indices, values, accumulate=False):
+    return _index_put(_index_put_programs, x, indices, values, accumulate)
+
+
+@host_step(aten._index_put_impl.default, uses=_index_put_impl_programs.all)
+def index_put_impl(x, indices, values, accumulate=False, unsafe=False):
+    return _index_put(_index_put_impl_programs, x, indices, values, accumulate, unsafe)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data-dependent results: nonzero, masked_select, unique
+# ---------------------------------------------------------------------------------------------
+
+
+def _nonzero(x, size):
+    if x.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    return jnp.stack(jnp.nonzero(x, size=size), axis=1).astype(jnp.int64)
+
+
+_nonzero_program = Specialised(aten.nonzero.default, _nonzero)
+_nonzero_counter = true_counter()
+
+
+@host_step(aten.nonzero.default, uses=(_nonzero_program, _nonzero_counter))
+def nonzero(x):
+    return _nonzero_program(size=count_true(_nonzero_counter, x))(x)
+
+
+@lowering(aten.nonzero_static.default)
+def nonzero_static(x, size, fill_value=-1):
+    """Static by contract: the first ``size`` coordinates, padded with ``fill_value``."""
+    if x.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    if x.size == 0:
+        return jnp.full((size, x.ndim), fill_value, jnp.int64)
+    return jnp.stack(jnp.nonzero(x, size=size, fill_value=fill_value), axis=1).astype(jnp.int64)
+
+
+def _masked_select(x, mask, shape, size):
+    mask = jnp.broadcast_to(mask.astype(jnp.bool_), shape).reshape(-1)
+    return jnp.broadcast_to(x, shape).reshape(-1)[jnp.nonzero(mask, size=size)]
+
+
+_masked_select_program = Specialised(aten.masked_select.default, _masked_select)
+_masked_select_counter = true_counter()
+
+
+@host_step(aten.masked_select.default, uses=(_masked_select_program, _masked_select_counter))
+def masked_select(x, mask):
+    shape = tuple(np.broadcast_shapes(shape_of(x), shape_of(mask)))
+    size = count_true(_masked_select_counter, mask, shape)
+    return _masked_select_program(shape=shape, size=size)(x, mask)
+
+
+def _distinct_count(x, sorted=True, return_inverse=False, return_counts=False):
+    flat = jnp.sort(x.reshape(-1))
+    if flat.size == 0:
+        return jnp.zeros((), jnp.int64)
+    return 1 + jnp.sum(flat[1:] != flat[:-1])  # NaNs are distinct, as on CPU
+
+
+def _unique(x, sorted=True, return_inverse=False, return_counts=False, size=0):
+    empty = jnp.zeros((0,), jnp.int64)
+    if size == 0:
+        inverse = jnp.zeros(x.shape, jnp.int64) if return_inverse else empty
+        return jnp.zeros((0,), x.dtype), inverse, empty
+    values, inverse, counts = jnp.unique(
+        x.reshape(-1), size=size, return_inverse=True, return_counts=True, equal_nan=False
+    )
+    return (values, inverse.reshape(x.shape).astype(jnp.int64) if return_inverse else empty,
+            counts.astype(jnp.int64) if return_counts else empty)
+
+
+_distinct_program = Lowering(aten._unique2.default, _distinct_count)
+_unique_program = Specialised(aten._unique2.default, _unique)
+
+
+@host_step(aten._unique2.default, uses=(_unique_program, _distinct_program))
+def unique(x, sorted=True, return_inverse=False, return_counts=False):
+    """Always sorted, as PyTorch's CPU and CUDA kernels are whatever ``sorted`` says."""
+    size = int(_distinct_program(x))
+    return _unique_program(size=size)(x, sorted, return_inverse, return_counts)
+
+
+def _as_rows(x, dim):
+    """``x`` as one row per position along ``dim`` (all of ``x`` flattened when dim is None)."""
+    if dim is None:
+        return x.reshape(-1, 1)
+    return jnp.moveaxis(x, dim, 0).reshape(x.shape[dim], -1)
+
+
+def _run_starts(rows):
+    """True where a row differs from the one before it (the first row always starts a run)."""
+    if rows.shape[0] == 0:
+        return jnp.zeros((0,), jnp.bool_)
+    changed = jnp.any(rows[1:] != rows[:-1], axis=1)
+    return jnp.concatenate([jnp.ones((1,), jnp.bool_), changed])
+
+
+def _lexicographic_order(rows):
+    """A stable permutation sorting ``rows`` lexicographically (first column most significant)."""
+    if rows.shape[1] == 0:
+        return jnp.arange(rows.shape[0])
+    return jnp.lexsort(tuple(rows[:, j] for j in reversed(range(rows.shape[1]))))
+
+
+def _runs(x, dim, order, return_inverse, return_counts, size):
+    """The first row of each run of equal rows of ``x`` (taken in ``order``), with the inverse
+    (run number of every original row) and the run lengths."""
+    rows = _as_rows(x, dim)
+    ordered = rows if order is None else rows[order]
+    starts = _run_starts(ordered)
+    first = jnp.nonzero(starts, size=size)[0]
+    if dim is None:
+        values = ordered[first, 0]
+    else:
+        source = x if order is None else jnp.take(x, order, axis=dim)
+        values = jnp.take(source, first, axis=dim)
+    empty = jnp.zeros((0,), jnp.int64)
+    run = jnp.cumsum(starts) - 1
+    if order is not None:
+        run = jnp.zeros_like(run).at[order].set(run)
+    inverse_shape = x.shape if dim is None else (x.shape[dim],)
+    inverse = run.reshape(inverse_shape).astype(jnp.int64) if return_inverse else empty
+    ends = jnp.concatenate([first[1:], jnp.full((1,), rows.shape[0], first.dtype)])
+    counts = (ends - first).astype(jnp.int64) if return_counts else empty
+    return values, inverse, counts
+
+
+def _run_count(x, dim, order_rows):
+    rows = _as_rows(x, dim)
+    if order_rows:
+        rows = rows[_lexicographic_order(rows)]
+    return jnp.sum(_run_starts(rows))
+
+
+_consecutive_count = Lowering(aten.unique_consecutive.default, lambda x, dim=None: _run_count(x, dim, False))
+_consecutive_program = Specialised(
+    aten.unique_consecutive.default,
+    lambda x, return_inverse=False, return_counts=False, dim=None, size=0:
+        _runs(x, dim, None, return_inverse, return_counts, size))
+
+
+@host_step(aten.unique_consecutive.default, uses=(_consecutive_program, _consecutive_count))
+def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
+    size = int(_consecutive_count(x, dim=dim))
+    return _consecutive_program(size=size)(x, return_inverse, return_counts, dim)
+
+
+def _unique_rows(x, dim, sorted=True, return_inverse=False, return_counts=False, size=0):
+    return _runs(x, dim, _lexicographic_order(_as_rows(x, dim)), return_inverse, return_counts, size)
+
+
+_unique_dim_count = Lowering(aten.unique_dim.default, lambda x, dim: _run_count(x, dim, True))
+_unique_dim_program = Specialised(aten.unique_dim.default, _unique_rows)
+
+
+@host_step(aten.unique_dim.default, uses=(_unique_dim_program, _unique_dim_count))
+def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
+    """Unique slices along ``dim``, in lexicographic order (as on CPU)."""
+    dim %= max(len(shape_of(x)), 1)
+    size = int(_unique_dim_count(x, dim))
+    return _unique_dim_program(size=size)(x, dim, sorted, return_inverse, return_counts)
+
+
+_total = Lowering(aten.sum.default, lambda x, dtype=None: jnp.sum(x))
+
+
+def _repeated_positions(repeats, output_size=None):
+    return jnp.repeat(jnp.arange(repeats.shape[0]), repeats, total_repeat_length=output_size)
+
+
+_repeat_interleave_program = Lowering(aten.repeat_interleave.Tensor, _repeated_positions)
+
+
+@host_step(aten.repeat_interleave.Tensor, uses=(_repeat_interleave_program, _total))
+def repeat_interleave(repeats, output_size=None):
+    """Each position ``i`` repeated ``repeats[i]`` times; the total is read on the host unless given."""
+    if output_size is None:
+        output_size = int(_total(repeats))
+    return _repeat_interleave_program(repeats, output_size=output_size)
+
+
+@lowering(aten.masked_scatter.default)
+def masked_scatter(x, mask, source):
+    """Each selected position takes the next source element: its rank among the selected."""
+    shape = jnp.broadcast_shapes(x.shape, mask.shape)
+    selected = jnp.broadcast_to(mask.astype(jnp.bool_), shape).reshape(-1)
+    base = jnp.broadcast_to(x, shape).reshape(-1)
+    flat_source = source.reshape(-1).astype(x.dtype)
+    if flat_source.size == 0:
+        return base.reshape(shape)
+    rank = jnp.clip(jnp.cumsum(selected) - 1, 0, flat_source.size - 1)
+    return jnp.where(selected, flat_source[rank], base).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# index_select, gather and the scatter family
+# ---------------------------------------------------------------------------------------------
+
+
+@lowering(aten.index_select.default)
+def index_select(x, dim, index):
+    if x.ndim == 0:
+        return x
+    return jnp.take(x, index.reshape(-1), axis=dim)
+
+
+@lowering(aten.gather.default)
+def gather(x, dim, index, sparse_grad=False):
+    if index.size == 0:
+        return jnp.zeros(index.shape, x.dtype)
+    if index.ndim == 0 or x.ndim == 0:
+        return gather(x.reshape(-1), 0, index.reshape(-1)).reshape(index.shape)
+    dim %= x.ndim
+    # PyTorch lets index be smaller than x in the other dims: read only that corner.
+    corner = tuple(slice(None) if d == dim else slice(0, index.shape[d]) for d in range(x.ndim))
+    return jnp.take_along_axis(x[corner], index, axis=dim)
+
+
+def _coordinates(index, dim):
+    """Full coordinates of every element of ``index`` with ``dim`` replaced by its values."""
+    coords = [jax.lax.broadcasted_iota(jnp.int64, index.shape, d) for d in range(index.ndim)]
+    coords[dim] = index
+    return tuple(coords)
+
+
+def _accumulator(dtype) -> Any:
+    """Where sums of 16-bit floats accumulate: float32, rounded once at the end."""
+    return jnp.float32 if dtype in (jnp.bfloat16, jnp.float16) else dtype
+
+
+def _identity(reduce: str, dtype) -> Any:
+    if reduce in ("sum", "add", "mean"):
+        return jnp.zeros((), dtype)
+    if reduce in ("prod", "multiply"):
+        return jnp.ones((), dtype)
+    big = reduce == "amin"
+    if dtype == jnp.bool_:
+        return jnp.asarray(big, dtype)
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.asarray(jnp.inf if big else -jnp.inf, dtype)
+    info = jnp.iinfo(dtype)
+    return jnp.asarray(info.max if big else info.min, dtype)
+
+
+def _combine(target, values, reduce: str | None):
+    if reduce is None:
+        return target.set(values)
+    if values.dtype == jnp.bool_ and reduce in ("sum", "add", "mean"):
+        return target.max(values)
+    if values.dtype == jnp.bool_ and reduce in ("prod", "multiply"):
+        return target.min(values)
+    if reduce in ("sum", "add", "mean"):
+        return target.add(values)
+    if reduce in ("prod", "multiply"):
+        return target.multiply(values)
+    return target.max(values) if reduce == "amax" else target.min(values)
+
+
+def _scatter(x, dim, index, src, reduce=None, include_self=True):
+    """``x`` with ``src`` (an array the size of ``index`` or larger, or a scalar) scattered along ``dim``."""
+    if x.ndim == 0 or index.ndim == 0:
+        src = src.reshape(-1) if hasattr(src, "ndim") and src.ndim == 0 else src
+        return _scatter(x.reshape(-1), 0, index.reshape(-1), src, reduce, include_self).reshape(x.shape)
+    dim %= x.ndim
+    if index.size == 0:
+        return x
+    if hasattr(src, "ndim") and src.ndim:
+        src = src[tuple(slice(0, n) for n in index.shape)]
+    narrow = x.dtype
+    if reduce in ("sum", "add", "mean", "prod", "multiply"):
+        x = x.astype(_accumulator(x.dtype))
+    values = jnp.broadcast_to(jnp.asarray(src).astype(x.dtype), index.shape)
+    coords = _coordinates(index, dim)
+    base = x if include_self else x.at[coords].set(_identity(reduce, x.dtype))
+    out = _combine(base.at[coords], values, reduce)
+    if reduce != "mean":
+        return out.astype(narrow)
+    counts = jnp.ones(x.shape, jnp.int64)
+    if not include_self:
+        counts = counts.at[coords].set(0)
+    counts = counts.at[coords].add(1)
+    if jnp.issubdtype(x.dtype, jnp.integer):
+        return jnp.floor_divide(out, counts.astype(x.dtype))
+    return (out / counts).astype(narrow)
+
+
+@lowering(aten.scatter.src, aten.scatter.value)
+def scatter(x, dim, index, src):
+    return _scatter(x, dim, index, src)
+
+
+@lowering(aten.scatter.reduce, aten.scatter.value_reduce)
+def scatter_with_reduce(x, dim, index, src, reduce):
+    return _scatter(x, dim, index, src, reduce)
+
+
+@lowering(aten.scatter_add.default)
+def scatter_add(x, dim, index, src):
+    return _scatter(x, dim, index, src, "sum")
+
+
+@lowering(aten.scatter_reduce.two)
+def scatter_reduce(x, dim, index, src, reduce, include_self=True):
+    return _scatter(x, dim, index, src, reduce, include_self)
+
+
+# ---------------------------------------------------------------------------------------------
+# index_add, index_copy, index_fill
+# ---------------------------------------------------------------------------------------------
+
+
+def _along(x, dim, index):
+    """``x.at[...]`` selecting ``index`` (a vector) along ``dim``."""
+    return x.at[(slice(None),) * (dim % x.ndim) + (index.reshape(-1),)]
+
+
+def _on_vector(fn):
+    """Run an index op on a 0-d tensor as on its one-element vector."""
+
+    @functools.wraps(fn)
+    def run(x, dim, index, *rest, **kwargs):
+        if x.ndim:
+            return fn(x, dim, index, *rest, **kwargs)
+        rest = [r.reshape(-1) if isinstance(r, jax.Array) and r.ndim == 0 else r for r in rest]
+        return fn(x.reshape(1), 0, index, *rest, **kwargs).reshape(())
+
+    return run
+
+
+@lowering(aten.index_add.default)
+@_on_vector
+def index_add(x, dim, index, source, alpha=1):
+    if not (isinstance(alpha, int) and alpha == 1):
+        source = source * alpha
+    if x.dtype == jnp.bool_:
+        return _along(x, dim, index).max(source.astype(x.dtype))
+    wide = _accumulator(x.dtype)
+    return _along(x.astype(wide), dim, index).add(source.astype(wide)).astype(x.dtype)
+
+
+@lowering(aten.index_copy.default)
+@_on_vector
+def index_copy(x, dim, index, source):
+    return _along(x, dim, index).set(source.astype(x.dtype))
+
+
+@lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
+@_on_vector
+def index_fill(x, dim, index, value):
+    return _along(x, dim, index).set(jnp.asarray(value).astype(x.dtype))
+
+
+@lowering(aten.index_reduce.default)
+def index_reduce(x, dim, index, source, reduce, include_self=True):
+    """scatter_reduce along ``dim`` with ``index`` applied to every slice of ``source``."""
+    if x.ndim == 0:
+        return index_reduce(x.reshape(1), 0, index, source.reshape(1), reduce, include_self).reshape(())
+    dim %= x.ndim
+    moved_source = jnp.moveaxis(source, dim, 0)
+    positions = jnp.broadcast_to(index.reshape((-1,) + (1,) * (x.ndim - 1)), moved_source.shape)
+    out = _scatter(jnp.moveaxis(x, dim, 0), 0, positions, moved_source, reduce, include_self)
+    return jnp.moveaxis(out, 0, dim)
+
+
+@lowering(aten.put.default)
+def put(x, index, source, accumulate=False):
+    """Writes through ``x``'s row-major flattening; negative positions count from the end."""
+    flat = x.reshape(-1)
+    target, values = flat.at[index.reshape(-1)], source.reshape(-1).astype(x.dtype)
+    if not accumulate:
+        return target.set(values).reshape(x.shape)
+    if x.dtype == jnp.bool_:
+        return target.max(values).reshape(x.shape)
+    wide = _accumulator(x.dtype)
+    return flat.astype(wide).at[index.reshape(-1)].add(values.astype(wide)).astype(x.dtype).reshape(x.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sorted lookups: searchsorted, bucketize
+# ---------------------------------------------------------------------------------------------
+
+
+def _search(boundaries, values, side):
+    values = jnp.asarray(values)
+    common = jnp.promote_types(boundaries.dtype, values.dtype)
+    boundaries, values = boundaries.astype(common), values.astype(common)
+    if boundaries.ndim <= 1:
+        return jnp.searchsorted(boundaries, values, side=side)
+    rows = boundaries.reshape(-1, boundaries.shape[-1])
+    found = jax.vmap(lambda row, v: jnp.searchsorted(row, v, side=side))(rows, values.reshape(rows.shape[0], -1))
+    return found.reshape(values.shape)
+
+
+def _side(right, side):
+    return side if side is not None else ("right" if right else "left")
+
+
+@lowering(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
+def searchsorted(sorted_sequence, values, out_int32=False, right=False, side=None, sorter=None):
+    if sorter is not None:
+        sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
+    return _search(sorted_sequence, values, _side(right, side))
+
+
+@lowering(aten.bucketize.Tensor, aten.bucketize.Scalar)
+def bucketize(values, boundaries, out_int32=False, right=False):
+    """``right=False``: boundaries[i-1] < v <= boundaries[i], i.e. a left-side search."""
+    return _search(boundaries, values, _side(right, None))

@@ -1,0 +1,175 @@
+"""Random lowerings, drawn from the device generator.
+
+The machinery turns an op's ``generator`` argument (the device's ``torch.Generator`` unless the
+caller passed one) into a JAX PRNG key seeded from it, so ``torch.manual_seed`` and ``fork_rng``
+govern every draw and two identically seeded runs produce identical values. The values are
+JAX's (threefry) stream, not PyTorch's CPU stream: they agree with CPU in distribution, not
+element by element.
+
+Three kinds of registration:
+
+- functional ops (``uniform``, ``exponential``, ``random.from``, ``bernoulli.Tensor``, ...): the
+  runtime derives their in-place forms (``uniform_``, ...) that ``torch.rand`` and friends use;
+- in-place ops with no functional twin of the same overload (``normal_``, ``bernoulli_.float``):
+  registered with ``derive_variants=False``; the lowering returns the new value of ``self`` and
+  the runtime stores it (``accelkit._runtime._dispatch.is_inplace_op``);
+- ``native_dropout``, whose schema has no generator: :class:`DeviceGeneratorLowering` supplies
+  the device generator, as the CPU fallback does (``_on_device_stream``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from accelkit_backends.tpu.lowering import Lowering, kernels, lowering
+
+aten = torch.ops.aten
+
+
+def _sample_dtype(x: jax.Array) -> Any:
+    """Floats are sampled in float32 (float64 if the tensor is float64) and rounded once."""
+    return jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+
+
+def _key(generator: Any) -> jax.Array:
+    if generator is None:
+        raise RuntimeError("tpu random lowering called without a PRNG key (generator)")
+    return generator
+
+
+# ---------------------------------------------------------------------------------------------
+# Continuous distributions
+# ---------------------------------------------------------------------------------------------
+
+
+@lowering(aten.normal_.default, derive_variants=False)
+@lowering(aten.normal_functional.default)
+def normal(x, mean=0.0, std=1.0, *, generator=None):
+    noise = jax.random.normal(_key(generator), x.shape, _sample_dtype(x))
+    return noise * std + mean
+
+
+@lowering(aten.uniform.default)
+def uniform(x, from_=0.0, to=1.0, *, generator=None, **kwargs):
+    low = kwargs.get("from", from_)  # the schema's name is the Python keyword ``from``
+    return jax.random.uniform(_key(generator), x.shape, _sample_dtype(x), 0.0, 1.0) * (to - low) + low
+
+
+@lowering(aten.exponential.default)
+def exponential(x, lambd=1.0, *, generator=None):
+    return jax.random.exponential(_key(generator), x.shape, _sample_dtype(x)) / lambd
+
+
+# ---------------------------------------------------------------------------------------------
+# Bernoulli
+# ---------------------------------------------------------------------------------------------
+
+
+def _draw(generator: Any, shape: tuple, p: Any) -> jax.Array:
+    """True with probability ``p`` (broadcast to ``shape``), as ``uniform < p``."""
+    dtype = jnp.float64 if getattr(p, "dtype", None) == jnp.float64 else jnp.float32
+    p = p.astype(dtype) if isinstance(p, jax.Array) else p
+    return jax.random.uniform(_key(generator), shape, dtype) < p
+
+
+@lowering(aten.bernoulli.default)
+def bernoulli(x, *, generator=None):
+    """``x`` holds the probabilities."""
+    return _draw(generator, x.shape, x)
+
+
+@lowering(aten.bernoulli.Tensor)
+def bernoulli_tensor(x, p, *, generator=None):
+    return _draw(generator, x.shape, p)
+
+
+@lowering(aten.bernoulli_.float, derive_variants=False)
+@lowering(aten.bernoulli.p)
+def bernoulli_float(x, p=0.5, *, generator=None):
+    return _draw(generator, x.shape, p)
+
+
+# ---------------------------------------------------------------------------------------------
+# Integers: random_ and its functional forms
+# ---------------------------------------------------------------------------------------------
+
+
+def _default_high(dtype: Any) -> int:
+    """The inclusive upper bound of ``random_()`` without ``to``: the largest integer a float
+    dtype holds exactly (2**mantissa digits), or the integer dtype's maximum."""
+    if dtype == jnp.bool_:
+        return 1
+    if jnp.issubdtype(dtype, jnp.floating):
+        return 2 ** (jnp.finfo(dtype).nmant + 1)
+    return int(jnp.iinfo(dtype).max)
+
+
+def _integers(generator: Any, x: jax.Array, low: int, high: int) -> jax.Array:
+    """Integers uniform in ``[low, high]`` (static, inclusive) in the tensor's shape.
+
+    Computed on 64 random bits modulo the span, as PyTorch's CPU kernel does, so any span up
+    to the whole int64 range works.
+    """
+    span = high - low + 1
+    bits = jax.random.bits(_key(generator), x.shape, jnp.uint64)
+    offset = bits if span == 2**64 else bits % np.uint64(span)
+    values = jax.lax.bitcast_convert_type(offset + np.uint64(low % 2**64), jnp.int64)
+    return values  # cast to the tensor's dtype by the machinery
+
+
+@lowering(getattr(aten.random, "from"))  # ``from`` is a Python keyword
+def random_from(x, from_=0, to=None, *, generator=None, **kwargs):
+    low = kwargs.get("from", from_)
+    high = _default_high(x.dtype) if to is None else to - 1
+    return _integers(generator, x, low, high)
+
+
+@lowering(aten.random.to)
+def random_to(x, to, *, generator=None):
+    return _integers(generator, x, 0, to - 1)
+
+
+@lowering(aten.random.default)
+def random_(x, *, generator=None):
+    return _integers(generator, x, 0, _default_high(x.dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# Dropout
+# ---------------------------------------------------------------------------------------------
+
+
+class DeviceGeneratorLowering(Lowering):
+    """A random op whose schema takes no generator (``native_dropout``): the lowering receives
+    a key drawn from the device generator as ``generator``, as if the schema had one."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from accelkit import _runtime
+
+        return super().__call__(*args, generator=_runtime.active().generator, **kwargs)
+
+
+def native_dropout(x, p, train, *, generator=None):
+    """``(x * mask / (1-p), mask)`` with ``mask`` kept with probability ``1-p``; identity when
+    not training. ``p == 1`` drops everything (scale 0, as on CPU: no division by zero)."""
+    if train is False or x.size == 0:
+        return x, jnp.ones(x.shape, jnp.bool_)
+    keep = 1 - p
+    mask = jax.random.uniform(_key(generator), x.shape, _sample_dtype(x)) < keep
+    scale = jnp.where(keep == 0, 0.0, 1 / jnp.where(keep == 0, 1.0, keep))
+    compute = _sample_dtype(x)
+    return x.astype(compute) * mask.astype(compute) * scale.astype(compute), mask
+
+
+kernels.add(aten.native_dropout.default, DeviceGeneratorLowering(aten.native_dropout.default, native_dropout))
+
+
+@lowering(aten.native_dropout_backward.default)
+def native_dropout_backward(grad, mask, scale):
+    compute = _sample_dtype(grad)
+    return grad.astype(compute) * mask.astype(compute) * scale

@@ -1,0 +1,34 @@
+"""The tpu backend's tests: the tpu device is activated once for the whole session.
+
+One PrivateUse1 backend per process, so these run in their own pytest process
+(``pytest backends/tpu/tests``), apart from the core's tests in ``tests/`` (which run on ref).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import accelkit
+
+DEVICE = accelkit.select_device("tpu")
+
+
+@pytest.fixture
+def dev() -> torch.device:
+    """The tpu device, with op counters cleared for the test."""
+    accelkit.reset_stats()
+    return DEVICE
+
+
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (no backend active) and return the finished process."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}
+    full_env.update(env or {})
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
+                          capture_output=True, text=True, timeout=timeout)

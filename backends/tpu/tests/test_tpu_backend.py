@@ -1,0 +1,244 @@
+"""The tpu backend as a device: generations as data, capacity, dtype policy, modes, custom ops, stats."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import accelkit
+from accelkit_backends.tpu import device as tpu_device
+from accelkit_backends.tpu import execution_mode, register_jax_kernel
+from accelkit_backends.tpu.modes import TpuExecutionError
+
+GiB = 1 << 30
+
+
+# -- device model ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", tpu_device.TARGETS)
+def test_every_generation_has_sourced_capacity_bandwidth_and_bf16_peak(target):
+    model = tpu_device.device_model(target)
+    assert model.memory_bytes > 8 * GiB
+    assert model.memory_bandwidth > 500e9
+    assert model.peak_flops[torch.bfloat16] > 100e12
+    for figure in ("memory_bytes", "memory_bandwidth", "peak_flops"):
+        assert model.sources[figure], f"{target}: {figure} has no source"
+    assert torch.float64 not in model.dtypes
+
+
+def test_generations_follow_the_published_ordering():
+    peak = {t: tpu_device.device_model(t).peak_flops[torch.bfloat16] for t in tpu_device.TARGETS}
+    assert peak["v5e"] < peak["v4"] < peak["v5p"] < peak["v6e"]
+    assert tpu_device.device_model("v5p").memory_bytes > tpu_device.device_model("v4").memory_bytes
+
+
+def test_the_default_target_is_v5e_and_properties_say_simulated(dev):
+    props = torch.tpu.get_device_properties()
+    assert props.target == tpu_device.DEFAULT_TARGET == "v5e"
+    assert props.simulated and "simulated" in props.name
+    assert props.total_memory == tpu_device.device_model("v5e").memory_bytes
+
+
+def test_an_unknown_target_is_reported_by_the_probe(monkeypatch):
+    monkeypatch.setenv(tpu_device.TARGET_ENV, "v9z")
+    probe = tpu_device.probe()
+    assert not probe.available
+    assert "v9z" in probe.reason and "v5e" in probe.reason
+
+
+def test_a_target_is_chosen_by_environment(monkeypatch):
+    monkeypatch.setenv(tpu_device.TARGET_ENV, "v6e")
+    assert tpu_device.target_name() == "v6e"
+    assert tpu_device.device_model().name == "v6e"
+
+
+# -- memory ---------------------------------------------------------------------------------
+
+
+def test_an_allocation_beyond_the_targets_hbm_raises_out_of_memory_naming_it(dev):
+    before = torch.tpu.memory_allocated()
+    capacity = torch.tpu.get_device_properties().total_memory
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        torch.empty(capacity // 4 + 1024, dtype=torch.float32, device=dev)
+    message = str(info.value)
+    assert "tpu:0" in message and "14.90 GiB" in message  # v5e: 16 GB
+    assert torch.tpu.memory_allocated() == before
+
+
+def test_memory_counts_live_tensors(dev):
+    before = torch.tpu.memory_allocated()
+    x = torch.ones(1024, 1024, device=dev)
+    assert torch.tpu.memory_allocated() >= before + x.numel() * 4
+    del x
+    assert torch.tpu.memory_allocated() == before
+
+
+# -- dtype policy ---------------------------------------------------------------------------
+
+
+def test_float64_is_refused_with_the_reason_and_both_ways_out(dev):
+    with pytest.raises(accelkit.sdk.UnsupportedDtypeError) as info:
+        torch.ones(3, dtype=torch.float64).to(dev)
+    message = str(info.value)
+    assert "float64" in message and "tpu:0" in message
+    assert "float32" in message and "ACCELKIT_TPU_FLOAT64=emulate" in message
+
+
+def test_float64_runs_exactly_when_emulation_is_chosen():
+    from conftest import run_python
+
+    done = run_python(
+        """
+        import torch, accelkit
+        dev = accelkit.select_device("tpu")
+        x = torch.tensor([1e-300, 3.0], dtype=torch.float64)
+        y = (x.to(dev) * 2).cpu()
+        assert y.dtype == torch.float64 and torch.equal(y, x * 2), y
+        print("ok")
+        """,
+        env={"ACCELKIT_TPU_FLOAT64": "emulate"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_int64_keeps_64_bits(dev):
+    big = torch.tensor([2**40 + 1, -(2**50)], dtype=torch.int64)
+    assert torch.equal((big.to(dev) + 1).cpu(), big + 1)
+    assert torch.arange(5, device=dev).dtype == torch.int64
+
+
+# -- execution modes ------------------------------------------------------------------------
+
+
+def _failing_on_device(x):
+    def explode(values):
+        raise ValueError("the device program failed")
+
+    return jax.pure_callback(explode, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+@torch.library.custom_op("accelkit_test::explode", mutates_args=())
+def explode(x: torch.Tensor) -> torch.Tensor:
+    raise AssertionError("only the tpu kernel runs in these tests")
+
+
+@explode.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@pytest.fixture(scope="module")
+def failing_op():
+    register_jax_kernel(explode, _failing_on_device)
+    return explode
+
+
+def test_debug_mode_raises_at_the_failing_op_and_names_it(dev, failing_op):
+    x = torch.ones(4, device=dev)
+    with execution_mode("debug"):
+        with pytest.raises(TpuExecutionError, match=r"accelkit_test.explode.default.*\(4,\)") as info:
+            failing_op(x)
+    assert "the device program failed" in str(info.value)
+
+
+def test_strict_mode_returns_before_the_program_finishes_and_debug_mode_waits(dev):
+    a = torch.randn(1500, 1500, device=dev)
+    torch.tpu.synchronize()
+    from accelkit._runtime import _tensors as T, active
+
+    def ready(t):
+        return T.buffer_of(t).block.array.is_ready()
+
+    y = a @ a  # about 7 GFLOP: far longer than a dispatch
+    assert not ready(y), "strict mode should dispatch asynchronously"
+    torch.tpu.synchronize()
+    assert ready(y)
+    with execution_mode("debug"):
+        z = a @ a
+        assert ready(z), "debug mode waits for every op"
+    assert active().name == "tpu"
+
+
+def test_an_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="strict"):
+        with execution_mode("fast"):
+            pass
+
+
+# -- custom ops with JAX kernels ------------------------------------------------------------
+
+
+@torch.library.custom_op("accelkit_test::gelu_tanh", mutates_args=())
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+@gelu_tanh.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_a_custom_op_runs_its_jax_kernel_on_tpu(dev):
+    register_jax_kernel(gelu_tanh, lambda x: jax.nn.gelu(x, approximate=True))
+    x = torch.randn(8, 5)
+    with accelkit.fallback_policy("deny"):
+        got = gelu_tanh(x.to(dev).t())  # a non-contiguous view goes in
+    torch.testing.assert_close(got.cpu(), gelu_tanh(x.t()))
+    assert accelkit.stats()["ops"]["accelkit_test.gelu_tanh.default"]["native"] == 1
+
+
+# -- compile cache and cost estimate --------------------------------------------------------
+
+
+def test_programs_are_cached_per_signature_and_counted(dev):
+    a = torch.randn(7, 3, device=dev)
+    compiled = lambda: accelkit.stats()["tpu"]["compiled_programs"].get("aten.mul.Tensor", 0)  # noqa: E731
+    a * a
+    first = compiled()
+    for _ in range(3):
+        a * a
+    assert compiled() == first
+    b = torch.randn(9, 3, device=dev)
+    b * b
+    assert compiled() == first + 1
+
+
+def test_a_changing_python_float_does_not_recompile(dev):
+    a = torch.randn(5, 5, device=dev)
+    a * 0.5
+    count = accelkit.stats()["tpu"]["compiled_programs"]["aten.mul.Tensor"]
+    for scale in (0.25, 0.125, 3.0):
+        torch.testing.assert_close((a * scale).cpu(), a.cpu() * scale)
+    assert accelkit.stats()["tpu"]["compiled_programs"]["aten.mul.Tensor"] == count
+
+
+def test_the_roofline_estimate_is_labelled_and_scales_with_work(dev):
+    from accelkit_backends.tpu.cost import COSTS
+
+    COSTS.reset()
+    small = torch.randn(64, 64, device=dev)
+    small @ small
+    little = accelkit.stats()["tpu"]["estimate"]
+    big = torch.randn(512, 512, device=dev)
+    big @ big
+    more = accelkit.stats()["tpu"]["estimate"]
+    assert "estimate" in little["note"] and little["target"] == "v5e"
+    assert little["ops"]["aten.mm.default"]["flops"] >= 2 * 64**3
+    assert more["estimated_seconds"] > little["estimated_seconds"]
+    # 2 * 512**3 flops at v5e's float32 rate, or the bytes at its bandwidth: whichever is larger.
+    mm = more["ops"]["aten.mm.default"]
+    model = tpu_device.device_model("v5e")
+    floor = max(2 * 512**3 / model.peak_flops[torch.float32], 3 * 512 * 512 * 4 / model.memory_bandwidth)
+    assert mm["estimated_seconds"] >= floor * 0.99
+
+
+def test_host_copies_keep_bf16_bits(dev):
+    x = torch.randn(33).to(torch.bfloat16)
+    assert torch.equal(x.to(dev).cpu(), x)
+    array = np.asarray(jnp.asarray([1.5], dtype=jnp.bfloat16))
+    assert array.dtype.name == "bfloat16"

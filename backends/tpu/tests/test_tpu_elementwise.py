@@ -1,0 +1,778 @@
+"""tpu elementwise, comparison, activation and random ops, compared with PyTorch on CPU.
+
+Deterministic ops run the same call on CPU tensors and on tpu copies — often non-contiguous
+views made on the device, and broadcasting operands — under the ``deny`` fallback policy, and
+must match in value and dtype (bfloat16 with bfloat16 tolerances); each asserts that the op it
+is about ran natively. Random ops cannot match CPU element by element (the device draws from
+JAX's stream): they are checked for seeded reproducibility, their contracts (range, in-place
+writes, masks) and statistics well inside their bounds.
+
+Run with ``pytest backends/tpu/tests`` (its own process: see ``conftest.py`` there).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import accelkit
+
+aten = torch.ops.aten
+
+FLOAT_DTYPES = [torch.float32, torch.bfloat16]
+#: bfloat16 keeps 8 bits of mantissa: one rounding is up to 2**-8 relative.
+BF16_TOL = {"rtol": 1.6e-2, "atol": 1e-2}
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def sample(shape, dtype, seed=0, low=-5, high=6):
+    """Reproducible input: normal floats, small integers (with ties), random booleans."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(low, high, shape, generator=g, dtype=dtype)
+
+
+def transposed(shape, dtype, seed=0, **kw):
+    """A non-contiguous 2-D input of ``shape``: the transpose of a contiguous tensor."""
+    return sample(tuple(reversed(shape)), dtype, seed, **kw).T
+
+
+def sliced(shape, dtype, seed=0, **kw):
+    """A non-contiguous 2-D input of ``shape``: every other column of a wider tensor."""
+    rows, cols = shape
+    return sample((rows, 2 * cols), dtype, seed, **kw)[:, ::2]
+
+
+def on_device(value, dev):
+    """``value`` on tpu with the same geometry: views are re-made on the device from their base."""
+    if isinstance(value, torch.Tensor):
+        if value._base is not None:
+            base = value._base.to(dev)
+            return base.as_strided(value.shape, value.stride(), value.storage_offset())
+        return value.to(dev)
+    if isinstance(value, list | tuple):
+        return type(value)(on_device(v, dev) for v in value)
+    return value
+
+
+def tolerance(*tensors):
+    """bfloat16 tolerances if any input is bfloat16, else assert_close's defaults."""
+    if any(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in tensors):
+        return dict(BF16_TOL)
+    return {}
+
+
+def assert_same(device_result, cpu_result, **tol):
+    if isinstance(cpu_result, tuple | list):
+        assert len(device_result) == len(cpu_result)
+        for d, c in zip(device_result, cpu_result):
+            assert_same(d, c, **tol)
+        return
+    assert device_result.device.type == "tpu"
+    torch.testing.assert_close(device_result.cpu(), cpu_result, equal_nan=True, **tol)
+
+
+def compare(dev, fn, *inputs, **tol):
+    """Run ``fn`` on the CPU inputs and on tpu copies (no CPU fallback allowed); the results
+    must match in value and dtype. Returns the device result. (The copies are made first, so
+    ``fn`` may write to its inputs.)"""
+    device_inputs = on_device(inputs, dev)
+    expected = fn(*inputs)
+    with accelkit.fallback_policy("deny"):
+        actual = fn(*device_inputs)
+    assert_same(actual, expected, **{**tolerance(*inputs), **tol})
+    return actual
+
+
+def assert_native(*names):
+    ops = accelkit.stats()["ops"]
+    for name in names:
+        counts = ops.get(name, {})
+        assert counts.get("native", 0) > 0, f"{name} did not run natively: {counts}"
+        assert counts.get("fallback", 0) == 0, f"{name} fell back to the CPU: {counts}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Unary math
+# ---------------------------------------------------------------------------------------------
+
+
+def _positive(x):
+    return x.abs() + 0.25
+
+
+def _open_unit(x):
+    return x.tanh() * 0.95
+
+
+#: name -> (function, the aten op it reaches, input transform into the op's domain)
+UNARY = {
+    "neg": (torch.neg, "aten.neg.default", None),
+    "abs": (torch.abs, "aten.abs.default", None),
+    "sign": (torch.sign, "aten.sign.default", None),
+    "sgn": (torch.sgn, "aten.sgn.default", None),
+    "reciprocal": (torch.reciprocal, "aten.reciprocal.default", _positive),
+    "sqrt": (torch.sqrt, "aten.sqrt.default", _positive),
+    "rsqrt": (torch.rsqrt, "aten.rsqrt.default", _positive),
+    "exp": (torch.exp, "aten.exp.default", None),
+    "exp2": (torch.exp2, "aten.exp2.default", None),
+    "expm1": (torch.expm1, "aten.expm1.default", None),
+    "log": (torch.log, "aten.log.default", _positive),
+    "log2": (torch.log2, "aten.log2.default", _positive),
+    "log10": (torch.log10, "aten.log10.default", _positive),
+    "log1p": (torch.log1p, "aten.log1p.default", _positive),
+    "sin": (torch.sin, "aten.sin.default", None),
+    "cos": (torch.cos, "aten.cos.default", None),
+    "tan": (torch.tan, "aten.tan.default", _open_unit),
+    "asin": (torch.asin, "aten.asin.default", _open_unit),
+    "acos": (torch.acos, "aten.acos.default", _open_unit),
+    "atan": (torch.atan, "aten.atan.default", None),
+    "sinh": (torch.sinh, "aten.sinh.default", None),
+    "cosh": (torch.cosh, "aten.cosh.default", None),
+    "tanh": (torch.tanh, "aten.tanh.default", None),
+    "asinh": (torch.asinh, "aten.asinh.default", None),
+    "acosh": (torch.acosh, "aten.acosh.default", lambda x: x.abs() + 1.25),
+    "atanh": (torch.atanh, "aten.atanh.default", _open_unit),
+    "erf": (torch.erf, "aten.erf.default", None),
+    "erfc": (torch.erfc, "aten.erfc.default", None),
+    "erfinv": (torch.erfinv, "aten.erfinv.default", _open_unit),
+    "floor": (torch.floor, "aten.floor.default", lambda x: x * 3),
+    "ceil": (torch.ceil, "aten.ceil.default", lambda x: x * 3),
+    "trunc": (torch.trunc, "aten.trunc.default", lambda x: x * 3),
+    "round": (torch.round, "aten.round.default", lambda x: x * 3),
+    "frac": (torch.frac, "aten.frac.default", lambda x: x * 3),
+    "signbit": (torch.signbit, "aten.signbit.default", None),
+    "isnan": (torch.isnan, "aten.isnan.default", None),
+    "isinf": (torch.isinf, "aten.isinf.default", None),
+    "isposinf": (torch.isposinf, "aten.isposinf.default", None),
+    "isneginf": (torch.isneginf, "aten.isneginf.default", None),
+    "logical_not": (torch.logical_not, "aten.logical_not.default", None),
+}
+#: ops that are defined on integer inputs too (float math turns them into float32 results)
+INTEGER_UNARY = {"neg", "abs", "sign", "sqrt", "exp", "sin", "floor", "round", "signbit", "isinf"}
+
+
+@pytest.mark.parametrize(("name", "dtype"), [
+    (name, dtype) for name in sorted(UNARY)
+    for dtype in FLOAT_DTYPES + ([torch.int64] if name in INTEGER_UNARY else [])
+], ids=str)
+def test_unary_ops_match_cpu_on_views(dev, name, dtype):
+    fn, op, domain = UNARY[name]
+    x = transposed((5, 7), dtype, low=0 if name in ("sqrt", "log1p") else -5)
+    if domain is not None and dtype.is_floating_point:
+        x = domain(x.float()).to(dtype).T.contiguous().T  # keep it a transposed view
+    compare(dev, fn, x)
+    assert_native(op)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_special_values_follow_pytorch(dev, dtype):
+    """NaN, infinities and signed zeros: sign(NaN) = 0, nan_to_num's dtype-wide defaults, ..."""
+    x = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.5, -2.5, 0.5], dtype=dtype)
+    if dtype == torch.float32:
+        for fn in (torch.sign, torch.signbit, torch.isnan, torch.isinf, torch.isposinf,
+                   torch.isneginf, torch.round, torch.frac, torch.sqrt):
+            compare(dev, fn, x)
+    compare(dev, torch.nan_to_num, x)
+    compare(dev, lambda t: torch.nan_to_num(t, nan=7.0, posinf=100.0, neginf=-50.0), x)
+    compare(dev, lambda t: torch.nan_to_num(t, posinf=1e30), x)  # bf16 holds 1e30, rounded
+    assert_native("aten.nan_to_num.default")
+
+
+def test_isfinite_decomposes_into_native_ops(dev):
+    """isfinite is CompositeImplicitAutograd: it never reaches the device, its parts do."""
+    x = torch.tensor([float("nan"), float("inf"), 1.0, -float("inf")])
+    compare(dev, torch.isfinite, x)
+    assert "aten.isfinite.default" not in accelkit.stats()["ops"]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("decimals", [0, 2, -1])
+def test_round_with_decimals(dev, dtype, decimals):
+    x = sliced((4, 6), dtype) * 123.456
+    compare(dev, lambda t: torch.round(t, decimals=decimals), x)
+    assert_native("aten.round.decimals")
+
+
+# ---------------------------------------------------------------------------------------------
+# Binary arithmetic, with broadcasting and Python scalars
+# ---------------------------------------------------------------------------------------------
+
+BINARY = {
+    "add": (torch.add, "aten.add.Tensor"),
+    "add_alpha": (lambda a, b: torch.add(a, b, alpha=2), "aten.add.Tensor"),
+    "sub": (torch.sub, "aten.sub.Tensor"),
+    "sub_alpha": (lambda a, b: torch.sub(a, b, alpha=3), "aten.sub.Tensor"),
+    "mul": (torch.mul, "aten.mul.Tensor"),
+    "div": (torch.div, "aten.div.Tensor"),
+    "true_divide": (torch.true_divide, "aten.div.Tensor"),
+    "div_trunc": (lambda a, b: torch.div(a, b, rounding_mode="trunc"), "aten.div.Tensor_mode"),
+    "div_floor": (lambda a, b: torch.div(a, b, rounding_mode="floor"), "aten.div.Tensor_mode"),
+    "remainder": (torch.remainder, "aten.remainder.Tensor"),
+    "fmod": (torch.fmod, "aten.fmod.Tensor"),
+    "pow": (lambda a, b: torch.pow(a.abs() + 0.5 if a.is_floating_point() else a.abs(), b.abs()),
+            "aten.pow.Tensor_Tensor"),
+    "atan2": (torch.atan2, "aten.atan2.default"),
+    "hypot": (torch.hypot, "aten.hypot.default"),
+    "copysign": (torch.copysign, "aten.copysign.Tensor"),
+    "minimum": (torch.minimum, "aten.minimum.default"),
+    "maximum": (torch.maximum, "aten.maximum.default"),
+    "fmin": (torch.fmin, "aten.fmin.default"),
+    "fmax": (torch.fmax, "aten.fmax.default"),
+}
+FLOAT_ONLY_BINARY = {"hypot"}
+
+
+@pytest.mark.parametrize(("name", "dtype"), [
+    (name, dtype) for name in sorted(BINARY)
+    for dtype in FLOAT_DTYPES + ([] if name in FLOAT_ONLY_BINARY else [torch.int64])
+], ids=str)
+def test_binary_ops_broadcast_over_views(dev, name, dtype):
+    fn, op = BINARY[name]
+    x = transposed((5, 7), dtype, seed=1)
+    # Divisors without zeros (integer division by zero raises on CPU), of both signs.
+    y = sample((7,), dtype, seed=2, low=1, high=5)
+    if dtype == torch.int64:
+        y = y * torch.tensor([1, -1, 1, -1, 1, -1, 1])
+    compare(dev, fn, x, y)
+    assert_native(op)
+
+
+def test_mixed_dtypes_promote_like_pytorch(dev):
+    """int64 with float32, bfloat16 with float32, bool with int64: the result dtype is PyTorch's."""
+    i, f, b, h = (sample((3, 4), torch.int64), sample((3, 4), torch.float32),
+                  sample((3, 4), torch.bool), sample((3, 4), torch.bfloat16))
+    for x, y in [(i, f), (h, f), (b, i), (i, h)]:
+        for fn in (torch.add, torch.div, torch.maximum):
+            compare(dev, fn, x, y)
+    compare(dev, torch.mul, b, h[:1])  # broadcast on the left too
+    compare(dev, torch.atan2, i, h)
+    assert_native("aten.add.Tensor", "aten.mul.Tensor", "aten.div.Tensor", "aten.maximum.default")
+
+
+SCALAR_OPS = {
+    "add": (lambda t, s: t + s, "aten.add.Tensor"),
+    "radd_alpha": (lambda t, s: torch.add(t, s, alpha=2), "aten.add.Tensor"),
+    "rsub": (lambda t, s: s - t, "aten.rsub.Scalar"),
+    "sub": (lambda t, s: t - s, "aten.sub.Tensor"),
+    "mul": (lambda t, s: t * s, "aten.mul.Tensor"),
+    "div": (lambda t, s: t / s, "aten.div.Tensor"),
+    "div_floor": (lambda t, s: torch.div(t, s, rounding_mode="floor"), "aten.div.Tensor_mode"),
+    "div_trunc": (lambda t, s: torch.div(t, s, rounding_mode="trunc"), "aten.div.Tensor_mode"),
+    "remainder": (lambda t, s: t % s, "aten.remainder.Scalar"),
+    "rremainder": (lambda t, s: torch.remainder(s, t.abs() + 1), "aten.remainder.Scalar_Tensor"),
+    "fmod": (torch.fmod, "aten.fmod.Scalar"),
+    "pow": (lambda t, s: t ** s, "aten.pow.Tensor_Scalar"),
+    "rpow": (lambda t, s: s ** t, "aten.pow.Scalar"),
+    "copysign": (torch.copysign, "aten.copysign.Scalar"),
+}
+#: ops also checked as int64 tensor with a Python float (the result is float32)
+INT_TENSOR_FLOAT_SCALAR = {"add", "mul", "div", "div_floor", "remainder", "pow", "rpow"}
+
+
+@pytest.mark.parametrize(("name", "dtype", "scalar"), [
+    (name, dtype, scalar) for name in sorted(SCALAR_OPS)
+    for dtype, scalar in [(torch.float32, -2.5), (torch.bfloat16, 3), (torch.int64, 3)]
+    + ([(torch.int64, -2.5)] if name in INT_TENSOR_FLOAT_SCALAR else [])
+], ids=str)
+def test_python_scalars_never_widen_the_tensor(dev, name, dtype, scalar):
+    """A Python number beside a tensor: ``int_tensor * 2.5`` is float32, ``bf16 * 3`` bfloat16."""
+    fn, op = SCALAR_OPS[name]
+    x = transposed((4, 6), dtype, low=0 if name in ("pow", "rpow") else -5, high=4)
+    if name == "pow" and dtype.is_floating_point:
+        x = x.abs() + 0.5
+    if name == "rpow" and isinstance(scalar, float):
+        scalar = abs(scalar)
+    compare(dev, lambda t: fn(t, scalar), x)
+    assert_native(op)
+
+
+def test_float_floor_division_follows_python_including_zero_divisors(dev):
+    x = torch.tensor([7.0, -7.0, 7.0, -7.0, 1.0, -1.0, 0.0, 5.5, -0.0])
+    y = torch.tensor([2.0, 2.0, -2.0, -2.0, 0.0, 0.0, 3.0, 0.5, 2.0])
+    for mode in ("floor", "trunc", None):
+        compare(dev, lambda a, b, mode=mode: torch.div(a, b, rounding_mode=mode), x, y)
+    compare(dev, torch.remainder, x, y)
+    compare(dev, torch.fmod, x, y)
+    ints = torch.tensor([7, -7, 7, -7, 0, 9])
+    divisors = torch.tensor([2, 2, -2, -2, 3, -4])
+    for mode in ("floor", "trunc"):
+        compare(dev, lambda a, b, mode=mode: torch.div(a, b, rounding_mode=mode), ints, divisors)
+    compare(dev, torch.remainder, ints, divisors)
+    compare(dev, torch.fmod, ints, divisors)
+    assert_native("aten.div.Tensor_mode", "aten.remainder.Tensor", "aten.fmod.Tensor")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_ternary_ops(dev, dtype):
+    x, a, b = transposed((4, 6), dtype, 1), sample((6,), dtype, 2), sliced((4, 6), dtype, 3)
+    compare(dev, lambda s, t1, t2: torch.addcmul(s, t1, t2, value=0.5), x, a, b)
+    compare(dev, lambda s, t1, t2: torch.addcdiv(s, t1, t2.abs() + 1, value=-2), x, a, b)
+    compare(dev, lambda s, e: torch.lerp(s, e, 0.3), x, a)
+    compare(dev, lambda s, e: torch.lerp(s, e, 0.8), x, a)  # the other branch of the formula
+    compare(dev, lambda s, e, w: torch.lerp(s, e, w.sigmoid()), x, a, b)
+    assert_native("aten.addcmul.default", "aten.addcdiv.default", "aten.lerp.Scalar", "aten.lerp.Tensor")
+
+
+def test_integer_addcmul(dev):
+    x, a, b = (sample((3, 4), torch.int64, s) for s in range(3))
+    compare(dev, lambda s, t1, t2: torch.addcmul(s, t1, t2, value=3), x, a, b)
+    assert_native("aten.addcmul.default")
+
+
+# ---------------------------------------------------------------------------------------------
+# Clamping and selection
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.int64], ids=str)
+def test_clamp_family(dev, dtype):
+    x = transposed((5, 6), dtype)
+    lo, hi = sample((6,), dtype, 1) - 1, sample((5, 1), dtype, 2) + 1
+    compare(dev, lambda t: t.clamp(-1, 2), x)
+    compare(dev, lambda t: t.clamp(min=0.5), x)  # a float bound on an int tensor is float32
+    compare(dev, lambda t: t.clamp(2, -1), x)  # min > max: everything is max, as on CPU
+    compare(dev, lambda t, a, b: t.clamp(a, b), x, lo, hi)
+    compare(dev, lambda t: torch.clamp_min(t, 1), x)
+    compare(dev, lambda t: torch.clamp_max(t, 1), x)
+    compare(dev, torch.clamp_min, x, lo)
+    compare(dev, torch.clamp_max, x, hi)
+    assert_native("aten.clamp.default", "aten.clamp.Tensor", "aten.clamp_min.default",
+                  "aten.clamp_max.default", "aten.clamp_min.Tensor", "aten.clamp_max.Tensor")
+
+
+def test_extrema_propagate_or_ignore_nan_like_pytorch(dev):
+    x = torch.tensor([float("nan"), 1.0, float("nan"), -2.0])
+    y = torch.tensor([0.0, float("nan"), float("nan"), 3.0])
+    for fn in (torch.minimum, torch.maximum, torch.fmin, torch.fmax):
+        compare(dev, fn, x, y)
+    compare(dev, lambda t: t.clamp(0, 1), x)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.int64, torch.bool], ids=str)
+def test_where_and_masked_fill(dev, dtype):
+    x, y = transposed((4, 6), dtype, 1), sample((6,), dtype, 2)
+    cond = sample((4, 1), torch.bool, 3)
+    compare(dev, torch.where, cond, x, y)
+    compare(dev, lambda c, a: torch.where(c, a, 0), cond, x)
+    compare(dev, lambda a, m: a.masked_fill(m, 1), x, cond)
+    compare(dev, lambda a, m, v: a.masked_fill(m, v), x, cond, sample((), dtype, 5))
+    compare(dev, lambda a, m: a.masked_fill_(m, 1), x, cond)
+    if dtype.is_floating_point:
+        compare(dev, lambda a, m: a.masked_fill(m, -2.75), x, cond)
+    assert_native("aten.where.self", "aten.masked_fill.Scalar", "aten.masked_fill.Tensor")
+
+
+def test_where_promotes_mixed_operands(dev):
+    cond = sample((3, 4), torch.bool)
+    compare(dev, torch.where, cond, sample((3, 4), torch.bfloat16), sample((3, 4), torch.float32))
+    compare(dev, torch.where, cond, sample((3, 4), torch.int64), sample((4,), torch.float32))
+    compare(dev, lambda c, a: torch.where(c, a, 0.1), cond, sample((3, 4), torch.bfloat16))
+    assert_native("aten.where.self")
+
+
+# ---------------------------------------------------------------------------------------------
+# Comparisons, logical and bitwise
+# ---------------------------------------------------------------------------------------------
+
+COMPARISONS = ["eq", "ne", "lt", "le", "gt", "ge"]
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.int64, torch.bool], ids=str)
+@pytest.mark.parametrize("name", COMPARISONS)
+def test_comparisons_of_tensors(dev, name, dtype):
+    fn = getattr(torch, name)
+    x, y = transposed((5, 6), dtype, 1, low=-2, high=3), sample((6,), dtype, 2, low=-2, high=3)
+    compare(dev, fn, x, y)
+    assert_native(f"aten.{name}.Tensor")
+
+
+@pytest.mark.parametrize(("dtype", "scalar"), [(torch.bfloat16, 0.1), (torch.int64, 1), (torch.int64, 0.5)],
+                         ids=str)
+@pytest.mark.parametrize("name", COMPARISONS)
+def test_comparisons_with_python_scalars(dev, name, dtype, scalar):
+    """bfloat16 compares with 0.1 rounded to bfloat16 and int64 with 0.5 in float32, as on CPU."""
+    fn = getattr(torch, name)
+    compare(dev, lambda t: fn(t, scalar), transposed((5, 6), dtype, 1, low=-2, high=3))
+    assert_native(f"aten.{name}.Scalar")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=str)
+def test_logical_ops(dev, dtype):
+    x, y = transposed((4, 5), dtype, 1, low=-1, high=2), sample((5,), dtype, 2, low=-1, high=2)
+    for name in ("logical_and", "logical_or", "logical_xor"):
+        compare(dev, getattr(torch, name), x, y)
+        assert_native(f"aten.{name}.default")
+    compare(dev, torch.logical_not, x)
+    compare(dev, torch.logical_and, x, sample((4, 5), torch.bool, 3))  # mixed dtypes
+    assert_native("aten.logical_not.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.bool], ids=str)
+def test_bitwise_ops(dev, dtype):
+    low, high = (0, 2) if dtype == torch.bool else (0, 200) if dtype == torch.uint8 else (-1000, 1000)
+    x, y = transposed((4, 5), dtype, 1, low=low, high=high), sample((5,), dtype, 2, low=low, high=high)
+    scalar = True if dtype == torch.bool else 0x55
+    for name in ("bitwise_and", "bitwise_or", "bitwise_xor"):
+        fn = getattr(torch, name)
+        compare(dev, fn, x, y)
+        compare(dev, lambda t, fn=fn: fn(t, scalar), x)
+        assert_native(f"aten.{name}.Tensor", f"aten.{name}.Scalar")
+    compare(dev, lambda t: torch.bitwise_xor(scalar, t), x)
+    compare(dev, torch.bitwise_not, x)
+    assert_native("aten.bitwise_not.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8], ids=str)
+def test_shifts(dev, dtype):
+    low = 0 if dtype == torch.uint8 else -1000
+    x = transposed((4, 5), dtype, 1, low=low, high=1000 if dtype != torch.uint8 else 255)
+    amounts = sample((5,), dtype, 2, low=0, high=8)
+    compare(dev, torch.bitwise_left_shift, x, amounts)
+    compare(dev, torch.bitwise_right_shift, x, amounts)
+    compare(dev, lambda t: t << 3, x)
+    compare(dev, lambda t: t >> 2, x)
+    compare(dev, lambda t: torch.bitwise_left_shift(5, t.abs() % 7), x)
+    compare(dev, lambda t: torch.bitwise_right_shift(1000, t.abs() % 7), x)
+    assert_native("aten.bitwise_left_shift.Tensor", "aten.bitwise_right_shift.Tensor",
+                  "aten.__lshift__.Scalar", "aten.__rshift__.Scalar",
+                  "aten.bitwise_left_shift.Scalar_Tensor", "aten.bitwise_right_shift.Scalar_Tensor")
+
+
+# ---------------------------------------------------------------------------------------------
+# Derived variants, fill, copy, conversion
+# ---------------------------------------------------------------------------------------------
+
+
+def test_inplace_and_out_variants_are_derived_natively(dev):
+    x, y = transposed((4, 5), torch.float32, 1), sample((5,), torch.float32, 2)
+    compare(dev, lambda a, b: a.clone().mul_(b).add_(b, alpha=2).clamp_(-1, 1), x, y)
+    compare(dev, lambda a, b: torch.atan2(a, b, out=torch.empty(0, device=a.device)), x, y)
+    compare(dev, lambda a: torch.exp(a, out=torch.empty(4, 5, dtype=torch.bfloat16, device=a.device)), x)
+    compare(dev, lambda a: a.sigmoid_(), x)
+    compare(dev, lambda t: (t[:, ::2].add_(1), t)[1], torch.zeros(4, 6))  # in place on a strided view
+    assert_native("aten.mul_.Tensor", "aten.add_.Tensor", "aten.clamp_.default", "aten.atan2.out",
+                  "aten.exp.out", "aten.sigmoid_.default")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.int64, torch.bool], ids=str)
+def test_fill_and_zero(dev, dtype):
+    x = transposed((3, 4), dtype)
+    compare(dev, lambda t: t.fill_(2.75), x)  # truncated to 2 for int64, True for bool
+    compare(dev, lambda t, v: t.fill_(v), x, sample((), dtype, 4))
+    compare(dev, lambda t: t.zero_(), x)
+    compare(dev, lambda t: aten.fill.Scalar(t, 5), x)
+    base = sample((4, 6), dtype)
+    compare(dev, lambda t: (t[:, 1::2].fill_(1), t[1].zero_(), t)[2], base)  # views write through
+    assert_native("aten.fill_.Scalar", "aten.fill_.Tensor", "aten.zero_.default", "aten.fill.Scalar")
+
+
+def test_clone_preserves_layout_and_stays_on_device(dev, monkeypatch):
+    x = transposed((4, 6), torch.float32)
+    expected = x.clone()
+    device_x = on_device(x, dev)
+    host_reads = _count_host_reads(monkeypatch)
+    with accelkit.fallback_policy("deny"):
+        actual = device_x.clone()
+        contiguous = device_x.clone(memory_format=torch.contiguous_format)
+    assert host_reads() == 0
+    assert actual.stride() == expected.stride() and contiguous.is_contiguous()
+    assert_same(actual, expected)
+    assert_same(contiguous, x.contiguous())
+
+
+def _count_host_reads(monkeypatch):
+    """Count device-to-host copies (the allocator's real ``to_host``/``read_bytes`` still run)."""
+    from accelkit import _runtime
+
+    allocator = _runtime.active().allocator
+    calls = []
+    for name in ("to_host", "read_bytes"):
+        real = getattr(allocator, name)
+
+        def counting(*args, _real=real, **kwargs):
+            calls.append(1)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(allocator, name, counting)
+    return lambda: len(calls)
+
+
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16, torch.int64, torch.bool], ids=str)
+def test_dtype_conversion_runs_on_the_device(dev, monkeypatch, source):
+    """``.to(dtype)`` (``_to_copy`` → ``copy_`` between dtypes) converts on the device: no
+    host round trip, PyTorch's conversion rules (truncation toward zero, nonzero → True)."""
+    x = transposed((4, 5), source, low=-300, high=300)
+    if source.is_floating_point:
+        x = x * 50
+    device_x = on_device(x, dev)
+    host_reads = _count_host_reads(monkeypatch)
+    results = {}
+    with accelkit.fallback_policy("deny"):
+        for target in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
+            results[target] = device_x.to(target)
+    assert host_reads() == 0
+    monkeypatch.undo()
+    for target, actual in results.items():
+        assert actual.stride() == x.to(target).stride()
+        assert_same(actual, x.to(target), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations, forward and backward
+# ---------------------------------------------------------------------------------------------
+
+#: name -> (function, forward op, backward op or None when autograd decomposes the backward)
+ACTIVATIONS = {
+    "relu": (F.relu, "aten.relu.default", "aten.threshold_backward.default"),
+    "gelu": (F.gelu, "aten.gelu.default", "aten.gelu_backward.default"),
+    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), "aten.gelu.default", "aten.gelu_backward.default"),
+    "sigmoid": (torch.sigmoid, "aten.sigmoid.default", "aten.sigmoid_backward.default"),
+    "tanh": (torch.tanh, "aten.tanh.default", "aten.tanh_backward.default"),
+    "silu": (F.silu, "aten.silu.default", None),  # silu_backward is CompositeImplicitAutograd
+    "mish": (F.mish, "aten.mish.default", None),  # mish_backward is CompositeImplicitAutograd
+    "softplus": (F.softplus, "aten.softplus.default", "aten.softplus_backward.default"),
+    "softplus_beta": (lambda x: F.softplus(x * 10, beta=2, threshold=5), "aten.softplus.default",
+                      "aten.softplus_backward.default"),
+    "elu": (lambda x: F.elu(x, alpha=0.7), "aten.elu.default", "aten.elu_backward.default"),
+    "selu": (F.selu, "aten.elu.default", "aten.elu_backward.default"),
+    "elu_inplace": (lambda x: F.elu(x * 1, inplace=True), "aten.elu_.default", "aten.elu_backward.default"),
+    "leaky_relu": (lambda x: F.leaky_relu(x, 0.2), "aten.leaky_relu.default", "aten.leaky_relu_backward.default"),
+    "hardtanh": (lambda x: F.hardtanh(x * 2, -1.5, 0.5), "aten.hardtanh.default", "aten.hardtanh_backward.default"),
+    "relu6": (lambda x: F.relu6(x * 4), "aten.hardtanh.default", "aten.hardtanh_backward.default"),
+    "hardsigmoid": (lambda x: F.hardsigmoid(x * 4), "aten.hardsigmoid.default", "aten.hardsigmoid_backward.default"),
+    "hardswish": (lambda x: F.hardswish(x * 4), "aten.hardswish.default", "aten.hardswish_backward.default"),
+    "threshold": (lambda x: F.threshold(x, 0.1, -3.0), "aten.threshold.default", "aten.threshold_backward.default"),
+    "logsigmoid": (lambda x: F.logsigmoid(x * 8), "aten.log_sigmoid_forward.default",
+                   "aten.log_sigmoid_backward.default"),
+    "logit_eps": (lambda x: torch.logit(torch.sigmoid(x * 8), eps=1e-3), "aten.logit.default",
+                  "aten.logit_backward.default"),
+    "logit": (lambda x: torch.logit(torch.sigmoid(x)), "aten.logit.default", "aten.logit_backward.default"),
+}
+
+
+#: bfloat16 runs for the activations with float32 opmath or dtype-dependent branch edges
+BF16_ACTIVATIONS = {"gelu", "gelu_tanh", "silu", "softplus", "elu", "hardswish", "logsigmoid", "logit_eps"}
+
+
+@pytest.mark.parametrize(("name", "dtype"), [
+    (name, dtype) for name in sorted(ACTIVATIONS)
+    for dtype in [torch.float32] + ([torch.bfloat16] if name in BF16_ACTIVATIONS else [])
+], ids=str)
+def test_activation_forward_and_backward(dev, name, dtype):
+    fn, forward, backward = ACTIVATIONS[name]
+    x = transposed((6, 5), dtype) * 3
+    grad = sample((6, 5), dtype, seed=7)
+    x_cpu = x.detach().requires_grad_()
+    expected = fn(x_cpu)
+    expected.backward(grad)
+    x_dev = on_device(x, dev).detach().requires_grad_()
+    with accelkit.fallback_policy("deny"):
+        actual = fn(x_dev)
+        actual.backward(grad.to(dev))
+    tol = tolerance(x)
+    assert_same(actual.detach(), expected.detach(), **tol)
+    assert_same(x_dev.grad, x_cpu.grad, **tol)
+    assert_native(forward, *([backward] if backward else []))
+
+
+def test_activation_backward_ops_called_directly(dev):
+    """The backward ops on their own, at the branch edges (exactly on thresholds)."""
+    x = torch.tensor([-4.0, -3.0, -1.0, 0.0, 0.1, 1.0, 3.0, 4.0, 25.0])
+    g = torch.linspace(-1, 1, 9)
+    compare(dev, lambda a, b: aten.threshold_backward(a, b, 0.1), g, x)
+    compare(dev, lambda a, b: aten.hardtanh_backward(a, b, -1.0, 1.0), g, x)
+    compare(dev, lambda a, b: aten.hardsigmoid_backward(a, b), g, x)
+    compare(dev, lambda a, b: aten.hardswish_backward(a, b), g, x)
+    compare(dev, lambda a, b: aten.leaky_relu_backward(a, b, 0.3, False), g, x)
+    compare(dev, lambda a, b: aten.softplus_backward(a, b, 1.0, 20.0), g, x)
+    compare(dev, lambda a, b: aten.elu_backward(a, 1.0, 1.0507, 1.0, True, F.elu(b)), g, x)
+    compare(dev, lambda a, b: aten.elu_backward(a, 1.0, 1.0, 2.0, False, b), g, x)
+    p = torch.tensor([-0.5, 0.0, 1e-4, 0.3, 0.5, 0.9999, 1.0, 1.5, 0.7])
+    compare(dev, lambda a, b: aten.logit_backward(a, b), g, p)
+    compare(dev, lambda a, b: aten.logit_backward(a, b, 1e-3), g, p)
+    compare(dev, lambda a, b: aten.log_sigmoid_backward(a, b, torch.exp(-b.abs())), g, x)
+    assert_native("aten.hardswish_backward.default", "aten.elu_backward.default",
+                  "aten.logit_backward.default", "aten.log_sigmoid_backward.default")
+
+
+# ---------------------------------------------------------------------------------------------
+# Random
+# ---------------------------------------------------------------------------------------------
+#
+# Every draw has N elements: programs are compiled per shape, so sharing one shape keeps the
+# file fast, and N is large enough for the bounds below to sit 5+ standard errors away.
+
+N = 4096
+
+RANDOM_CALLS = {
+    "randn": (lambda d: torch.randn(N, device=d), "aten.normal_.default"),
+    "rand": (lambda d: torch.rand(N, device=d), "aten.uniform_.default"),
+    "randint": (lambda d: torch.randint(0, 1000, (N,), device=d), "aten.random_.from"),
+    "bernoulli": (lambda d: torch.bernoulli(torch.full((N,), 0.5, device=d)), "aten.bernoulli.default"),
+    "bernoulli_p": (lambda d: torch.empty(N, device=d).bernoulli_(0.5), "aten.bernoulli_.float"),
+    "exponential": (lambda d: torch.empty(N, device=d).exponential_(), "aten.exponential_.default"),
+    "dropout": (lambda d: F.dropout(torch.ones(N, device=d), 0.5), "aten.native_dropout.default"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RANDOM_CALLS))
+def test_random_draws_are_seeded_by_the_device_generator(dev, name):
+    call, op = RANDOM_CALLS[name]
+    with accelkit.fallback_policy("deny"):
+        torch.manual_seed(1234)
+        first, second = call(dev).cpu(), call(dev).cpu()
+        torch.manual_seed(1234)
+        again = call(dev).cpu()
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
+    assert not torch.equal(first, second), "consecutive draws must differ"
+    assert_native(op)
+
+
+def test_fork_rng_restores_the_device_stream(dev):
+    torch.manual_seed(5)
+    with torch.random.fork_rng(device_type="tpu"):
+        inside = torch.randn(N, device=dev).cpu()
+    after = torch.randn(N, device=dev).cpu()
+    torch.testing.assert_close(after, inside, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_normal_statistics_and_in_place_write(dev, dtype):
+    x = torch.zeros(N, device=dev, dtype=dtype)
+    with accelkit.fallback_policy("deny"):
+        same = x.normal_(2.0, 3.0)
+        standard = torch.randn(N, device=dev, dtype=dtype).cpu().float()
+    assert same is x and x.dtype == dtype
+    values = x.cpu().float()
+    assert abs(values.mean().item() - 2.0) < 0.25 and abs(values.std().item() - 3.0) < 0.2
+    assert abs(standard.mean().item()) < 0.08 and abs(standard.std().item() - 1.0) < 0.06
+    # Beyond 3 sigma: about 11 of N values, never none and never many.
+    assert 0 < (standard.abs() > 3).sum().item() < 40
+    assert_native("aten.normal_.default")
+
+
+def test_random_ops_write_through_strided_views(dev):
+    base = torch.zeros(6, 8, device=dev)
+    with accelkit.fallback_policy("deny"):
+        base[:, ::2].normal_()
+        base[1].uniform_(5, 6)
+        base[2:4, 3].bernoulli_(1.0)
+    host = base.cpu()
+    assert (host[:, ::2] != 0).all()
+    assert ((host[1] >= 5) & (host[1] < 6)).all()
+    assert (host[2:4, 3] == 1).all()
+    assert (host[[0, 4, 5]][:, 1::2] == 0).all() and (host[2:4][:, [1, 5, 7]] == 0).all()
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_uniform_range_and_mean(dev, dtype):
+    with accelkit.fallback_policy("deny"):
+        x = torch.empty(N, device=dev, dtype=dtype).uniform_(-2, 3).cpu().float()
+        unit = torch.rand(N, device=dev, dtype=dtype).cpu().float()
+    assert x.min() >= -2 and x.max() <= 3 and abs(x.mean().item() - 0.5) < 0.12
+    assert unit.min() >= 0 and unit.max() <= 1 and abs(unit.mean().item() - 0.5) < 0.03
+    assert abs(unit.std().item() - math.sqrt(1 / 12)) < 0.02
+    assert_native("aten.uniform_.default")
+
+
+def test_bernoulli_forms(dev):
+    with accelkit.fallback_policy("deny"):
+        frequency = torch.empty(N, device=dev).bernoulli_(0.3).cpu()
+        p = torch.tensor([0.0, 1.0, 0.0, 1.0], device=dev).repeat(N // 4)
+        certain = torch.empty(N, device=dev).bernoulli_(p).cpu()
+        functional = torch.bernoulli(torch.full((N,), 0.8, device=dev, dtype=torch.bfloat16)).cpu()
+        with_p = torch.bernoulli(torch.empty(N, device=dev), 0.25).cpu()
+    assert set(frequency.unique().tolist()) <= {0.0, 1.0} and abs(frequency.mean().item() - 0.3) < 0.04
+    torch.testing.assert_close(certain, p.cpu())  # p = 0 and p = 1 are deterministic
+    assert functional.dtype == torch.bfloat16 and abs(functional.float().mean().item() - 0.8) < 0.04
+    assert abs(with_p.mean().item() - 0.25) < 0.04
+    assert_native("aten.bernoulli_.float", "aten.bernoulli_.Tensor", "aten.bernoulli.default",
+                  "aten.bernoulli.p")
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32], ids=str)
+def test_random_integer_ranges(dev, dtype):
+    with accelkit.fallback_policy("deny"):
+        ranged = torch.empty(N, device=dev, dtype=dtype).random_(-3, 7).cpu()
+        upto = torch.empty(N, device=dev, dtype=dtype).random_(5).cpu()
+        full = torch.empty(N, device=dev, dtype=dtype).random_().cpu()
+    assert set(ranged.tolist()) == set(range(-3, 7))  # every value, `to` excluded
+    assert set(upto.tolist()) == set(range(5))
+    assert_full_range(full, dtype)
+    assert_native("aten.random_.from", "aten.random_.to", "aten.random_.default")
+
+
+def assert_full_range(values, dtype):
+    """``random_()`` without bounds: integers from 0 up to the dtype's limit — for floats the
+    largest integer it holds exactly, 2 ** (mantissa bits + 1) — spread over the whole range."""
+    if dtype.is_floating_point:
+        top = 2 ** (1 - round(math.log2(torch.finfo(dtype).eps)))
+    else:
+        top = 1 if dtype == torch.bool else torch.iinfo(dtype).max
+    values = values.double()
+    assert values.min() >= 0 and values.max() <= top and (values == values.round()).all()
+    assert values.mean().item() > top / 4
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bool, torch.bfloat16], ids=str)
+def test_random_full_range_of_small_dtypes(dev, dtype):
+    torch.manual_seed(0)  # N draws over at most 257 values: each is drawn ~16 times or more
+    with accelkit.fallback_policy("deny"):
+        values = torch.empty(N, device=dev, dtype=dtype).random_().cpu()
+    assert_full_range(values, dtype)
+    assert len(values.unique()) == {torch.bool: 2, torch.int8: 128, torch.bfloat16: 257}[dtype]
+
+
+def test_random_covers_the_int64_range(dev):
+    with accelkit.fallback_policy("deny"):
+        wide = torch.randint(-(2**63), 2**63 - 1, (N,), device=dev).cpu()
+    assert (wide < 0).any() and (wide > 0).any() and wide.double().abs().mean() > 2**61
+
+
+def test_exponential_statistics(dev):
+    with accelkit.fallback_policy("deny"):
+        x = torch.empty(N, device=dev).exponential_(2.0).cpu()
+    assert x.min() >= 0 and abs(x.mean().item() - 0.5) < 0.05 and abs(x.std().item() - 0.5) < 0.06
+    assert_native("aten.exponential_.default")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_dropout_scales_kept_values_and_backward_uses_the_same_mask(dev, dtype):
+    x = (torch.rand(N) + 0.5).to(dtype)
+    x_dev = x.to(dev).requires_grad_()
+    with accelkit.fallback_policy("deny"):
+        y = F.dropout(x_dev, p=0.3, training=True)
+        y.backward(torch.ones_like(y))
+    kept = (y.detach().cpu() != 0)
+    assert abs(kept.float().mean().item() - 0.7) < 0.04
+    expected = torch.where(kept, x / 0.7, torch.zeros_like(x))
+    torch.testing.assert_close(y.detach().cpu(), expected, **tolerance(x))
+    grad = torch.where(kept, torch.full_like(x, 1 / 0.7), torch.zeros_like(x))
+    torch.testing.assert_close(x_dev.grad.cpu(), grad, **tolerance(x))
+    assert_native("aten.native_dropout.default", "aten.native_dropout_backward.default")
+
+
+def test_native_dropout_edge_probabilities_and_eval(dev):
+    x = sample((8, 9), torch.float32).to(dev)
+    with accelkit.fallback_policy("deny"):
+        dropped, dropped_mask = aten.native_dropout(x, 1.0, True)
+        kept, kept_mask = aten.native_dropout(x, 0.0, True)
+        evaluated, eval_mask = aten.native_dropout(x, 0.5, False)
+    assert (dropped.cpu() == 0).all() and not dropped_mask.cpu().any() and dropped_mask.dtype == torch.bool
+    torch.testing.assert_close(kept.cpu(), x.cpu())
+    assert kept_mask.cpu().all()
+    torch.testing.assert_close(evaluated.cpu(), x.cpu())
+    assert eval_mask.cpu().all()
+    grad = aten.native_dropout_backward(torch.ones_like(x), kept_mask, 2.0)
+    torch.testing.assert_close(grad.cpu(), torch.full((8, 9), 2.0))

@@ -1,0 +1,584 @@
+"""tpu indexing and shape ops (advanced indexing, gather/scatter, masks, padding, diagonals, view
+scatters, range factories), compared with PyTorch on CPU.
+
+Each check runs the same call on CPU tensors and on tpu copies (non-contiguous views are re-made
+on the device with the same geometry) under the ``deny`` fallback policy, so any CPU fallback
+fails the test; in-place calls compare the mutated inputs too. Backward passes compare the
+gradients. Indices include negative and repeated entries where PyTorch defines the result.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import accelkit
+
+aten = torch.ops.aten
+DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
+FLOAT_DTYPES = [torch.float32, torch.bfloat16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def sample(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(-5, 6, shape, generator=g, dtype=dtype)
+
+
+def transposed(shape, dtype=torch.float32, seed=0):
+    """A non-contiguous tensor of ``shape`` (2-D: a transpose; otherwise a strided slice)."""
+    if len(shape) == 2:
+        return sample(tuple(reversed(shape)), dtype, seed).T
+    wide = sample(shape[:-1] + (2 * shape[-1],), dtype, seed)
+    return wide[..., ::2]
+
+
+def on_device(value, dev):
+    """``value`` on ``dev`` with the same geometry: a view is re-made from a copy of its base."""
+    if isinstance(value, torch.Tensor):
+        if value._base is not None:
+            base = value._base.to(dev, copy=True)
+            return base.as_strided(value.shape, value.stride(), value.storage_offset())
+        return value.to(dev, copy=True)
+    if isinstance(value, list | tuple):
+        return type(value)(on_device(v, dev) for v in value)
+    return value
+
+
+def assert_same(actual, expected, **tol):
+    if isinstance(expected, tuple | list):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            assert_same(a, e, **tol)
+    elif isinstance(expected, torch.Tensor):
+        assert actual.device.type == "tpu"
+        torch.testing.assert_close(actual.cpu(), expected, equal_nan=True, **tol)
+    else:
+        assert actual == expected
+
+
+def compare(dev, fn, *inputs, **tol):
+    """``fn`` on CPU inputs and on tpu copies, with no CPU fallback allowed: results and
+    (mutated) inputs must match (``tol``: assert_close tolerances). Returns the device result."""
+    cpu_inputs = on_device(tuple(inputs), torch.device("cpu"))  # copies: fn may write to them
+    expected = fn(*cpu_inputs)
+    device_inputs = on_device(tuple(inputs), dev)
+    with accelkit.fallback_policy("deny"):
+        actual = fn(*device_inputs)
+    assert_same(actual, expected, **tol)
+    for d, c in zip(device_inputs, cpu_inputs):
+        if isinstance(c, torch.Tensor):
+            assert_same(d, c, **tol)
+    return actual
+
+
+def sum_tolerance(dtype):
+    """bfloat16 sums: CPU rounds after every addition, tpu accumulates in float32 and rounds
+    once, so results may differ by the rounding of the partial sums."""
+    return {"atol": 3e-2, "rtol": 3e-2} if dtype == torch.bfloat16 else {}
+
+
+def compare_grad(dev, fn, *inputs):
+    """Forward and backward of ``fn`` (with a fixed output gradient) on CPU and on tpu; the
+    gradients of the floating inputs must match."""
+
+    def run(args):
+        args = [a.detach().requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+                for a in args]
+        out = fn(*args)
+        weight = torch.linspace(-1, 1, out.numel()).reshape(out.shape).to(out.dtype).to(out.device)
+        out.backward(weight)
+        return out, [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+
+    expected = run(inputs)
+    with accelkit.fallback_policy("deny"):
+        actual = run(on_device(tuple(inputs), dev))
+    assert_same(actual, expected)
+
+
+def assert_native(*names):
+    ops = accelkit.stats()["ops"]
+    for name in names:
+        counts = ops.get(name, {})
+        assert counts.get("native", 0) > 0, f"{name} did not run natively: {counts}"
+    fallen = {k: v for k, v in ops.items() if v.get("fallback")}
+    assert not fallen, f"CPU fallbacks: {fallen}"
+
+
+def long(*values):
+    return torch.tensor(values, dtype=torch.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Advanced indexing
+# ---------------------------------------------------------------------------------------------
+
+INDEXING = {
+    "rows_negative_repeated": lambda x: x[long(0, -1, 2, 2)],
+    "columns": lambda x: x[:, long(-1, 0)],
+    "two_tensors_broadcast": lambda x: x[long(0, 1, -1).reshape(3, 1), long(1, 2)],
+    "new_axis_then_index": lambda x: x[None, long(1, 2)],
+    "zero_dim_index": lambda x: aten.index.Tensor(x, [torch.tensor(-2, device=x.device)]),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", sorted(INDEXING))
+def test_index_matches_cpu(dev, case, dtype):
+    compare(dev, INDEXING[case], transposed((4, 5), dtype))
+    assert_native("aten.index.Tensor")
+
+
+def test_index_separated_advanced_dims_move_first(dev):
+    x = transposed((3, 4, 5))
+    compare(dev, lambda t: t[long(0, -1), :, long(1, 4)], x)
+    compare(dev, lambda t: t[long(0, 3, 1, 1).reshape(2, 2)], x[0])
+    compare(dev, lambda t: torch.take(t, long(0, -1, 5, 5)), x)
+    assert_native("aten.index.Tensor")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+def test_boolean_mask_index_is_native(dev, dtype):
+    x = transposed((4, 6), dtype)
+    mask = sample((4, 6), torch.bool, seed=1)
+    compare(dev, lambda t, m: t[m], x, mask)
+    compare(dev, lambda t, m: t[:, m[0]], x, mask)
+    compare(dev, lambda t, m: t[m & False], x, mask)  # nothing selected
+    x3 = sample((2, 3, 4))
+    compare(dev, lambda t, m: t[m], x3, sample((2, 3), torch.bool, seed=2))
+    assert_native("aten.index.Tensor")
+
+
+def test_boolean_mask_of_the_wrong_shape_raises_like_cpu(dev):
+    x, mask = sample((4, 6)), sample((4, 5), torch.bool)
+    with pytest.raises(IndexError) as on_cpu:
+        x[mask]
+    with pytest.raises(IndexError) as on_tpu:
+        x.to(dev)[mask.to(dev)]
+    assert str(on_tpu.value) == str(on_cpu.value)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_index_put_matches_cpu(dev, dtype):
+    x = transposed((5, 4), dtype)
+    rows = long(0, -1, 3)
+    values = sample((3, 4), dtype, seed=3)
+    compare(dev, lambda t, v: t.index_put((rows,), v), x, values)
+    compare(dev, lambda t, v: t.index_put((rows, long(1, 2, -2)), v[:, 0]), x, values)
+    compare(dev, lambda t, v: t.__setitem__((slice(None), long(2, 0)), v[:2, :1].T), x, values)  # on a view
+    assert_native("aten.index_put.default", "aten.index_put_.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_index_put_accumulates_repeated_indices(dev, dtype):
+    x = sample((5, 3), dtype)
+    values = sample((6, 3), dtype, seed=4)
+    repeated = long(1, 1, -4, 4, 4, 4)  # -4 is row 1 again
+    tol = sum_tolerance(dtype)
+    compare(dev, lambda t, v: t.index_put((repeated,), v, accumulate=True), x, values, **tol)
+    compare(dev, lambda t, v: t.index_put_((repeated, long(0, 0, 0, 2, 2, 1)), v[:, 0], accumulate=True),
+            x, values, **tol)
+    assert_native("aten.index_put.default", "aten.index_put_.default")
+
+
+def test_setitem_through_python_indexing(dev):
+    def writes(t, mask, values):
+        t[long(1, -1)] = 7.0
+        t[:, long(0)] += 1.0
+        t[mask] = 0.0  # one value for every selected element: no count needed
+        t[mask[:, 0]] = values[0]  # rows selected by a mask, all given one row
+        t[t.abs() > 1.5] = values.flatten()[: int((t.abs() > 1.5).sum())]  # one value per element
+        return t
+
+    x = transposed((4, 3))
+    compare(dev, writes, x, sample((4, 3), torch.bool, seed=5), sample((4, 3), seed=6))
+    assert_native("aten.index_put_.default")
+
+
+def test_masked_write_accumulates_and_covers_bool(dev):
+    mask = sample((3, 4), torch.bool, seed=7)
+    compare(dev, lambda t, m: t.index_put_((m,), torch.tensor(2.0), accumulate=True), sample((3, 4)), mask)
+    compare(dev, lambda t, m: t.__setitem__((slice(None), m[0]), True), sample((3, 4), torch.bool), mask)
+    assert_native("aten.index_put_.default")
+
+
+def test_index_backward_accumulates_repeated_rows(dev):
+    rows = long(2, 0, 2, -1)
+    compare_grad(dev, lambda t: t[rows] * 2, transposed((4, 3)))
+    compare_grad(dev, lambda t: t[:, long(1, 1)], sample((4, 3)))
+    compare_grad(dev, lambda t, m: t[m], sample((4, 3)), sample((4, 3), torch.bool))
+    assert_native("aten.index.Tensor")
+
+
+# ---------------------------------------------------------------------------------------------
+# index_select, gather, scatter, index_add/copy/fill, masked_scatter
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=str)
+def test_index_select_and_gather(dev, dtype):
+    x = transposed((4, 5), dtype)
+    compare(dev, lambda t: t.index_select(1, long(4, 0, 0)), x)
+    compare(dev, lambda t: t.index_select(0, torch.tensor(3)), x)
+    index = torch.tensor([[0, 4, 4], [1, 0, 2], [3, 3, 3]])
+    compare(dev, lambda t: t.gather(1, index), x)  # index smaller than x in dim 0
+    compare(dev, lambda t: t.gather(0, index.T[:, :2].clamp(max=3)), x)
+    compare(dev, lambda t, i: torch.take_along_dim(t, i, dim=1), x, long(1, -1, 0, 4).reshape(4, 1))
+    assert_native("aten.index_select.default", "aten.gather.default")
+
+
+def test_index_select_and_gather_backward(dev):
+    x = transposed((4, 5))
+    compare_grad(dev, lambda t: t.index_select(0, long(1, 1, 3)), x)
+    compare_grad(dev, lambda t, i: t.gather(1, i), x, torch.tensor([[0, 0], [4, 1], [2, 2], [3, 0]]))
+    compare_grad(dev, lambda t, i: torch.take_along_dim(t, i, 1), x, long(1, 1, 0, 4).reshape(4, 1))
+    assert_native("aten.index_select.default", "aten.gather.default", "aten.index_add_.default",
+                  "aten.scatter_add_.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool], ids=str)
+def test_scatter_overwrites(dev, dtype):
+    x = transposed((3, 5), dtype)
+    index = torch.tensor([[4, 0, 2], [1, 3, 0]])  # distinct per row: PyTorch defines the result
+    src = sample((2, 4), dtype, seed=8)  # larger than index: only its corner is read
+    compare(dev, lambda t, s: t.scatter(1, index, s), x, src)
+    compare(dev, lambda t: t.scatter(1, index, 1), x)
+    compare(dev, lambda t: t.scatter_(0, index[:, :2].clamp(max=2), 0), x)
+    assert_native("aten.scatter.src", "aten.scatter.value", "aten.scatter_.value")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_scatter_add_and_reduce_with_repeated_indices(dev, dtype):
+    """Every reduction on float32; the ones where the dtype matters (bf16 sums, integer mean's
+    floor division, products) on the others."""
+    x = sample((3, 4), dtype)
+    index = torch.tensor([[0, 0, 3, 3, 3], [1, 2, 1, 1, 0], [2, 2, 2, 0, 0]])
+    src = sample((3, 5), dtype, seed=9)
+    tol = sum_tolerance(dtype)
+    compare(dev, lambda t, s: t.scatter_add(1, index, s), x, src, **tol)
+    compare(dev, lambda t, s: t.scatter(1, index, s, reduce="add"), x, src, **tol)
+    compare(dev, lambda t, s: t.scatter(1, index, s, reduce="multiply"), x, src, **tol)
+    reduces = ("sum", "prod", "mean", "amax", "amin") if dtype == torch.float32 else ("mean", "prod")
+    for reduce in reduces:
+        for include_self in (True, False):
+            compare(dev, lambda t, s, r=reduce, i=include_self: t.scatter_reduce(1, index, s, r, include_self=i),
+                    x, src, **tol)
+    assert_native("aten.scatter_add.default", "aten.scatter.reduce", "aten.scatter_reduce.two")
+
+
+def test_scatter_and_scatter_add_backward(dev):
+    index = torch.tensor([[0, 2], [1, 1]])
+    compare_grad(dev, lambda t, s, i: t.scatter(1, i, s), sample((2, 3)), sample((2, 2), seed=1), index)
+    compare_grad(dev, lambda t, s, i: t.scatter_add(0, i, s), sample((3, 3)), sample((2, 2), seed=2), index)
+    assert_native("aten.scatter.src", "aten.scatter_add.default", "aten.gather.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_index_add_copy_fill(dev, dtype):
+    x = transposed((4, 5), dtype)
+    source = sample((4, 3), dtype, seed=10)
+    tol = sum_tolerance(dtype)
+    compare(dev, lambda t, s: t.index_add(1, long(4, 0, 4), s), x, source, **tol)  # repeated: accumulates
+    compare(dev, lambda t, s: t.index_add(1, long(4, 0, 4), s, alpha=2), x, source, **tol)
+    compare(dev, lambda t, s: t.index_copy(1, long(3, 0, 1), s), x, source)
+    compare(dev, lambda t: t.index_fill(0, long(-1, 1), 3), x)
+    compare(dev, lambda t: t.index_fill_(1, long(2), torch.tensor(-2).to(dtype)), x)
+    assert_native("aten.index_add.default", "aten.index_copy.default", "aten.index_fill.int_Scalar",
+                  "aten.index_fill_.int_Tensor")
+
+
+def test_index_add_copy_fill_backward(dev):
+    index = long(2, 0)
+    compare_grad(dev, lambda t, s, i: t.index_add(0, i, s, alpha=3.0), sample((3, 2)), sample((2, 2), seed=1), index)
+    compare_grad(dev, lambda t, s, i: t.index_copy(1, i[:1], s), sample((2, 3)), sample((2, 1), seed=2), index)
+    compare_grad(dev, lambda t, i: t.index_fill(1, i, 0.5), sample((2, 3)), index)
+    assert_native("aten.index_add.default", "aten.index_copy.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool], ids=str)
+def test_masked_scatter(dev, dtype):
+    x = transposed((3, 4), dtype)
+    mask = sample((3, 4), torch.bool, seed=11)
+    source = sample((4, 4), dtype, seed=12)
+    compare(dev, lambda t, m, s: t.masked_scatter(m, s), x, mask, source)
+    compare(dev, lambda t, m, s: t.masked_scatter(m[0], s), x, mask, source)  # broadcast mask
+    assert_native("aten.masked_scatter.default")
+
+
+def test_masked_scatter_and_masked_select_backward(dev):
+    mask = sample((3, 4), torch.bool, seed=13)
+    compare_grad(dev, lambda t, s: t.masked_scatter(mask.to(t.device), s), sample((3, 4)), sample((12,), seed=3))
+    compare_grad(dev, lambda t: t.masked_select(mask.to(t.device)), sample((3, 4)))
+    assert_native("aten.masked_scatter.default", "aten.masked_select.default")
+
+
+# ---------------------------------------------------------------------------------------------
+# Data-dependent shapes: nonzero, masked_select, unique
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool], ids=str)
+def test_nonzero_and_masked_select(dev, dtype):
+    x = transposed((4, 5), dtype)
+    mask = sample((5,), torch.bool, seed=14)
+    compare(dev, torch.nonzero, x)
+    compare(dev, lambda t: torch.nonzero(t, as_tuple=True), x)
+    compare(dev, lambda t, m: t.masked_select(m), x, mask)  # mask broadcasts over rows
+    compare(dev, lambda t: torch.nonzero(t[:0]), x)  # empty input
+    compare(dev, lambda t: torch.nonzero(torch.zeros_like(t)), x)  # nothing selected
+    compare(dev, lambda t: t[0, 0].masked_select(t[1, 1].bool()), x)  # 0-d
+    assert_native("aten.nonzero.default", "aten.masked_select.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+def test_unique_is_sorted_with_inverse_and_counts(dev, dtype):
+    x = transposed((3, 6), dtype)
+    compare(dev, torch.unique, x)
+    compare(dev, lambda t: torch.unique(t, sorted=False, return_inverse=True, return_counts=True), x)
+    compare(dev, lambda t: torch.unique(t[:0], return_counts=True), x)
+    assert_native("aten._unique2.default")
+
+
+def test_unique_consecutive_and_unique_dim(dev):
+    x = torch.tensor([[3, 1], [3, 1], [1, 2], [3, 1]])
+    compare(dev, lambda t: torch.unique_consecutive(t, return_inverse=True, return_counts=True), x)
+    compare(dev, lambda t: torch.unique_consecutive(t, return_counts=True, dim=0), x)
+    compare(dev, lambda t: torch.unique(t, dim=0, return_inverse=True, return_counts=True), x)
+    compare(dev, lambda t: torch.unique(t.float(), dim=1), x)
+    assert_native("aten.unique_consecutive.default", "aten.unique_dim.default")
+
+
+def test_put_index_reduce_repeat_interleave_nonzero_static(dev):
+    x = transposed((4, 5))
+    compare(dev, lambda t, i, s: t.put(i, s, accumulate=True), x, long(0, -1, 0), sample((3,), seed=1))
+    compare(dev, lambda t, i, s: t.put_(i, s), x, long(3, -2), sample((2,), seed=1))
+    for reduce in ("prod", "mean", "amax", "amin"):
+        compare(dev, lambda t, i, s, r=reduce: t.index_reduce(1, i, s, r, include_self=False), x, long(4, 0, 4),
+                sample((4, 3), seed=2))
+    compare(dev, lambda t, r: torch.repeat_interleave(t, r, dim=0), x, long(1, 0, 3, 1))
+    compare(dev, lambda t: torch.nonzero_static(t, size=25, fill_value=-7), x)
+    assert_native("aten.put.default", "aten.put_.default", "aten.index_reduce.default",
+                  "aten.repeat_interleave.Tensor", "aten.nonzero_static.default")
+
+
+# ---------------------------------------------------------------------------------------------
+# searchsorted, bucketize
+# ---------------------------------------------------------------------------------------------
+
+
+def test_searchsorted_and_bucketize(dev):
+    boundaries = torch.tensor([-3.0, -1, 0, 0, 2, 4])
+    values = transposed((3, 4))
+    for right in (False, True):
+        compare(dev, lambda b, v, r=right: torch.searchsorted(b, v, right=r), boundaries, values)
+        compare(dev, lambda v, b, r=right: torch.bucketize(v, b, right=r, out_int32=True), values, boundaries)
+    compare(dev, lambda b, v: torch.searchsorted(b, v, side="right"), boundaries, values)
+    compare(dev, lambda b: torch.searchsorted(b, 0), boundaries)
+    compare(dev, lambda b: torch.bucketize(1, b), boundaries)
+    compare(dev, lambda b, v: torch.searchsorted(b, v), boundaries.long(), values.long())
+    rows = torch.sort(sample((3, 5), seed=15), dim=1).values
+    compare(dev, lambda b, v: torch.searchsorted(b, v), rows, values)  # one sequence per row
+    order = torch.argsort(boundaries.flip(0))
+    compare(dev, lambda b, v, s: torch.searchsorted(b, v, sorter=s), boundaries.flip(0), values, order)
+    assert_native("aten.searchsorted.Tensor", "aten.searchsorted.Scalar", "aten.bucketize.Tensor",
+                  "aten.bucketize.Scalar")
+
+
+# ---------------------------------------------------------------------------------------------
+# cat, padding, flips, repeats, triangles, diagonals
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool], ids=str)
+def test_cat_and_stack(dev, dtype):
+    a, b = transposed((3, 2), dtype), sample((3, 4), dtype, seed=1)
+    compare(dev, lambda x, y: torch.cat([x, y], dim=-1), a, b)
+    compare(dev, lambda x, y: torch.cat([x, torch.empty(0, dtype=dtype, device=x.device), x]), a, b)
+    compare(dev, lambda x, y: torch.stack([x, y[:, :2]], dim=1), a, b)
+    compare(dev, lambda x, y: torch.cat([x, y.float()], 1), a, b)  # promotes like CPU
+    assert_native("aten.cat.default")
+
+
+def test_cat_and_stack_backward(dev):
+    compare_grad(dev, lambda x, y: torch.cat([x, y, x], 1), transposed((2, 3)), sample((2, 1)))
+    compare_grad(dev, lambda x, y: torch.stack([x, y]), sample((2, 3)), sample((2, 3), seed=1))
+    assert_native("aten.cat.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+def test_constant_pad(dev, dtype):
+    x = transposed((3, 4), dtype)
+    compare(dev, lambda t: F.pad(t, (1, 2)), x)
+    compare(dev, lambda t: F.pad(t, (2, -1, -1, 1), value=1), x)  # negative pads crop
+    assert_native("aten.constant_pad_nd.default")
+    compare_grad(dev, lambda t: F.pad(t, (1, -1, 0, 2), value=0.5), transposed((3, 4)))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_reflection_and_replication_pads_and_backward(dev, mode, dims):
+    x = sample((2, 3, 4, 5, 6)[: dims + 2], seed=dims)
+    pad = (1, 2, -1, 2, 1, -1)[: 2 * dims]  # negative pads crop
+    compare(dev, lambda t: F.pad(t, pad, mode=mode), x)
+    if dims == 2:
+        compare(dev, lambda t: F.pad(t, pad, mode=mode), x.bfloat16())
+    compare_grad(dev, lambda t: F.pad(t, pad, mode=mode), x)
+    name = {"reflect": "reflection", "replicate": "replication"}[mode]
+    assert_native(f"aten.{name}_pad{dims}d.default", f"aten.{name}_pad{dims}d_backward.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool], ids=str)
+def test_flip_roll_repeat_tile(dev, dtype):
+    x = transposed((3, 4), dtype)
+    compare(dev, lambda t: t.flip(0, 1), x)
+    compare(dev, lambda t: t.flip(-1), x)
+    compare(dev, lambda t: t.roll(2), x)  # flattened
+    compare(dev, lambda t: t.roll((1, -3), (0, 1)), x)
+    compare(dev, lambda t: t.repeat(2, 1, 3), x)
+    compare(dev, lambda t: t.tile((2,)), x)
+    assert_native("aten.flip.default", "aten.roll.default", "aten.repeat.default")
+
+
+def test_flip_roll_repeat_backward(dev):
+    compare_grad(dev, lambda t: t.flip(1), transposed((2, 3)))
+    compare_grad(dev, lambda t: t.roll(1, 0), transposed((2, 3)))
+    compare_grad(dev, lambda t: t.repeat(2, 2), transposed((2, 3)))
+    assert_native("aten.flip.default", "aten.roll.default", "aten.repeat.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool], ids=str)
+def test_triangles_and_diagonals(dev, dtype):
+    x = transposed((4, 5), dtype)
+    for k in (-2, 1):
+        compare(dev, lambda t, k=k: t.tril(k), x)
+        compare(dev, lambda t, k=k: t.triu(k), x)
+        compare(dev, lambda t, k=k: torch.diag(t, k), x)
+        compare(dev, lambda t, k=k: torch.diag(t[0], k), x)
+        compare(dev, lambda t, k=k: torch.diagonal(t, k).clone(), x)
+    batch = sample((2, 3, 4), dtype)
+    compare(dev, lambda t: t.tril(), batch)
+    compare(dev, lambda t: torch.diag_embed(t, offset=-1, dim1=0, dim2=2), batch)
+    compare(dev, lambda t: aten.diagonal_copy(t, 1, 2, 0), batch)
+    assert_native("aten.tril.default", "aten.triu.default", "aten.diag_embed.default",
+                  "aten.diagonal_copy.default")
+
+
+def test_triangles_and_diagonals_backward(dev):
+    x = transposed((3, 4))
+    compare_grad(dev, lambda t: t.triu(1), x)
+    compare_grad(dev, lambda t: torch.diag(t, -1), x)
+    compare_grad(dev, lambda t: torch.diag_embed(t, 1), x)
+    compare_grad(dev, lambda t: torch.diagonal(t, 1) * 2, x)
+    assert_native("aten.triu.default")
+
+
+# ---------------------------------------------------------------------------------------------
+# Scatter and copy forms of views; the backward ops of views
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+def test_view_scatters(dev, dtype):
+    x = transposed((4, 5), dtype)
+    compare(dev, lambda t, s: torch.slice_scatter(t, s[:, :2], 1, 1, 5, 2), x, sample((4, 2), dtype))
+    compare(dev, lambda t, s: torch.slice_scatter(t, s[:1], 0, -1), x, sample((1, 5), dtype))
+    compare(dev, lambda t, s: torch.select_scatter(t, s, 1, -2), x, sample((4,), dtype))
+    compare(dev, lambda t, s: torch.diagonal_scatter(t, s, -1), x, sample((3,), dtype))
+    compare(dev, lambda t, s: torch.diagonal_scatter(t, s, 2, 1, 0), x, sample((2,), dtype))
+    compare(dev, lambda t, s: torch.as_strided_scatter(t, s, (2, 2), (1, 5), 3), x, sample((2, 2), dtype))
+    compare(dev, lambda t, s: torch.as_strided_scatter(t.contiguous(), s, (2, 2), (1, 5), 3), x,
+            sample((2, 2), dtype))
+    assert_native("aten.slice_scatter.default", "aten.select_scatter.default",
+                  "aten.diagonal_scatter.default", "aten.as_strided_scatter.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool], ids=str)
+def test_view_copies(dev, dtype):
+    x = transposed((4, 6), dtype)
+    compare(dev, lambda t: torch.narrow_copy(t, 1, -3, 2), x)
+    compare(dev, lambda t: aten.unfold_copy(t, 1, 3, 2), x)
+    compare(dev, lambda t: t.unfold(0, 2, 1).contiguous(), x)
+    compare(dev, lambda t: aten.expand_copy(t[:1], [2, -1, 6]), x)
+    compare(dev, lambda t: aten.permute_copy(t, [1, 0]), x)
+    assert_native("aten.narrow_copy.default", "aten.unfold_copy.default", "aten.expand_copy.default",
+                  "aten.permute_copy.default")
+
+
+def test_view_backward_ops(dev):
+    x = transposed((4, 6))
+    compare_grad(dev, lambda t: t[1] * 2, x)
+    compare_grad(dev, lambda t: t[:, 1:5:2], x)
+    compare_grad(dev, lambda t: t.unfold(1, 3, 2), x)
+    compare_grad(dev, lambda t: torch.diagonal(t, -1), x)
+    grad = sample((4,))
+    compare(dev, lambda g: aten.select_backward(g, [3, 4], 0, -1), grad)
+    compare(dev, lambda g: aten.slice_backward(g, [4, 7], 1, 2, 100, 2), sample((4, 3)))
+    compare(dev, lambda g: aten.diagonal_backward(g, [4, 5], 1, 0, 1), grad)
+    compare(dev, lambda g: aten.unfold_backward(g, [4, 6], 1, 3, 2), sample((4, 2, 3)))
+    assert_native("aten.select_backward.default", "aten.slice_backward.default",
+                  "aten.diagonal_backward.default", "aten.unfold_backward.default")
+
+
+# ---------------------------------------------------------------------------------------------
+# Range factories, eye, one_hot
+# ---------------------------------------------------------------------------------------------
+
+ARANGES = [(10,), (2.5,), (-3, 7, 2), (5, 0, -1), (0, 1, 0.1), (0.5, -2.0, -0.25)]
+
+
+@pytest.mark.parametrize("bounds", ARANGES, ids=str)
+def test_arange_is_native(dev, bounds):
+    with accelkit.fallback_policy("deny"):
+        for dtype in (None, torch.bfloat16, torch.int64):
+            if dtype == torch.int64 and any(isinstance(b, float) for b in bounds):
+                continue
+            torch.testing.assert_close(torch.arange(*bounds, device=dev, dtype=dtype).cpu(),
+                                       torch.arange(*bounds, dtype=dtype))
+    assert sum(accelkit.stats()["ops"].get(f"aten.arange.{o}", {}).get("native", 0)
+               for o in ("default", "start", "start_step")) > 0
+    assert_native()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_linspace_logspace_eye(dev, dtype):
+    with accelkit.fallback_policy("deny"):
+        for start, end, steps in [(0, 1, 7), (-2.0, 3.0, 1), (3, -1, 11)]:
+            torch.testing.assert_close(torch.linspace(start, end, steps, device=dev, dtype=dtype).cpu(),
+                                       torch.linspace(start, end, steps, dtype=dtype))
+            if dtype.is_floating_point:
+                for base in (10.0, 2.0)[: 1 if dtype == torch.bfloat16 else 2]:
+                    torch.testing.assert_close(
+                        torch.logspace(start, end, steps, base, device=dev, dtype=dtype).cpu(),
+                        torch.logspace(start, end, steps, base, dtype=dtype))
+        torch.testing.assert_close(torch.eye(3, device=dev, dtype=dtype).cpu(), torch.eye(3, dtype=dtype))
+        torch.testing.assert_close(torch.eye(2, 4, device=dev, dtype=dtype).cpu(), torch.eye(2, 4, dtype=dtype))
+    assert_native("aten.linspace.default", "aten.eye.default", "aten.eye.m")
+
+
+def test_factories_with_out_run_natively(dev):
+    """C++ composites (mvlgamma, ...) call ``arange_out`` and friends: the runtime derives these
+    ``out=`` overloads from the functional factories."""
+    with accelkit.fallback_policy("deny"):
+        out = torch.empty(0, device=dev)
+        torch.testing.assert_close(torch.arange(1, 10, 3, out=out).cpu(), torch.arange(1, 10, 3.0))
+        ints = torch.empty(0, dtype=torch.int64, device=dev)
+        torch.testing.assert_close(torch.arange(5, out=ints).cpu(), torch.arange(5))
+        torch.testing.assert_close(torch.linspace(-1, 1, 5, out=out).cpu(), torch.linspace(-1, 1, 5))
+        torch.testing.assert_close(torch.eye(2, 3, out=out).cpu(), torch.eye(2, 3))
+    assert_native("aten.arange.start_out", "aten.arange.out", "aten.linspace.out", "aten.eye.m_out")
+
+
+def test_one_hot(dev):
+    labels = torch.tensor([[0, 3], [2, 2]])
+    compare(dev, lambda t: F.one_hot(t, 5), labels)
+    compare(dev, F.one_hot, labels)  # class count read from the data
+    assert_native("aten.scatter_.value")

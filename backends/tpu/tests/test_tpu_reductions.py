@@ -1,0 +1,595 @@
+"""tpu reductions, scans, softmax, sorting and the matmul family, compared with PyTorch on CPU.
+
+Every check runs the same call on CPU tensors and on their tpu copies (often non-contiguous
+views, made on the device), compares values and dtypes, and asserts the op ran natively.
+bfloat16 results are compared with bfloat16 tolerances; indices are compared exactly where
+PyTorch defines them (first extreme, stable sort, cummax's last tie), else through the values
+they point at.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import accelkit
+
+aten = torch.ops.aten
+FLOAT_DTYPES = [torch.float32, torch.bfloat16]
+ALL_DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def sample(shape, dtype, seed=0, low=-4, high=5):
+    """Reproducible input: normal floats, small integers (with ties), random booleans."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(low, high, shape, generator=g, dtype=dtype)
+
+
+def transposed(shape, dtype, seed=0):
+    """A non-contiguous input of ``shape``: the transpose of a contiguous tensor."""
+    return sample(tuple(reversed(shape)), dtype, seed).T if len(shape) == 2 else sample(shape, dtype, seed)
+
+
+def on_device(value, dev):
+    """``value`` on tpu with the same geometry: views are re-made on the device from their base."""
+    if isinstance(value, torch.Tensor):
+        if value._base is not None:
+            base = value._base.to(dev)
+            return base.as_strided(value.shape, value.stride(), value.storage_offset())
+        return value.to(dev)
+    if isinstance(value, list | tuple):
+        return type(value)(on_device(v, dev) for v in value)
+    return value
+
+
+def assert_same(device_result, cpu_result, **tol):
+    if isinstance(cpu_result, tuple | list):
+        assert len(device_result) == len(cpu_result)
+        for d, c in zip(device_result, cpu_result):
+            assert_same(d, c, **tol)
+        return
+    if isinstance(cpu_result, torch.Tensor):
+        assert device_result.device.type == "tpu"
+        torch.testing.assert_close(device_result.cpu(), cpu_result, equal_nan=True, **tol)
+    else:
+        assert device_result == cpu_result
+
+
+def compare(dev, fn, *inputs, **tol):
+    """Run ``fn`` on the CPU inputs and on tpu copies; the results must match. Returns the
+    device result."""
+    expected = fn(*inputs)
+    actual = fn(*on_device(inputs, dev))
+    assert_same(actual, expected, **tol)
+    return actual
+
+
+def assert_native(*names):
+    ops = accelkit.stats()["ops"]
+    for name in names:
+        counts = ops.get(name, {})
+        assert counts.get("native", 0) > 0, f"{name} did not run natively: {counts}"
+        assert counts.get("fallback", 0) == 0, f"{name} fell back to the CPU: {counts}"
+
+
+def raises_like_cpu(dev, fn, x):
+    """``fn`` raises on tpu exactly when it raises on CPU; else the results match.
+
+    The error is CPU's type, or the RuntimeError of PyTorch's Meta kernel (which the tpu
+    machinery runs first, and which words some of CPU's IndexErrors as RuntimeErrors).
+    """
+    try:
+        expected = fn(x)
+    except Exception as error:  # noqa: BLE001 - the CPU's error, whatever it is
+        with pytest.raises((type(error), RuntimeError)):
+            fn(x.to(dev))
+        return
+    assert_same(fn(x.to(dev)), expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sums, means, products
+# ---------------------------------------------------------------------------------------------
+
+SUM_LIKE = {
+    "sum_all": (lambda x: x.sum(), "aten.sum.default"),
+    "sum_dim": (lambda x: x.sum(1), "aten.sum.dim_IntList"),
+    "sum_dims_negative_keepdim": (lambda x: x.sum([-1, 0], keepdim=True), "aten.sum.dim_IntList"),
+    "sum_empty_dims": (lambda x: aten.sum.dim_IntList(x, []), "aten.sum.dim_IntList"),
+    "sum_dtype": (lambda x: x.sum(0, dtype=torch.float32), "aten.sum.dim_IntList"),
+    "prod_all": (lambda x: x.prod(), "aten.prod.default"),
+    "prod_dim_keepdim": (lambda x: x.prod(-2, keepdim=True), "aten.prod.dim_int"),
+    "nansum": (lambda x: x.nansum(1), "aten.nansum.default"),
+}
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("case", sorted(SUM_LIKE))
+def test_sum_and_prod_match_cpu(dev, dtype, case):
+    fn, op = SUM_LIKE[case]
+    if case == "nansum" and not dtype.is_floating_point:
+        pytest.skip("nansum is sum without NaN")
+    x = transposed((3, 5), dtype)
+    if case.startswith("prod") and dtype.is_floating_point:
+        x = x * 0.5 + 1  # keep the product well away from rounding to zero
+    compare(dev, fn, x)
+    assert_native(op)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.int64], ids=str)
+def test_mean_matches_cpu(dev, dtype):
+    x = transposed((4, 6), dtype)
+    if dtype == torch.int64:  # integral mean needs a floating dtype=, as on CPU
+        compare(dev, lambda t: t.mean(dtype=torch.float32), x)
+        compare(dev, lambda t: t.mean((0, 1), dtype=torch.float32), x)
+        with pytest.raises(RuntimeError):
+            x.to(dev).mean()
+    else:
+        compare(dev, lambda t: t.mean(), x)
+        compare(dev, lambda t: t.mean(-1, keepdim=True), x)
+        compare(dev, lambda t: aten.mean.dim(t, []), x)
+    assert_native("aten.mean.default", "aten.mean.dim")
+
+
+def test_integer_sums_stay_int64_and_exact(dev):
+    big = torch.tensor([2**62, 3, -(2**61), 2**40 + 1], dtype=torch.int64)
+    compare(dev, lambda t: t.sum(), big)
+    compare(dev, lambda t: t.cumsum(0), big)
+    small = torch.full((70000,), 60000, dtype=torch.int32)  # overflows if summed in int32
+    result = compare(dev, lambda t: t.sum(), small)
+    assert result.dtype == torch.int64
+    compare(dev, lambda t: t.sum(0), torch.ones(300, dtype=torch.uint8))  # uint8 sums widen
+
+
+def test_bfloat16_reductions_accumulate_in_float32(dev):
+    # 1000 ones: a bfloat16 accumulator stalls at 256; PyTorch accumulates in float32.
+    ones = torch.ones(1000, dtype=torch.bfloat16)
+    for fn, exact in ((lambda t: t.sum(), 1000), (lambda t: t.mean(), 1), (lambda t: t.cumsum(0)[-1], 1000),
+                      (lambda t: torch.linalg.vector_norm(t), math.sqrt(1000))):
+        result = compare(dev, fn, ones)
+        assert result.cpu().float().item() == pytest.approx(exact, rel=1e-2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Extrema and indices
+# ---------------------------------------------------------------------------------------------
+
+
+def with_nan(x):
+    if x.dtype.is_floating_point:
+        x = x.clone()
+        x[1, 2] = float("nan")
+    return x
+
+
+EXTREMA = {
+    "amax": (lambda x: x.amax(1), "aten.amax.default"),
+    "amax_all_keepdim": (lambda x: x.amax((0, 1), keepdim=True), "aten.amax.default"),
+    "amin_negative_dim": (lambda x: x.amin(-2), "aten.amin.default"),
+    "max_all": (lambda x: x.max(), "aten.max.default"),
+    "min_all": (lambda x: x.min(), "aten.min.default"),
+    "max_dim": (lambda x: tuple(x.max(1)), "aten.max.dim"),
+    "min_dim_keepdim": (lambda x: tuple(x.min(0, keepdim=True)), "aten.min.dim"),
+    "argmax_all": (lambda x: x.argmax(), "aten.argmax.default"),
+    "argmax_keepdim": (lambda x: x.argmax(keepdim=True), "aten.argmax.default"),
+    "argmin_dim": (lambda x: x.argmin(-1), "aten.argmin.default"),
+    "aminmax": (lambda x: tuple(torch.aminmax(x)), "aten.aminmax.default"),
+    "aminmax_dim": (lambda x: tuple(torch.aminmax(x, dim=0, keepdim=True)), "aten.aminmax.default"),
+}
+
+
+@pytest.mark.parametrize(("dtype", "nan"), [(torch.float32, True), (torch.bfloat16, False), (torch.int64, False)],
+                         ids=["float32-nan", "bfloat16", "int64"])
+@pytest.mark.parametrize("case", sorted(EXTREMA))
+def test_extrema_match_cpu(dev, dtype, nan, case):
+    fn, op = EXTREMA[case]
+    x = transposed((4, 7), dtype)  # integers in [-4, 5): ties, whose first index PyTorch returns
+    compare(dev, fn, with_nan(x) if nan else x)
+    assert_native(op)
+
+
+def test_extrema_of_bool_and_zero_dim(dev):
+    b = transposed((3, 4), torch.bool)
+    compare(dev, lambda t: (t.amax(1), t.amin(0), t.max(), tuple(t.max(1))), b)
+    scalar = torch.tensor(2.5)
+    compare(dev, lambda t: (t.amax(), tuple(t.max(0)), tuple(t.min(-1, keepdim=True)), t.argmax(0)), scalar)
+    assert_native("aten.amax.default", "aten.max.dim")
+
+
+# ---------------------------------------------------------------------------------------------
+# Moments, logsumexp, norms, boolean reductions
+# ---------------------------------------------------------------------------------------------
+
+MOMENTS = {
+    "var_all": lambda x: x.var(),
+    "var_dim_unbiased_false": lambda x: x.var(1, unbiased=False),
+    "var_correction_keepdim": lambda x: torch.var(x, (0, 1), correction=2, keepdim=True),
+    "var_float_correction": lambda x: torch.var(x, 0, correction=0.5),
+    "var_correction_too_large": lambda x: torch.var(x, 0, correction=5),
+    "std_dim": lambda x: x.std(-1),
+    "var_mean": lambda x: tuple(torch.var_mean(x, 1, correction=0)),
+    "std_mean_keepdim": lambda x: tuple(torch.std_mean(x, 0, keepdim=True)),
+}
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("case", sorted(MOMENTS))
+def test_moments_match_cpu(dev, dtype, case):
+    x = transposed((4, 6), dtype) * 3 + 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU: "degrees of freedom is <= 0"
+        compare(dev, MOMENTS[case], x)
+    name = case[:8] if case.startswith(("var_mean", "std_mean")) else case[:3]
+    assert_native(f"aten.{name}.correction")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES + [torch.int64], ids=str)
+def test_logsumexp_matches_cpu(dev, dtype):
+    x = transposed((4, 6), dtype)
+    compare(dev, lambda t: (t.logsumexp(1), t.logsumexp((0, 1), keepdim=True), t.logsumexp(-2)), x)
+    if dtype.is_floating_point:
+        special = x.clone()
+        special[0] = float("-inf")  # a whole row of -inf: -inf, not NaN
+        special[1, 1] = float("inf")
+        special[2, 3] = float("nan")
+        compare(dev, lambda t: t.logsumexp(1), special)
+    assert_native("aten.logsumexp.default")
+
+
+# Integer orders are static arguments; float orders are run-time inputs of one shared program.
+NORMS = [(2, torch.float32), (1, torch.float32), (0, torch.float32), (3, torch.float32),
+         (2.0, torch.float32), (math.inf, torch.float32), (-math.inf, torch.float32), (0.5, torch.float32),
+         (-1.5, torch.float32), (0.0, torch.float32), (2, torch.bfloat16), (math.inf, torch.bfloat16)]
+
+
+@pytest.mark.parametrize(("order", "dtype"), NORMS, ids=str)
+def test_vector_norm_matches_cpu(dev, dtype, order):
+    x = transposed((4, 6), dtype)
+    x[0, 0] = 0
+    compare(dev, lambda t: (torch.linalg.vector_norm(t, order, dim=1),
+                            torch.linalg.vector_norm(t, order, dim=(0, 1), keepdim=True)), x)
+    assert_native("aten.linalg_vector_norm.default")
+
+
+def test_norm_variants_match_cpu(dev):
+    x = transposed((5, 3), torch.float32)
+    compare(dev, lambda t: (t.norm(), t.norm(p=1, dim=0), torch.norm(t, dim=1, keepdim=True)), x)
+    compare(dev, lambda t: torch.linalg.vector_norm(t, dtype=torch.float32), x.bfloat16())
+    compare(dev, lambda t: torch.linalg.vector_norm(t, 3.0, dim=1), torch.zeros(2, 3))
+    assert_native("aten.linalg_vector_norm.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=str)
+def test_any_all_and_count_nonzero_match_cpu(dev, dtype):
+    x = transposed((4, 5), dtype)
+    if dtype.is_floating_point:
+        x[x.abs() < 0.5] = 0
+        x[3, 3] = float("nan")  # NaN is true
+    compare(dev, lambda t: (t.any(), t.all(), t.any(1), t.all(-2, keepdim=True), t.any((0, 1)),
+                            aten.all.dims(t, []), torch.count_nonzero(t), torch.count_nonzero(t, 0),
+                            torch.count_nonzero(t, (0, 1))), x)
+    assert_native("aten.any.default", "aten.all.default", "aten.any.dim", "aten.all.dim",
+                  "aten.any.dims", "aten.all.dims", "aten.count_nonzero.default")
+
+
+def test_uint8_any_stays_uint8(dev):
+    x = torch.tensor([[0, 3], [0, 0]], dtype=torch.uint8)
+    result = compare(dev, lambda t: (t.any(1), t.all()), x)
+    assert result[0].dtype == torch.uint8
+
+
+# ---------------------------------------------------------------------------------------------
+# Scans
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+def test_cumulative_ops_match_cpu(dev, dtype):
+    x = transposed((4, 6), dtype)
+    fns = [lambda t: t.cumsum(1), lambda t: t.cumsum(-2, dtype=torch.float32), lambda t: t.cumprod(0),
+           lambda t: tuple(t.cummax(1)), lambda t: tuple(t.cummin(0))]
+    if dtype.is_floating_point:
+        fns.append(lambda t: t.logcumsumexp(1))
+    for fn in fns:
+        compare(dev, fn, x)
+    assert_native("aten.cumsum.default", "aten.cumprod.default", "aten.cummax.default", "aten.cummin.default")
+
+
+def test_cummax_cummin_ties_and_nan_indices(dev):
+    x = torch.tensor([[1.0, 3.0, 3.0, 2.0, float("nan"), 5.0, float("nan"), 0.0],
+                      [2.0, 2.0, 1.0, 1.0, 2.0, 0.0, 0.0, 4.0]])
+    compare(dev, lambda t: (tuple(t.cummax(1)), tuple(t.cummin(1)), tuple(t.cummax(0))), x)
+    compare(dev, lambda t: (tuple(t.cummax(0)), t.cumsum(0)), torch.tensor(1.5))  # 0-d
+    compare(dev, lambda t: tuple(t.cummax(0)), torch.empty(0, 3))
+
+
+# ---------------------------------------------------------------------------------------------
+# Size-0 inputs and errors
+# ---------------------------------------------------------------------------------------------
+
+EMPTY_CASES = {
+    "sum": lambda t: t.sum(0), "mean": lambda t: t.mean(0), "prod": lambda t: t.prod(0),
+    "amax_empty_dim": lambda t: t.amax(0), "amax_other_dim": lambda t: t.amax(1),
+    "max_all": lambda t: t.max(), "max_empty_dim": lambda t: t.max(0), "max_other_dim": lambda t: t.max(1),
+    "min_empty_dim": lambda t: t.min(0), "argmax_all": lambda t: t.argmax(), "argmax_dim": lambda t: t.argmax(1),
+    "var": lambda t: t.var(0), "logsumexp": lambda t: t.logsumexp(0), "cumsum": lambda t: t.cumsum(0),
+    "any": lambda t: t.any(0), "all": lambda t: t.all(), "norm": lambda t: t.norm(dim=0),
+    "norm_inf": lambda t: torch.linalg.vector_norm(t, math.inf, 0), "aminmax": lambda t: torch.aminmax(t),
+    "softmax": lambda t: t.softmax(0), "sort": lambda t: t.sort(0), "topk": lambda t: t.topk(0, 0),
+    "median_all": lambda t: t.median(), "median_empty_dim": lambda t: t.median(0),
+    "median_other_dim": lambda t: t.median(1), "mode_empty_dim": lambda t: t.mode(0),
+    "kthvalue_empty_dim": lambda t: t.kthvalue(1, 0), "mm": lambda t: t.T @ t,
+}
+
+
+@pytest.mark.parametrize("case", sorted(EMPTY_CASES))
+def test_size_zero_reductions_match_cpu(dev, case):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU: "degrees of freedom is <= 0"
+        raises_like_cpu(dev, EMPTY_CASES[case], torch.empty(0, 3))
+
+
+def test_dim_out_of_range_and_dtype_errors_match_cpu(dev):
+    x = sample((2, 3), torch.float32)
+    for fn in (lambda t: t.sum(2), lambda t: t.amax(-3), lambda t: t.max(5), lambda t: t.cumsum(2),
+               lambda t: t.softmax(3), lambda t: t.sort(dim=2), lambda t: t.topk(4, 1),
+               lambda t: t.kthvalue(0, 1), lambda t: t.sum((0, 0)), lambda t: t.mm(t)):
+        raises_like_cpu(dev, fn, x)
+    raises_like_cpu(dev, lambda t: t.var(), sample((3,), torch.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# Softmax
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_softmax_and_log_softmax_match_cpu(dev, dtype):
+    x = transposed((5, 7), dtype) * 4
+    # The tpu rounds bfloat16 results once from float32; CPU's bfloat16 log_softmax loses up to
+    # about an ulp of the input's magnitude (4 here) to cancellation: a looser atol against CPU,
+    # and the bfloat16 rounding of the float32 result checked with default tolerances.
+    tol = {"atol": 4e-2, "rtol": 1.6e-2} if dtype == torch.bfloat16 else {}
+
+    def fn(t):
+        return t.softmax(1), t.softmax(0), t.log_softmax(-1), t.log_softmax(-2)
+
+    result = compare(dev, fn, x, **tol)
+    assert_same(result, tuple(r.to(dtype) for r in fn(x.float())))
+    compare(dev, lambda t: (t.softmax(1, dtype=torch.float32), t.log_softmax(0, dtype=torch.float32)), x)
+    rows = x.clone()
+    rows[0] = float("-inf")  # an all -inf row is NaN on CPU
+    rows[1, :3] = float("-inf")
+    compare(dev, lambda t: (t.softmax(1), t.log_softmax(1)), rows, **tol)
+    compare(dev, lambda t: (t.softmax(0), t.log_softmax(-1)), torch.tensor(0.3, dtype=dtype))
+    assert_native("aten._softmax.default", "aten._log_softmax.default")
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_softmax_backward_matches_cpu(dev, dtype, log):
+    x = sample((4, 6), dtype)
+    weight = sample((4, 6), dtype, seed=1)
+
+    def run(t, w):
+        t = t.detach().requires_grad_()
+        y = t.log_softmax(1) if log else t.softmax(1)
+        (y * w).sum().backward()
+        return y, t.grad
+
+    compare(dev, run, x, weight)
+    op = "_log_softmax" if log else "_softmax"
+    assert_native(f"aten.{op}.default", f"aten.{op}_backward_data.default")
+
+
+# ---------------------------------------------------------------------------------------------
+# Sorting and order statistics
+# ---------------------------------------------------------------------------------------------
+
+
+def special_values():
+    """Ties, NaN, ±inf and a signed zero in one row (PyTorch orders -0.0 with 0.0)."""
+    return torch.tensor([[2.0, float("nan"), -1.0, 2.0, -0.0, float("inf"), 0.0, -float("inf"), float("nan"), 2.0],
+                         [1.0, 1.0, 1.0, 0.0, 0.0, 3.0, -2.0, 3.0, 3.0, 1.0]])
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
+@pytest.mark.parametrize("descending", [False, True], ids=["ascending", "descending"])
+def test_stable_sort_matches_cpu(dev, dtype, descending):
+    x = transposed((5, 12), dtype)  # integers and booleans: many ties, kept in order
+    compare(dev, lambda t: (tuple(t.sort(dim=1, stable=True, descending=descending)),
+                            t.argsort(dim=1, stable=True, descending=descending)), x)
+    if dtype == torch.float32:
+        compare(dev, lambda t: tuple(t.sort(dim=0, stable=True, descending=descending)), x)
+    assert_native("aten.sort.stable")
+
+
+@pytest.mark.parametrize("descending", [False, True], ids=["ascending", "descending"])
+def test_sort_orders_nan_inf_and_signed_zero_like_cpu(dev, descending):
+    x = special_values()
+    result = compare(dev, lambda t: tuple(t.sort(dim=1, stable=True, descending=descending)), x)
+    signs = torch.copysign(torch.ones(()), result[0].cpu())  # -0.0 keeps its sign
+    expected = x.sort(dim=1, stable=True, descending=descending)[0]
+    torch.testing.assert_close(signs, torch.copysign(torch.ones(()), expected))
+    compare(dev, lambda t: tuple(t.sort(1)), x)  # the default overload (stable here, as on CPU)
+    assert_native("aten.sort.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+def test_topk_matches_cpu(dev, dtype):
+    x = transposed((4, 9), dtype, seed=3) if dtype != torch.int64 else torch.randperm(36).reshape(9, 4).T
+    compare(dev, lambda t: (tuple(t.topk(3)), tuple(t.topk(2, dim=0, largest=False))), x)
+    if dtype == torch.float32:
+        compare(dev, lambda t: (tuple(t.topk(9, dim=1)), tuple(t.topk(1, -1, largest=False, sorted=True))), x)
+    # Unsorted results: the same set of values (PyTorch leaves the order open).
+    values, indices = x.to(dev).topk(4, 1, sorted=False)
+    torch.testing.assert_close(values.cpu().sort(1, descending=True)[0], x.topk(4, 1)[0])
+    torch.testing.assert_close(x.gather(1, indices.cpu()), values.cpu())
+    assert_native("aten.topk.default")
+
+
+def test_topk_with_nan_and_ties_matches_cpu(dev):
+    """NaN counts as the largest value; tied values' indices are unspecified on CPU, so they are
+    checked by what they point at."""
+    x = special_values()
+    for k, largest in ((3, True), (4, False)):
+        values, indices = x.to(dev).topk(k, 1, largest=largest)
+        torch.testing.assert_close(values.cpu(), x.topk(k, 1, largest=largest)[0], equal_nan=True)
+        torch.testing.assert_close(x.gather(1, indices.cpu()), values.cpu(), equal_nan=True)
+
+
+def test_order_statistics_match_cpu(dev):
+    distinct = torch.randperm(35, generator=torch.Generator().manual_seed(1)).float().reshape(5, 7)
+    compare(dev, lambda t: (tuple(t.kthvalue(3, 1)), tuple(t.kthvalue(2, 0, keepdim=True)), t.median(),
+                            tuple(t.median(1)), tuple(t.median(0, keepdim=True)), t.nanmedian(),
+                            tuple(t.nanmedian(1))), distinct)
+    nan = distinct.clone()
+    nan[0, 2] = nan[0, 5] = nan[2, :] = float("nan")
+    # NaN rows: median is NaN at the first NaN; nanmedian ignores NaN (NaN only if all are).
+    compare(dev, lambda t: (t.median(), tuple(t.median(1)), t.nanmedian(), t.nanmedian(1)[0],
+                            tuple(t.kthvalue(7, 1))), nan)
+    # An all-NaN row's nanmedian index is arbitrary on CPU; the other rows' are defined.
+    torch.testing.assert_close(nan.to(dev).nanmedian(1)[1].cpu()[[0, 1, 3, 4]], nan.nanmedian(1)[1][[0, 1, 3, 4]])
+    assert_native("aten.kthvalue.default", "aten.median.default", "aten.median.dim",
+                  "aten.nanmedian.default", "aten.nanmedian.dim")
+
+
+def test_order_statistics_with_ties_pick_a_matching_index(dev):
+    """With ties PyTorch's index is unspecified: the index must point at the returned value."""
+    x = transposed((4, 9), torch.int64)
+    for fn in (lambda t: t.kthvalue(4, 1), lambda t: t.median(1), lambda t: t.median(0)):
+        values, indices = fn(x.to(dev))
+        torch.testing.assert_close(values.cpu(), fn(x)[0])
+        dim = 1 if indices.shape[0] == 4 else 0
+        torch.testing.assert_close(x.gather(dim, indices.cpu().unsqueeze(dim)).squeeze(dim), values.cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
+def test_mode_matches_cpu(dev, dtype):
+    x = transposed((5, 11), dtype, seed=2)
+    compare(dev, lambda t: (tuple(t.mode(1)), tuple(t.mode(0, keepdim=True)), tuple(t.mode())), x)
+    compare(dev, lambda t: tuple(t.mode(0)), torch.tensor(3.0))
+    assert_native("aten.mode.default")
+
+
+# ---------------------------------------------------------------------------------------------
+# Matmul family
+# ---------------------------------------------------------------------------------------------
+
+MATMULS = {
+    "mm": (lambda a, b: a.mm(b.T), "aten.mm.default"),
+    "bmm": (lambda a, b: torch.bmm(a.expand(2, 5, 6), b.T.expand(2, 6, 4)), "aten.bmm.default"),
+    "addmm": (lambda a, b: torch.addmm(a[:, :4], a, b.T, beta=0.5, alpha=2), "aten.addmm.default"),
+    "addmm_row_bias": (lambda a, b: torch.addmm(b[0, :4], a, b.T), "aten.addmm.default"),
+    "baddbmm": (lambda a, b: torch.baddbmm(a[None, :, :4], a.expand(3, 5, 6), b.T.expand(3, 6, 4), alpha=-1),
+                "aten.baddbmm.default"),
+    "addbmm": (lambda a, b: torch.addbmm(a[:, :4], a.expand(2, 5, 6), b.T.expand(2, 6, 4), beta=2),
+               "aten.addbmm.default"),
+    "mv": (lambda a, b: a.mv(b[0]), "aten.mv.default"),
+    "addmv": (lambda a, b: torch.addmv(a[:, 0], a, b[1], alpha=3), "aten.addmv.default"),
+    "dot": (lambda a, b: torch.dot(a[1], b[2]), "aten.dot.default"),
+    "vdot": (lambda a, b: torch.vdot(a[:4, 1], b[:, 2]), "aten.vdot.default"),
+    "matmul_broadcast": (lambda a, b: a.expand(3, 5, 6) @ b.T, "aten.bmm.default"),
+    "linear": (lambda a, b: torch.nn.functional.linear(a, b, b[0, :4]), "aten.addmm.default"),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+@pytest.mark.parametrize("case", sorted(MATMULS))
+def test_matmul_family_matches_cpu(dev, dtype, case):
+    fn, op = MATMULS[case]
+    if dtype == torch.int64 and case not in ("mm", "bmm", "baddbmm", "addbmm", "mv", "dot"):
+        pytest.skip("integer products are covered by the other cases")
+    a = transposed((5, 6), dtype)  # non-contiguous operands
+    b = sample((4, 6), dtype, seed=1)
+    compare(dev, fn, a, b)
+    assert_native(op)
+
+
+def test_beta_zero_ignores_nan_in_the_input(dev):
+    a, b = sample((3, 4), torch.float32), sample((4, 2), torch.float32, seed=1)
+    bias = torch.full((3, 2), float("nan"))
+    for beta in (0, 0.0):  # a static int and a run-time float
+        compare(dev, lambda s, m1, m2, beta=beta: (
+            torch.addmm(s, m1, m2, beta=beta),
+            torch.baddbmm(s[None], m1[None], m2[None], beta=beta),
+            torch.addmv(s[:, 0], m1, m2[:, 0], beta=beta),
+        ), bias, a, b)
+
+
+def test_bfloat16_matmul_accumulates_in_float32(dev):
+    # 512 products of 1 + 1/128: exact in float32 then rounded once; bf16 accumulation drifts.
+    a = torch.full((1, 512), 1 + 1 / 128, dtype=torch.bfloat16)
+    b = torch.ones(512, 1, dtype=torch.bfloat16)
+    compare(dev, lambda x, y: (x @ y, torch.addmm(torch.ones(1, 1, dtype=torch.bfloat16), x, y)), a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Autograd
+# ---------------------------------------------------------------------------------------------
+
+BACKWARD = {
+    "var": (lambda t: t.var(1), ["aten.var.correction"]),
+    "logsumexp": (lambda t: t.logsumexp(1), ["aten.logsumexp.default"]),
+    "cumsum": (lambda t: t.cumsum(1), ["aten.cumsum.default"]),
+    "prod": (lambda t: t.prod(1), ["aten.prod.dim_int"]),
+    "amax": (lambda t: t.amax(0), ["aten.amax.default"]),
+    "mean": (lambda t: t.mean(0), ["aten.mean.dim"]),
+    "mm": (lambda t: t @ t.T, ["aten.mm.default"]),
+    "bmm": (lambda t: torch.bmm(t[None], t.T[None]), ["aten.bmm.default"]),
+    "addmm": (lambda t: torch.addmm(t[:, :4], t, t.T[:, :4], beta=0.5), ["aten.addmm.default", "aten.mm.default"]),
+    "baddbmm": (lambda t: torch.baddbmm(t[None, :, :4], t[None], t.T[None, :, :4]), ["aten.baddbmm.default"]),
+    "softmax": (lambda t: t.softmax(0), ["aten._softmax_backward_data.default"]),
+    "sort": (lambda t: t.sort(1)[0], ["aten.sort.default"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BACKWARD))
+def test_backward_matches_cpu(dev, case):
+    fn, ops = BACKWARD[case]
+    x = sample((4, 6), torch.float32) + 0.1
+
+    def run(t):
+        t = t.detach().requires_grad_()
+        y = fn(t)
+        cotangent = sample(tuple(y.shape), torch.float32, seed=5).to(y.device)
+        (y * cotangent).sum().backward()
+        return y, t.grad
+
+    compare(dev, run, x)
+    assert_native(*ops)
+
+
+# ---------------------------------------------------------------------------------------------
+# Derived out= and in-place variants of these kernels
+# ---------------------------------------------------------------------------------------------
+
+
+def test_out_variants_use_the_native_kernels(dev):
+    x = transposed((3, 4), torch.float32)
+    xd = on_device(x, dev)
+    out = torch.empty(0, device=dev)
+    torch.sum(xd, 1, out=out)
+    torch.testing.assert_close(out.cpu(), x.sum(1))
+    values, indices = torch.empty(0, device=dev), torch.empty(0, dtype=torch.int64, device=dev)
+    torch.sort(xd, 0, descending=True, out=(values, indices))
+    torch.testing.assert_close((values.cpu(), indices.cpu()), tuple(x.sort(0, descending=True)))
+    mm_out = torch.empty(3, 3, device=dev)
+    torch.mm(xd, xd.T, out=mm_out)
+    torch.testing.assert_close(mm_out.cpu(), x @ x.T)
+    acc = xd.clone()
+    acc.cumsum_(1)
+    torch.testing.assert_close(acc.cpu(), x.cumsum(1))
+    assert_native("aten.sum.IntList_out", "aten.sort.values", "aten.mm.out", "aten.cumsum_.default")
