@@ -88,6 +88,12 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
         if dst.device.type == name:
             if dst.numel() == 0:
                 return dst
+            if any(st == 0 and sz > 1 for sz, st in zip(dst.shape, dst.stride())):
+                raise RuntimeError(  # PyTorch's own check (assert_no_internal_overlap)
+                    "unsupported operation: more than one element of the written-to tensor refers "
+                    "to a single memory location. Please clone() the tensor before performing the "
+                    "operation."
+                )
             if src.device.type == name:
                 # Complex to real stays on the host path, which warns that the imaginary part goes.
                 if src.shape == dst.shape and (dst.is_complex() or not src.is_complex()):

@@ -70,17 +70,33 @@ class JaxView(NamedTuple):
 # ---------------------------------------------------------------------------------------------
 
 
+_COMPONENT = {np.dtype(jnp.complex64): jnp.float32, np.dtype(jnp.complex128): jnp.float64}
+
+
 def as_flat(array: jax.Array, dtype: torch.dtype) -> jax.Array:
-    """The storage's elements reinterpreted as a flat array of ``dtype`` (traced)."""
+    """The storage's elements reinterpreted as a flat array of ``dtype`` (traced).
+
+    Complex values are split into and rebuilt from (real, imag) pairs with ``lax.complex``:
+    jnp's ``view`` to complex loses the sign of a zero imaginary part.
+    """
     target = jax_dtype(dtype)
     flat = array.reshape(-1)
     if flat.dtype == target:
         return flat
-    width = np.dtype(target).itemsize
-    if np.dtype(flat.dtype).itemsize != width:
-        flat = flat.view(jnp.uint8)
-        flat = flat[: flat.shape[0] - flat.shape[0] % width]
-    return flat.view(target)
+    if np.dtype(flat.dtype) in _COMPONENT:
+        flat = jnp.stack([jnp.real(flat), jnp.imag(flat)], axis=-1).reshape(-1)
+    component = _COMPONENT.get(np.dtype(target))
+    want = component if component is not None else target
+    if flat.dtype != want:
+        width = np.dtype(want).itemsize
+        if np.dtype(flat.dtype).itemsize != width:
+            flat = flat.view(jnp.uint8)
+            flat = flat[: flat.shape[0] - flat.shape[0] % width]
+        flat = flat.view(want)
+    if component is not None:
+        flat = flat[: flat.shape[0] - flat.shape[0] % 2]
+        return jax.lax.complex(flat[0::2], flat[1::2])
+    return flat
 
 
 def _is_dense_permutation(spec: ViewSpec) -> tuple[int, ...] | None:
@@ -141,11 +157,24 @@ def _read(array: jax.Array, spec: ViewSpec) -> jax.Array:
     return materialize(array, spec)
 
 
+@functools.lru_cache(maxsize=4096)
+def _scatter_index(spec: ViewSpec) -> tuple[np.ndarray, np.ndarray | None]:
+    """Storage positions a view writes, and which of its elements to keep when several
+    elements share a position (an expanded view): the last one, as a CPU loop would leave."""
+    index = _gather_index(spec).reshape(-1)
+    reversed_first = np.unique(index[::-1], return_index=True)[1]
+    if len(reversed_first) == len(index):
+        return index, None
+    keep = np.sort(len(index) - 1 - reversed_first)
+    return index[keep], keep
+
+
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _scatter(storage: jax.Array, values: jax.Array, spec: ViewSpec, storage_dtype: torch.dtype) -> jax.Array:
     flat = as_flat(storage, spec.dtype)
-    index = _gather_index(spec).reshape(-1)
-    updated = flat.at[index].set(values.reshape(-1).astype(flat.dtype))
+    index, keep = _scatter_index(spec)
+    values = values.reshape(-1).astype(flat.dtype)
+    updated = flat.at[index].set(values if keep is None else values[keep])
     return updated if spec.dtype == storage_dtype else as_flat(updated, storage_dtype)
 
 

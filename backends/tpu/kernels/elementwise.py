@@ -57,6 +57,9 @@ def operands(*values: Any, floating: bool = False) -> list[Any]:
     """
     arrays = [v for v in values if _is_array(v)]
     dimensioned = [a for a in arrays if a.ndim] or arrays
+    if any(jnp.iscomplexobj(a) for a in arrays):  # complex stays complex, at the widest width
+        wide = jnp.complex128 if any(a.dtype == jnp.complex128 for a in arrays) else jnp.complex64
+        return [v.astype(wide) if _is_array(v) and v.dtype != wide else v for v in values]
     if not (floating or _has_float_scalar(values) or any(_is_float_dtype(a.dtype) for a in arrays)):
         return list(values)
     wide = jnp.float64 if any(a.dtype == jnp.float64 for a in dimensioned) else jnp.float32

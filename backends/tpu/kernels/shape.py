@@ -5,10 +5,14 @@ Factories (``arange``, ``linspace``, ``logspace``, ``eye``) reach the device wit
 argument and no tensor; their programs are checked against the Meta device. ``arange``'s length
 depends on its (possibly float) bounds, so it is computed on the host: one program per length.
 ``torch.arange(n, device=...)`` arrives as ``arange.default`` (PyTorch's composite would go to
-``arange.start_out``), so the three functional overloads are registered; an explicit ``out=``
-still takes the CPU fallback. Floating ranges are computed in float32 (TPUs have no float64), where PyTorch's CPU
-kernel accumulates in double: results can differ from CPU by an ulp, and integer ``linspace``
-with huge bounds by more.
+``arange.start_out``), so the three functional overloads are registered; the runtime derives
+their ``out=`` overloads (``arange.start_out``, ``linspace.out``, ...), which C++ composites call.
+Floating ranges are computed in float32 (TPUs have no float64) where PyTorch's CPU kernel
+accumulates in double: results can differ from CPU by an ulp, integer ``linspace`` with huge
+bounds by more.
+
+Reflection and replication pads gather each padded dim at the input positions PyTorch's kernels
+read (negative pads crop); their backward ops are the vjp of that gather.
 """
 
 from __future__ import annotations

@@ -256,6 +256,7 @@ def test_scatter_overwrites(dev, dtype):
     assert_native("aten.scatter.src", "aten.scatter.value", "aten.scatter_.value")
 
 
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
 def test_scatter_add_and_reduce_with_repeated_indices(dev, dtype):
     """Every reduction on float32; the ones where the dtype matters (bf16 sums, integer mean's
@@ -375,6 +376,7 @@ def test_put_index_reduce_repeat_interleave_nonzero_static(dev):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore:.*input value tensor is non-contiguous")
 def test_searchsorted_and_bucketize(dev):
     boundaries = torch.tensor([-3.0, -1, 0, 0, 2, 4])
     values = transposed((3, 4))
