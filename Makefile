@@ -1,4 +1,5 @@
-# Quick start: `make demo` runs the main job, `make test` runs the tests.
+# Quick start: `make demo` runs the main job (the example, then the quick conformance report
+# for every installed backend), `make test` runs the tests.
 # Each target creates the virtual environment it needs (.venv) on first use.
 
 PYTHON ?= python3
@@ -9,7 +10,7 @@ STAMP := $(VENV)/.installed-stamp
 ACCELKIT_DEVICE ?= ref
 export ACCELKIT_DEVICE
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench conformance-quick clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +18,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test,tpu]'
 	touch $(STAMP)
 
+# Every installed backend that can run here, as --backend arguments for the conformance run.
+INSTALLED_BACKENDS = $$($(BIN)/python -c "import accelkit; print(' '.join('--backend ' + r.name for r in accelkit.devices() if r.kind == 'plugin' and r.available))")
+
 demo: $(STAMP)
 	$(BIN)/python examples/train_mlp.py
+	$(MAKE) --no-print-directory conformance-quick
+
+# A measurement, not a gate: exit 1 (some tests failed) is a result, shown in the report; exit 2
+# (a run could not complete) is an error. Gate on regressions with `accelkit conformance diff`.
+conformance-quick: $(STAMP)
+	env -u ACCELKIT_DEVICE $(BIN)/accelkit conformance run --profile quick --out conformance-results $(INSTALLED_BACKENDS); \
+	status=$$?; [ $$status -le 1 ]
 
 # One process per backend (PyTorch has one PrivateUse1 slot): the core's tests on ref, the
 # device-generic ones again on tpu, then the tpu backend's own tests.
@@ -33,4 +44,4 @@ bench: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_ops.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis conformance-results

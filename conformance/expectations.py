@@ -1,0 +1,70 @@
+"""A backend's declared expectations, as the suite applies them.
+
+Two sources, both available without activating the backend (so the controller process, which
+never runs tests, decides exactly as the workers do):
+
+- the backend's ``accelkit_conformance_expectations`` hook (usually :meth:`Expectations.from_toml`
+  on a ``conformance.toml`` next to the plugin);
+- optional contract hooks the backend leaves out: without ``accelkit_make_compiler`` every
+  ``torch.compile`` case is a declared skip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from accelkit_conformance.cases import Case
+
+from accelkit.sdk import ExpectationRule, Expectations, Tolerance
+
+#: Dynamic cases that need ``torch.compile`` have subjects ending in one of these.
+COMPILE_MODES = ("compile_static", "compile_auto", "compile_dynamic", "compile_bucketed")
+
+
+@dataclass(frozen=True)
+class Declared:
+    """The expectations of one backend for one run."""
+
+    backend: str
+    expectations: Expectations
+    has_compiler: bool
+
+    def lookup(self, case: Case) -> ExpectationRule | None:
+        """The declared entry deciding ``case`` (skip or xfail), or None if it must pass."""
+        rule = self.expectations.lookup(case.suite, case.op, case.dtype, case.variant)
+        if rule is not None and rule.kind == "skip":
+            return rule
+        if not self.has_compiler and case.suite == "dynamic" and (case.op or "").endswith(COMPILE_MODES):
+            return ExpectationRule(
+                "skip", "dynamic/*", f"{self.backend} provides no torch.compile backend "
+                "(no accelkit_make_compiler hook)", key="hook accelkit_make_compiler",
+            )
+        return rule
+
+    def tolerance(self, case: Case) -> Tolerance | None:
+        return self.expectations.tolerance(case.suite, case.op, case.dtype, case.variant)
+
+
+def load(backend: str) -> Declared:
+    """Gather ``backend``'s declarations from its plugin.
+
+    :raises LookupError: no installed plugin provides ``backend``.
+    :raises ValueError: the plugin's expectations are malformed (the message names the file).
+    """
+    from accelkit._plugins import registry
+
+    reg = registry()
+    record = reg.get(backend)
+    if record is None or record.info is None:
+        known = sorted(r.name for r in reg.records() if r.info is not None)
+        why = f": {record.load_error}" if record is not None and record.load_error else ""
+        raise LookupError(f"no accelkit backend named {backend!r}{why} (installed: {', '.join(known) or 'none'})")
+    answer = reg.pm.hook.accelkit_conformance_expectations(name=backend)
+    if answer is None:
+        answer = Expectations()
+    elif not isinstance(answer, Expectations):
+        raise ValueError(
+            f"{record.origin}: accelkit_conformance_expectations returned {type(answer).__name__}, "
+            "not accelkit.sdk.Expectations"
+        )
+    return Declared(backend, answer, record.supports("accelkit_make_compiler"))

@@ -1,0 +1,180 @@
+"""What a conformance report says, and in which order, independent of the output format.
+
+:func:`build` turns loaded runs into a list of blocks; the terminal, Markdown and HTML renderers
+only lay the blocks out. The order follows the anchors (pytest's terminal reporter, pytest-html):
+
+1. provenance (versions, backend, target, simulated or real, fallback policy, profile, dates);
+2. one verdict line per backend;
+3. per suite: pass rate with and without CPU fallback and outcome counts, skip reasons grouped,
+   the dynamic-shape table (dynamic suite) or the worst op families (other suites);
+4. failures and crashes with one-line reasons, worst first; xpasses to remove from the
+   expectations files;
+5. one closing line per backend (pytest style, greppable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .render_words import final_line, labels, percent, verdict_line
+from .schema import OUTCOMES, SUITES
+from .summary import summarize
+
+#: Problems listed per backend before the rest is summed up (the JSON has them all).
+MAX_PROBLEMS = 200
+#: Dynamic-shape rows shown (per report) before the rest is summed up.
+MAX_DYNAMIC = 100
+
+SUITE_TITLES = {
+    "ops": "ops — PyTorch OpInfo database",
+    "modules": "modules — PyTorch module database",
+    "contract": "contract — accelkit's contract checks",
+    "dynamic": "dynamic — dynamic shapes under torch.compile",
+}
+OUTCOME_HEADERS = {"skip-declared": "skip decl.", "skip-other": "skip other"}
+
+
+@dataclass
+class Block:
+    """One piece of a report.
+
+    ``kind`` is one of: ``title`` (text), ``heading`` (text, level 2 or 3), ``table`` (headers,
+    rows; ``numeric`` marks right-aligned columns), ``tables`` (``data["tables"]``: one
+    ``(backend label, table block)`` per backend, shown side by side where there is room), ``verdicts`` (rows of ``(label, verdict,
+    rest)``), ``text`` (text), ``final`` (rows of ``(verdict, line)``), ``chart`` (``data``:
+    read only by the HTML renderer).
+    """
+
+    kind: str
+    text: str = ""
+    level: int = 2
+    headers: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    numeric: set[int] = field(default_factory=set)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def build(runs: Sequence[Mapping[str, Any]]) -> list[Block]:
+    """The blocks of a report on ``runs`` (loaded runs, one column per run, in the given order).
+
+    :raises ValueError: ``runs`` is empty.
+    """
+    if not runs:
+        raise ValueError("no runs to report on: pass at least one loaded results file")
+    summaries = [summarize(run) for run in runs]
+    names = labels(summaries)
+    blocks = [Block("title", "accelkit conformance report")]
+    blocks += _provenance(summaries, names)
+    blocks.append(Block("heading", "Verdict"))
+    blocks.append(Block("verdicts", rows=[[n, s["verdict"], verdict_line(s)[len(s["verdict"]):].strip()]
+                                          for n, s in zip(names, summaries)]))
+    blocks.append(Block("chart", data={"chart": "coverage", "names": names, "summaries": summaries}))
+    for suite in SUITES:
+        present = [(n, s["suites"][suite]) for n, s in zip(names, summaries) if suite in s["suites"]]
+        if present:
+            blocks += _suite(suite, present)
+    blocks += _problems(summaries, names)
+    blocks.append(Block("heading", "Summary"))
+    blocks.append(Block("final", rows=[[s["verdict"], final_line(s, n)] for n, s in zip(names, summaries)]))
+    return blocks
+
+
+def _provenance(summaries: list[dict[str, Any]], names: list[str]) -> list[Block]:
+    fields = [label for label, _ in summaries[0]["provenance"]]
+    values = [dict(s["provenance"]) for s in summaries]
+    rows = [[label, *(v[label] for v in values)] for label in fields if label != "backend"]
+    return [Block("heading", "Provenance"), Block("table", headers=["", *names], rows=rows)]
+
+
+def _suite(suite: str, present: list[tuple[str, dict[str, Any]]]) -> list[Block]:
+    blocks = [Block("heading", SUITE_TITLES.get(suite, suite))]
+    outcomes = [o for o in OUTCOMES if any(s["counts"][o] for _, s in present)] or ["pass"]
+    headers = ["backend", "native", "with fallback", "ran", *(OUTCOME_HEADERS.get(o, o) for o in outcomes)]
+    rows = [[n, percent(s["native_rate"]), percent(s["pass_rate"]), str(s["ran"]),
+             *(str(s["counts"][o]) for o in outcomes)] for n, s in present]
+    blocks.append(Block("table", headers=headers, rows=rows, numeric=set(range(1, len(headers)))))
+    blocks.append(Block("chart", data={"chart": "outcomes", "suite": suite, "rows": present}))
+
+    skips = [(n, Block("table", headers=["kind", "tests", "reason"], numeric={1},
+                       rows=[[row["outcome"], str(row["count"]), row["reason"]] for row in s["skips"]]))
+             for n, s in present if s["skips"]]
+    if skips:
+        blocks.append(Block("heading", "Skip reasons", level=3))
+        blocks.append(Block("tables", data={"tables": skips}))
+
+    if suite == "dynamic":
+        # one row per case says more than families would: no family table for this suite
+        return blocks + _dynamic(present)
+
+    families = [(n, Block("table", headers=["family", "ran", "native", "with fallback", "bad", "top CPU-fallback ops"],
+                          numeric={1, 2, 3, 4},
+                          rows=[[f["family"], str(f["ran"]), percent(f["native_rate"]), percent(f["pass_rate"]),
+                                 str(f["bad"]), ", ".join(f["fallback_ops"]) or "-"] for f in s["families"]]))
+                for n, s in present if s["families"]]
+    if families:
+        blocks.append(Block("heading", "Worst op families (not fully native; lowest pass rate first)", level=3))
+        blocks.append(Block("tables", data={"tables": families}))
+    return blocks
+
+
+def _shapes(shapes: list[list[int]] | None) -> str:
+    if shapes is None:
+        return "-"
+    return " → ".join("×".join(str(d) for d in s) or "()" for s in shapes)
+
+
+def _dynamic(present: list[tuple[str, dict[str, Any]]]) -> list[Block]:
+    cases: dict[str, dict[str, Any]] = {}
+    for name, s in present:
+        for row in s["dynamic"]:
+            cases.setdefault(row["id"], {})[name] = row
+    if not cases:
+        return []
+    names = [n for n, _ in present]
+    rows = []
+    for case_id, by_name in list(cases.items())[:MAX_DYNAMIC]:
+        first = next(iter(by_name.values()))
+        label = first["op"] or case_id
+        if first["dtype"]:
+            label += f" [{first['dtype']}]"
+        cells = []
+        for n in names:
+            row = by_name.get(n)
+            if row is None:
+                cells.append("-")
+                continue
+            if row["shapes"] is None:  # the case did not run to a measurement (skipped, crashed)
+                cells.append(row["outcome"])
+                continue
+            if row["recompiles"] is None:
+                recompiles = "not counted"
+            else:
+                recompiles = f"{row['total_recompiles']} ({', '.join(str(r) for r in row['recompiles']) or '-'})"
+            correct = {True: "correct", False: "WRONG", None: "?"}[row["correct"]]
+            cells.append(f"{recompiles} · {correct} · {row['outcome']}")
+        rows.append([label, _shapes(first["shapes"]), *cells])
+    blocks = [Block("heading", "Dynamic shapes: recompiles in total (per shape change) · result", level=3),
+              Block("table", headers=["case", "shapes", *names], rows=rows)]
+    if len(cases) > MAX_DYNAMIC:
+        blocks.append(Block("text", f"… and {len(cases) - MAX_DYNAMIC} more cases (see the results files)."))
+    return blocks
+
+
+def _problems(summaries: list[dict[str, Any]], names: list[str]) -> list[Block]:
+    blocks: list[Block] = []
+    rows, cut = [], 0
+    for n, s in zip(names, summaries):
+        rows += [[n, p["outcome"].upper(), p["id"], p["reason"] or "-"] for p in s["problems"][:MAX_PROBLEMS]]
+        cut += max(0, len(s["problems"]) - MAX_PROBLEMS)
+    if rows:
+        blocks.append(Block("heading", "Failures, errors, crashes and timeouts (worst first)"))
+        blocks.append(Block("table", headers=["backend", "outcome", "test", "reason"], rows=rows))
+        if cut:
+            blocks.append(Block("text", f"… and {cut} more (see the results files)."))
+    fixed = [[n, f["expectation"] or "-", f["id"]] for n, s in zip(names, summaries) for f in s["fixed"]]
+    if fixed:
+        blocks.append(Block("heading", "Unexpected passes — fixed: remove from the expectations file"))
+        blocks.append(Block("table", headers=["backend", "expectation entry to remove", "test"], rows=fixed))
+    return blocks

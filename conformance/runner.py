@@ -1,0 +1,319 @@
+"""``accelkit conformance run``: one pytest subprocess per backend, a progress bar, result files.
+
+For each backend (one after the other; PyTorch allows one PrivateUse1 backend per process)::
+
+    python -m pytest <suite files> -p accelkit_conformance.plugin --accelkit-backend NAME
+        -n JOBS --timeout T ...        (pytest-xdist workers; pytest-timeout)
+
+Worker processes isolate crashes: a test that kills its worker is recorded as ``crash`` and
+the worker is replaced. A test that hangs is stopped by pytest-timeout (``timeout``), or, if
+it cannot be interrupted, its worker is killed by a watchdog and the test recorded as
+``timeout``. The controller appends each record to ``OUT/NAME/results.jsonl`` as it
+finishes; at the end this module writes ``results.json``, ``report.md`` and ``report.html``
+next to it, and the pytest output is in ``pytest.log``.
+
+Exit status: 0 when every run completed without a failing outcome (fail, error, crash,
+timeout; with ``--strict`` also xpass), 1 when some test has one, 2 when a run could not
+complete or the arguments are wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from accelkit_conformance import profiles, schema
+from accelkit_conformance.cases import SUITE_FILES
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+SUITES_DIR = PACKAGE_DIR / "suites"
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``accelkit conformance run``."""
+    parser.add_argument("--backend", action="append", required=True, metavar="NAME",
+                        help="backend to test; repeat for several (one subprocess each)")
+    parser.add_argument("--profile", choices=sorted(profiles.PROFILES), default="quick",
+                        help="quick: CI-sized (minutes); full: every sample, default dtypes, backward")
+    parser.add_argument("--jobs", "-j", type=int, default=max(1, min(os.cpu_count() or 1, 8)), metavar="N",
+                        help="worker processes per backend (at least 1; default: CPU count, at most 8)")
+    parser.add_argument("--out", default="conformance-results", metavar="DIR",
+                        help="output directory; results go to DIR/<backend>/ (default: ./conformance-results)")
+    parser.add_argument("--dtypes", default=None, metavar="LIST",
+                        help="comma-separated dtypes for ops and modules (default: the profile's)")
+    parser.add_argument("--suite", action="append", choices=sorted(SUITE_FILES), default=None,
+                        help="run only this suite; repeat for several (default: all)")
+    parser.add_argument("-k", dest="keyword", default=None, metavar="EXPR",
+                        help="pytest -k expression selecting tests, e.g. 'add and float32'")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="per-test timeout (default: the profile's)")
+    parser.add_argument("--fallback", choices=("deny", "warn", "allow"), default=None,
+                        help="CPU-fallback policy for the run (sets ACCELKIT_FALLBACK; default: the backend's)")
+    parser.add_argument("-x", "--exitfirst", action="store_true", help="stop at the first failing test")
+    parser.add_argument("--junitxml", action="store_true", help="also write DIR/<backend>/junit.xml")
+    parser.add_argument("--strict", action="store_true", help="exit 1 on xpass too (stale expectations)")
+    parser.add_argument("--no-report", action="store_true", help="skip writing report.md and report.html")
+    parser.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS",
+                        help="further arguments for pytest, after '--'")
+
+
+def pytest_command(backend: str, args: argparse.Namespace, out: Path) -> list[str]:
+    """The pytest command line that runs the suites for ``backend`` into ``out``."""
+    profile = profiles.get(args.profile)
+    timeout = args.timeout if args.timeout is not None else profile.timeout
+    jobs = max(1, int(args.jobs))
+    suites = args.suite or list(SUITE_FILES)
+    cmd = [
+        sys.executable, "-m", "pytest",
+        *(str(SUITES_DIR / SUITE_FILES[s]) for s in suites),
+        "-p", "accelkit_conformance.plugin",
+        "--accelkit-backend", backend,
+        "--accelkit-profile", profile.name,
+        "--accelkit-out", str(out),
+        "--accelkit-hard-timeout", str(timeout + max(10.0, timeout / 4)),
+        # Worker processes: a test that kills its worker costs that test only.
+        "-n", str(jobs), "--max-worker-restart", "100000",
+        "--timeout", str(timeout), "--timeout-method", "signal",
+        # The suites' own configuration, whatever directory the user is in.
+        "--rootdir", str(PACKAGE_DIR), "-c", os.devnull, "-p", "no:cacheprovider",
+        "-q", "-rN", "--tb=line", "--color=no", "-W", "ignore::DeprecationWarning",
+    ]
+    if args.dtypes:
+        cmd += ["--accelkit-dtypes", args.dtypes]
+    if args.keyword:
+        cmd += ["-k", args.keyword]
+    if args.exitfirst:
+        cmd += ["-x"]
+    if args.junitxml:
+        cmd += ["--junitxml", str(out / "junit.xml")]
+    return cmd + list(args.pytest_args)
+
+
+def _environ(args: argparse.Namespace) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "ACCELKIT_DEVICE"}
+    env["ACCELKIT_AUTOLOAD"] = "0"  # the workers activate the backend themselves
+    env["PYTHONFAULTHANDLER"] = "1"
+    if "OMP_NUM_THREADS" not in env:  # N workers x all cores of threads each oversubscribes
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, args.jobs)))
+    if args.fallback:
+        env["ACCELKIT_FALLBACK"] = args.fallback
+    return env
+
+
+class Progress:
+    """A one-line progress display fed from ``results.jsonl`` (a plain line log when not a tty)."""
+
+    def __init__(self, backend: str, stream: TextIO):
+        self.backend = backend
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.start = time.monotonic()
+        self.last_log = 0.0
+        self.total: int | None = None
+        self.counts = dict.fromkeys(schema.OUTCOMES, 0)
+        self._offset = 0
+        self._partial = b""
+
+    def poll(self, path: Path) -> None:
+        """Read the lines appended to ``path`` since the last poll and redraw."""
+        import json
+
+        try:
+            with open(path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except OSError:
+            return
+        self._offset += len(chunk)
+        data = self._partial + chunk
+        *lines, self._partial = data.split(b"\n")
+        for line in lines:
+            try:
+                obj = json.loads(line)
+            except ValueError:
+                continue
+            if obj.get("event") == "collected":
+                self.total = obj["total"]
+            elif "outcome" in obj:
+                self.counts[obj["outcome"]] += 1
+        self.draw()
+
+    def line(self) -> str:
+        done = sum(self.counts.values())
+        total = self.total
+        elapsed = time.monotonic() - self.start
+        if total:
+            width = 28
+            filled = int(width * min(done, total) / total)
+            bar = f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+            eta = f" eta {_clock(elapsed / done * (total - done))}" if done else ""
+        else:
+            bar, eta = f"collecting... {done}", ""
+        shown = ", ".join(f"{n} {o}" for o, n in self.counts.items() if n)
+        return f"{self.backend}: {bar} {_clock(elapsed)}{eta}  {shown}"
+
+    def draw(self, final: bool = False) -> None:
+        now = time.monotonic()
+        if self.tty:
+            text = self.line()
+            cols = 120
+            try:
+                cols = os.get_terminal_size(self.stream.fileno()).columns
+            except OSError:
+                pass
+            self.stream.write("\r" + text[: cols - 1].ljust(cols - 1) + ("\n" if final else ""))
+            self.stream.flush()
+        elif final or now - self.last_log >= 30:
+            self.last_log = now
+            self.stream.write(self.line() + "\n")
+            self.stream.flush()
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def run_backend(backend: str, args: argparse.Namespace, stream: TextIO = sys.stderr) -> dict[str, Any]:
+    """Run the suites for one backend in a subprocess; return its assembled results document.
+
+    The pytest subprocess is stopped (and the partial results kept) on KeyboardInterrupt,
+    which is re-raised after ``results.json`` is written.
+    """
+    from accelkit_conformance.results import JSONL, assemble
+
+    out = Path(args.out) / backend
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in ("results.jsonl", "results.json", "report.md", "report.html", "junit.xml"):
+        (out / stale).unlink(missing_ok=True)
+    cmd = pytest_command(backend, args, out)
+    progress = Progress(backend, stream)
+    interrupted = False
+    with open(out / "pytest.log", "w", encoding="utf-8") as log:
+        log.write("$ " + shlex.join(cmd) + "\n\n")
+        log.flush()
+        # Same process group: Ctrl-C reaches pytest and its workers too, and pytest records
+        # the interruption; killing the group kills the whole run.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_environ(args))
+        try:
+            while proc.poll() is None:
+                time.sleep(0.5)
+                progress.poll(out / JSONL)
+        except KeyboardInterrupt:
+            interrupted = True
+            _stop(proc)
+        progress.poll(out / JSONL)
+        progress.draw(final=True)
+    if not (out / JSONL).exists():
+        tail = (out / "pytest.log").read_text(errors="replace").strip().splitlines()[-15:]
+        raise RunError(f"{backend}: the suite did not start (exit status {proc.returncode}); "
+                       f"the end of {out / 'pytest.log'}:\n  " + "\n  ".join(tail))
+    path = assemble(out)
+    doc = schema.load_results(path)
+    if interrupted:
+        raise KeyboardInterrupt
+    if not doc["complete"] and proc.returncode not in (0, 1):
+        stream.write(f"{backend}: the run ended early (pytest exit status {proc.returncode}); "
+                     f"see {out / 'pytest.log'}\n")
+    return doc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop pytest: SIGINT (it records the interruption and stops its workers), then SIGKILL."""
+    for sig, wait in ((signal.SIGINT, 15), (signal.SIGKILL, 5)):
+        try:
+            proc.send_signal(sig)
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+        except ProcessLookupError:
+            return
+
+
+class RunError(Exception):
+    """A backend's run could not start or finish; the message says why and where to look."""
+
+
+def write_reports(directory: Path, paths: Sequence[Path]) -> list[Path]:
+    """Write ``report.md`` and ``report.html`` for the results at ``paths`` into ``directory``.
+
+    Returns the files written; nothing when the report module is unavailable.
+    """
+    try:
+        from accelkit_conformance import report
+    except ImportError:
+        return []
+    runs = [report.load_results(p) for p in paths]
+    written = []
+    for name, render in (("report.md", report.render_markdown), ("report.html", report.render_html)):
+        target = directory / name
+        target.write_text(render(runs), encoding="utf-8")
+        written.append(target)
+    return written
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``accelkit conformance run`` with parsed ``args``; returns the exit status."""
+    if args.jobs < 1:
+        print("accelkit: error: --jobs must be at least 1 (workers isolate crashes)", file=sys.stderr)
+        return 2
+    import importlib.util
+
+    missing = [dist for dist, module in (("pytest-xdist", "xdist"), ("pytest-timeout", "pytest_timeout"),
+                                         ("expecttest", "expecttest")) if importlib.util.find_spec(module) is None]
+    if missing:
+        print(f"accelkit: error: the conformance suite needs {', '.join(missing)}; "
+              "install them with: pip install 'accelkit[conformance]'", file=sys.stderr)
+        return 2
+    def terminated(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # stop pytest and keep what it recorded, as on Ctrl-C
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        return _run_all(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_all(args: argparse.Namespace) -> int:
+    status = 0
+    done: list[Path] = []
+    for backend in dict.fromkeys(args.backend):
+        started = time.monotonic()
+        try:
+            doc = run_backend(backend, args)
+        except RunError as exc:
+            print(f"accelkit: error: {exc}", file=sys.stderr)
+            status = 2
+            continue
+        except KeyboardInterrupt:
+            print(f"\ninterrupted; the results so far are in {Path(args.out) / backend}", file=sys.stderr)
+            return 130
+        out = Path(args.out) / backend
+        done.append(out / "results.json")
+        tally = schema.counts(doc["results"])
+        bad = sum(tally[o] for o in schema.BAD_OUTCOMES) + (tally[schema.XPASS] if args.strict else 0)
+        if not doc["complete"]:
+            status = 2
+        elif bad:
+            status = max(status, 1)
+        reports = [] if args.no_report else write_reports(out, [out / "results.json"])
+        summary = ", ".join(f"{n} {o}" for o, n in tally.items() if n) or "no tests"
+        print(f"{backend}: {summary} in {_clock(time.monotonic() - started)}"
+              f"{'' if doc['complete'] else ' (INCOMPLETE)'}")
+        print(f"  results: {out / 'results.json'}" + "".join(f"\n  report:  {r}" for r in reports))
+    if len(done) > 1 and not args.no_report:
+        for r in write_reports(Path(args.out), done):
+            print(f"side by side: {r}")
+    return status

@@ -1,0 +1,449 @@
+"""The conformance runner: crash and hang isolation, incremental results, the result schema,
+declared skips and expected failures, and the ``accelkit conformance run`` command.
+
+The runner is exercised as users run it, in subprocesses, against a fake backend written to
+``tmp_path``: a plugin package found through a ``*.dist-info/entry_points.txt`` on PYTHONPATH,
+exactly as an installed third-party backend is. Its kernels misbehave on purpose:
+
+========  =======================================================================
+``sin``   segfaults (reads address 0)
+``cos``   sleeps (pytest-timeout interrupts it)
+``tan``   blocks SIGALRM, then sleeps (only the watchdog can stop it)
+``exp``   returns wrong values
+``neg``   is correct, but declared as an expected failure (so it is an xpass)
+``abs``   is declared unsupported (a declared skip)
+========  =======================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from accelkit_conformance import schema
+from accelkit_conformance.cases import Case, parse_nodeid
+from accelkit_conformance.plugin import crash_cause
+
+from accelkit.sdk import Expectations
+
+FAKE_PLUGIN = '''
+import ctypes
+import signal
+import time
+
+import torch
+
+from accelkit.sdk import BackendInfo, DeviceProbe, Expectations, KernelTable, hookimpl
+
+NAME = "fake"
+aten = torch.ops.aten
+kernels = KernelTable(NAME)
+
+
+@kernels.kernel(aten.sin.default)
+def sin(x):
+    ctypes.string_at(0)  # SIGSEGV
+
+
+@kernels.kernel(aten.cos.default)
+def cos(x):
+    time.sleep(600)
+
+
+@kernels.kernel(aten.tan.default)
+def tan(x):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(600)
+
+
+@kernels.kernel(aten.exp.default)
+def exp(x):
+    return torch.exp(x) + 1
+
+
+@kernels.kernel(aten.neg.default)
+def neg(x):
+    return torch.neg(x)
+
+
+@hookimpl
+def accelkit_register_backend():
+    return BackendInfo(name=NAME, description="misbehaving test backend", default_fallback="allow")
+
+
+@hookimpl
+def accelkit_probe(name):
+    if name == NAME:
+        return DeviceProbe(available=True, simulated=True, device_count=1, target="fake-1")
+
+
+@hookimpl
+def accelkit_device_model(name):
+    if name == NAME:
+        from accelkit_backends.ref.device import device_model
+
+        return device_model()
+
+
+@hookimpl
+def accelkit_make_allocator(name, device_model):
+    if name == NAME:
+        from accelkit_backends.ref.buffers import RefAllocator
+
+        return RefAllocator(f"{NAME}:0", device_model.memory_bytes)
+
+
+@hookimpl
+def accelkit_kernels(name):
+    if name == NAME:
+        return kernels
+
+
+@hookimpl
+def accelkit_conformance_expectations(name):
+    if name == NAME:
+        from pathlib import Path
+
+        return Expectations.from_toml(Path(__file__).with_name("conformance.toml"))
+'''
+
+FAKE_EXPECTATIONS = '''
+[unsupported]
+"ops/abs" = "abs is not implemented on fake"
+
+[known_failures]
+"ops/neg" = "neg is believed broken on fake"
+'''
+
+
+@pytest.fixture(scope="module")
+def fake_site(tmp_path_factory) -> Path:
+    """A directory that, on PYTHONPATH, installs the ``fake`` backend plugin."""
+    site = tmp_path_factory.mktemp("site")
+    package = site / "akfake"
+    package.mkdir()
+    (package / "__init__.py").write_text(FAKE_PLUGIN)
+    (package / "conformance.toml").write_text(FAKE_EXPECTATIONS)
+    dist = site / "akfake-0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: akfake\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text("[accelkit.backends]\nfake = akfake\n")
+    return site
+
+
+def _env(site: Path | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}
+    if site is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    return env
+
+
+def _select(*names: str) -> str:
+    return " or ".join(f"test_op[{n}]" for n in names)
+
+
+def run_cli(*args: str, site: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "accelkit", "conformance", "run", *args],
+        env=_env(site), capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def _by_op(doc: dict) -> dict[str, dict]:
+    return {f"{r['op']}-{r['variant']}": r for r in doc["results"]}
+
+
+# -- one run of the fake backend: crash, failure, declared skip, xpass --------------------------
+
+
+@pytest.fixture(scope="module")
+def misbehaving_run(fake_site, tmp_path_factory):
+    """One run of every misbehaviour (each costs a worker restart or a timeout, so they share it)."""
+    out = tmp_path_factory.mktemp("out")
+    started = time.monotonic()
+    proc = run_cli(
+        "--backend", "fake", "--suite", "ops", "--jobs", "2", "--out", str(out), "--timeout", "2",
+        "-k", _select(*(f"{op}-float32-forward" for op in ("sin", "cos", "tan", "exp", "neg", "abs", "add", "mul"))),
+        "--", "--accelkit-hard-timeout", "5",
+        site=fake_site,
+    )
+    return proc, out / "fake", time.monotonic() - started
+
+
+def test_a_segfaulting_kernel_costs_one_test_recorded_as_crash(misbehaving_run):
+    proc, out, _ = misbehaving_run
+    doc = json.loads((out / "results.json").read_text())
+    records = _by_op(doc)
+    assert doc["complete"] is True, proc.stderr
+    crash = records["sin-forward"]
+    assert crash["outcome"] == "crash"
+    assert "Segmentation fault" in crash["reason"]
+    assert "string_at" in crash["reason"]  # the innermost frame, from the faulthandler log
+    # the run went on after the crash: every other test has its own outcome
+    assert len(doc["results"]) == 8
+    assert records["add-forward"]["outcome"] == records["mul-forward"]["outcome"] == "pass"
+
+
+def test_wrong_values_fail_and_the_exit_status_says_so(misbehaving_run):
+    proc, out, _ = misbehaving_run
+    record = _by_op(json.loads((out / "results.json").read_text()))["exp-forward"]
+    assert record["outcome"] == "fail"
+    assert "not close" in record["reason"] and "sample 0" in record["reason"]
+    assert record["paths"]["native"] >= 1  # the wrong kernel ran, and was counted as native
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+
+
+def test_declared_unsupported_op_is_a_declared_skip_with_its_reason(misbehaving_run):
+    _, out, _ = misbehaving_run
+    record = _by_op(json.loads((out / "results.json").read_text()))["abs-forward"]
+    assert record["outcome"] == "skip-declared"
+    assert record["reason"] == "abs is not implemented on fake"
+    assert record["expectation"] == 'unsupported "ops/abs"'
+    assert record["paths"] is None  # never ran
+
+
+def test_expected_failure_that_passes_is_an_xpass_naming_the_entry_to_remove(misbehaving_run):
+    _, out, _ = misbehaving_run
+    record = _by_op(json.loads((out / "results.json").read_text()))["neg-forward"]
+    assert record["outcome"] == "xpass"
+    assert record["expectation"] == 'known_failures "ops/neg"'
+    assert "remove" in record["reason"] and "conformance.toml" in record["reason"]
+
+
+def test_results_follow_the_schema_and_the_jsonl_matches_the_json(misbehaving_run):
+    _, out, _ = misbehaving_run
+    doc = json.loads((out / "results.json").read_text())
+    schema.validate_results(doc)  # raises on any violation
+    env = doc["environment"]
+    assert (env["backend"], env["target"], env["simulated"]) == ("fake", "fake-1", True)
+    assert env["fallback_policy"] == "allow"
+    assert env["profile"] == "quick" and env["dtypes"] == ["float32"] and env["jobs"] == 2 and env["timeout"] == 2
+    assert env["torch"] and env["python"] and env["accelkit"] and env["finished"]
+    lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert lines[0] == {"schema": schema.SCHEMA, "environment": {k: v for k, v in env.items() if k != "finished"}}
+    assert lines[1] == {"event": "collected", "total": 8}
+    assert lines[-1]["event"] == "finished" and lines[-1]["complete"] is True
+    assert [line for line in lines if "id" in line] == doc["results"]
+    for record in doc["results"]:
+        assert parse_nodeid(record["id"]) == Case("ops", record["op"], "float32", record["variant"])
+
+
+def test_reports_are_written_next_to_the_results(misbehaving_run):
+    proc, out, _ = misbehaving_run
+    for name in ("results.jsonl", "results.json", "report.md", "report.html", "pytest.log"):
+        assert (out / name).is_file(), name
+    assert str(out / "results.json") in proc.stdout
+
+
+# -- hangs ------------------------------------------------------------------------------------
+
+
+def test_hung_tests_are_recorded_as_timeouts_and_the_run_goes_on(misbehaving_run):
+    proc, out, elapsed = misbehaving_run
+    records = _by_op(json.loads((out / "results.json").read_text()))
+    # an interruptible hang: pytest-timeout fails the test and the worker survives
+    assert records["cos-forward"]["outcome"] == "timeout", proc.stderr
+    assert "Timeout" in records["cos-forward"]["reason"]
+    # SIGALRM blocked: the watchdog kills the worker, and the test is still a timeout, not a crash
+    assert records["tan-forward"]["outcome"] == "timeout"
+    assert "watchdog" in records["tan-forward"]["reason"] and "in tan" in records["tan-forward"]["reason"]
+    assert records["tan-forward"]["duration"] >= 5
+    assert elapsed < 180  # two 600 s sleeps cost seconds
+
+
+# -- a killed run -----------------------------------------------------------------------------
+
+
+def test_killing_the_run_keeps_every_result_already_recorded(fake_site, tmp_path):
+    out = tmp_path / "fake"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "accelkit", "conformance", "run", "--backend", "fake", "--suite", "ops",
+         "--jobs", "1", "--out", str(tmp_path), "--no-report",
+         "-k", "float32 and forward and not sin and not cos and not tan"],
+        env=_env(fake_site), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            lines = (out / "results.jsonl").read_text().splitlines() if (out / "results.jsonl").exists() else []
+            if sum('"id"' in line for line in lines) >= 8:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the run recorded fewer than 8 results in 120 s")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # runner, pytest and its worker at once
+        proc.wait(30)
+    doc = schema.read_jsonl(out / "results.jsonl")
+    schema.validate_results(doc)
+    assert doc["complete"] is False
+    assert len(doc["results"]) >= 8
+    assert not (out / "results.json").exists()  # the runner never got to assemble it
+
+
+# -- accelkit conformance run against ref -----------------------------------------------------
+
+
+def test_run_against_ref_writes_results_and_reports(tmp_path):
+    proc = run_cli("--backend", "ref", "--suite", "contract", "--jobs", "1", "--out", str(tmp_path),
+                   "-k", "accelerator or transfer")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = schema.load_results(tmp_path / "ref" / "results.json")
+    assert doc["complete"] and doc["environment"]["backend"] == "ref"
+    assert {r["suite"] for r in doc["results"]} == {"contract"}
+    assert len(doc["results"]) >= 5 and all(r["outcome"] == "pass" for r in doc["results"])
+    assert all(r["paths"] is not None for r in doc["results"])
+    assert Path(doc["environment"]["expectations"]).parts[-2:] == ("ref", "conformance.toml")
+    assert (tmp_path / "ref" / "report.md").read_text().strip()
+    assert "<html" in (tmp_path / "ref" / "report.html").read_text().lower()
+
+
+def test_unknown_backend_is_a_usage_error_naming_the_installed_ones(tmp_path):
+    proc = run_cli("--backend", "nosuch", "--suite", "contract", "--jobs", "1", "--out", str(tmp_path))
+    assert proc.returncode == 2
+    assert "no accelkit backend named 'nosuch'" in proc.stderr and "ref" in proc.stderr
+
+
+# -- units: node ids, expectations, crash logs, schema ----------------------------------------
+
+
+NODE_IDS = [
+    ("suites/test_ops.py::test_op[nn.functional.interpolate.nearest-exact-bfloat16-backward]",
+     Case("ops", "nn.functional.interpolate.nearest-exact", "bfloat16", "backward")),
+    ("suites/test_modules.py::test_module[nn.Linear-float32-forward]",
+     Case("modules", "nn.Linear", "float32", "forward")),
+    ("suites/test_contract.py::test_memory_oom_is_clear_and_recoverable",
+     Case("contract", "memory_oom_is_clear_and_recoverable")),
+    ("suites/test_contract.py::test_transfer_round_trips_exactly[int64]",
+     Case("contract", "transfer_round_trips_exactly", "int64")),
+    ("suites/test_contract.py::test_rng_manual_seed_reproduces[randn]",
+     Case("contract", "rng_manual_seed_reproduces[randn]")),
+    ("suites/test_dynamic.py::test_dynamic[mlp.compile_auto-float32]",
+     Case("dynamic", "mlp.compile_auto", "float32")),
+    ("tests/test_views.py::test_something", None),
+]
+
+
+@pytest.mark.parametrize(("nodeid", "case"), NODE_IDS)
+def test_node_ids_carry_the_case(nodeid, case):
+    assert parse_nodeid(nodeid) == case
+
+
+def test_expectations_file_decides_skips_xfails_and_tolerances(tmp_path):
+    path = tmp_path / "conformance.toml"
+    path.write_text(textwrap.dedent('''
+        [unsupported_dtypes]
+        float64 = "no 64-bit floats"
+        [unsupported]
+        "ops/fft.*" = "no FFT"
+        [known_failures]
+        "nn.LSTM" = "fused cell missing"
+        [[xfail]]
+        match = "ops/add"
+        dtypes = ["bfloat16"]
+        variants = ["backward"]
+        reason = "bf16 grads differ"
+        [[tolerance]]
+        match = "ops/matmul"
+        atol = 0.5
+        rtol = 0.25
+        reason = "accumulates in bfloat16"
+    '''))
+    e = Expectations.from_toml(path)
+    assert e.source == str(path)
+    assert e.lookup("ops", "fft.rfft", "float32", "forward").key == 'unsupported "ops/fft.*"'
+    assert e.lookup("modules", "fft.rfft", "float32", "forward") is None  # suite-qualified
+    assert e.lookup("ops", "add", "float64", "forward").reason == "no 64-bit floats"  # dtype first
+    assert e.lookup("modules", "nn.LSTM", "float32", "forward").kind == "xfail"  # bare: any suite
+    rule = e.lookup("ops", "add", "bfloat16", "backward")
+    assert rule.kind == "xfail" and rule.key == 'xfail "ops/add" (dtypes: bfloat16) (variants: backward)'
+    assert e.lookup("ops", "add", "bfloat16", "forward") is None
+    assert e.lookup("ops", "add", "float32", "backward") is None
+    assert (e.tolerance("ops", "matmul", "float32").atol, e.tolerance("ops", "matmul", "float32").rtol) == (0.5, 0.25)
+    assert e.tolerance("ops", "matmul", "float32").reason == "accumulates in bfloat16"
+    assert e.tolerance("ops", "mm", "float32") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[unsupported]\n\"ops/x\" = \"\"\n", "needs a reason"),
+        ("[unsupported]\n\"kernels/x\" = \"r\"\n", "unknown suite 'kernels'"),
+        ("[unsupported_dtypes]\nfloat33 = \"r\"\n", "'float33' is not a torch dtype"),
+        ("[[skip]]\nmatch = \"ops/x\"\nreason = \"r\"\nvariant = \"forward\"\n", "unknown keys ['variant']"),
+        ("[skips]\n", "unknown table(s) ['skips']"),
+        ("[[tolerance]]\nmatch = \"ops/x\"\natol = 1\nrtol = 1\n", "needs match, atol, rtol and reason"),
+        ("[unsupported\n", "cannot read conformance expectations"),
+    ],
+)
+def test_malformed_expectations_name_the_file_and_the_problem(tmp_path, text, message):
+    path = tmp_path / "conformance.toml"
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        Expectations.from_toml(path)
+    assert str(path) in str(info.value) and message in str(info.value)
+
+
+def test_crash_logs_become_outcomes_and_reasons():
+    segv = (
+        "Fatal Python error: Segmentation fault\n\n"
+        'Thread 0x2 (most recent call first):\n  File "/z/execnet/gateway_base.py", line 534 in read\n\n'
+        'Current thread 0x1 (most recent call first):\n  File "/x/ctypes/__init__.py", line 519 in string_at\n'
+        '  File "/y/akfake/__init__.py", line 17 in sin\n'
+    )
+    assert crash_cause(segv) == ("crash", "worker crashed: Segmentation fault in string_at (__init__.py:519)")
+    hang = (
+        "main thread 0x0000000000000001\nTimeout (0:00:08)!\n"
+        'Thread 0x0000000000000002 (most recent call first):\n  File "/z/execnet/gateway_base.py", line 534 in read\n\n'
+        'Thread 0x0000000000000001 (most recent call first):\n  File "/y/akfake/__init__.py", line 28 in tan\n'
+    )
+    assert crash_cause(hang) == ("timeout", "hung for 0:00:08 and was killed by the watchdog in tan (__init__.py:28)")
+    assert crash_cause("")[0] == "crash"
+
+
+def _record(**changes):
+    record = {
+        "id": "suites/test_ops.py::test_op[add-float32-forward]", "suite": "ops", "op": "add", "variant": "forward",
+        "dtype": "float32", "outcome": "pass", "reason": None, "expectation": None, "duration": 0.1,
+        "paths": {"native": 1, "decomposed": 0, "fallback": 0}, "fallback_ops": [], "compiles": None, "dynamic": None,
+    }
+    record.update(changes)
+    return record
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"outcome": "passed"}, "outcome 'passed' is not one of"),
+        ({"suite": "kernels"}, "suite 'kernels'"),
+        ({"duration": -1}, "duration must be a number >= 0"),
+        ({"paths": {"native": 1, "decomposed": 0}}, "paths.fallback"),
+        ({"fallback_ops": "aten.add"}, "fallback_ops must be a list"),
+        ({"dynamic": {"shapes": [[2, 3]], "recompiles": [1], "correct": "yes"}}, "dynamic.correct"),
+        ({"compiles": True}, "compiles must be an integer"),
+    ],
+)
+def test_schema_rejects_malformed_records(changes, message):
+    schema.validate_record(_record())
+    with pytest.raises(schema.SchemaError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        schema.validate_record(_record(**changes))
+    bad = dict(_record())
+    del bad["expectation"]
+    with pytest.raises(schema.SchemaError, match="missing fields"):
+        schema.validate_record(bad)
+
+
+def test_a_torn_last_line_of_a_killed_writer_is_ignored(tmp_path):
+    header = {"schema": schema.SCHEMA, "environment": {"backend": "x"}}
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(header) + "\n" + json.dumps(_record()) + "\n" + '{"id": "suites/test_o')
+    doc = schema.read_jsonl(path)
+    assert doc["complete"] is False and doc["results"] == [_record()]
