@@ -257,19 +257,24 @@ class Pipeline:
 
     # -- native kernels --------------------------------------------------------------------
 
+    def _call(self, fn: Callable, gen: tuple[int, str] | None, args: Any, kwargs: dict) -> Any:
+        """Call a kernel with device tensors as arrays and the device generator filled in."""
+        to_array = self._to_array
+        arrays = [to_array(a) for a in args]
+        array_kwargs = {k: to_array(v) for k, v in kwargs.items()}
+        if gen is not None:
+            _fill_generator(self.ctx, gen, arrays, array_kwargs)
+        return fn(*arrays, **array_kwargs)
+
     def native(self, op: OpOverload, fn: Callable) -> Callable:
         """Wrap a functional backend kernel as a PrivateUse1 kernel for ``op``."""
-        ctx, name, to_array, wrap = self.ctx, str(op), self._to_array, self._wrap
+        ctx, name, call, wrap = self.ctx, str(op), self._call, self._wrap
         gen = _generator_slot(op)
         store = _undeclared_writer(ctx, op)  # None for almost every op
 
         def run(*args: Any, **kwargs: Any) -> Any:
             ctx.counters.count(name, "native")
-            arrays = [to_array(a) for a in args]
-            array_kwargs = {k: to_array(v) for k, v in kwargs.items()}
-            if gen is not None:
-                _fill_generator(ctx, gen, arrays, array_kwargs)
-            result = fn(*arrays, **array_kwargs)
+            result = call(fn, gen, args, kwargs)
             if store is not None:
                 result = store(args, kwargs, result)
             return wrap(result)
@@ -278,7 +283,7 @@ class Pipeline:
 
     def native_inplace(self, op: OpOverload, fn: Callable) -> Callable:
         """Derive ``op`` (an in-place overload) from the functional kernel ``fn``."""
-        ctx, name, to_array, meta = self.ctx, str(op), self._to_array, self._meta
+        ctx, name, call, meta = self.ctx, str(op), self._call, self._meta
         cpu_fallback = self.cpu_fallback
         gen = _generator_slot(op)
 
@@ -288,11 +293,7 @@ class Pipeline:
                 # allowed depends on the op (fill_/zero_ yes, arithmetic no): the CPU kernel decides.
                 return cpu_fallback(op, self_, *args, **kwargs)
             ctx.counters.count(name, "native")
-            arrays = [T.read(ctx, self_), *(to_array(a) for a in args)]
-            array_kwargs = {k: to_array(v) for k, v in kwargs.items()}
-            if gen is not None:
-                _fill_generator(ctx, gen, arrays, array_kwargs)
-            result = fn(*arrays, **array_kwargs)
+            result = call(fn, gen, (self_, *args), kwargs)
             shape, dtype = meta(result)
             check_inplace(self_, shape, dtype)
             if dtype != self_.dtype:
@@ -304,7 +305,7 @@ class Pipeline:
 
     def native_out(self, op: OpOverload, fn: Callable) -> Callable:
         """Derive ``op`` (an ``out=`` overload) from the functional kernel ``fn``."""
-        ctx, name, to_array, meta = self.ctx, str(op), self._to_array, self._meta
+        ctx, name, call, meta = self.ctx, str(op), self._call, self._meta
         out_names = out_arg_names(op)
         store = _undeclared_writer(ctx, op)
         gen = _generator_slot(op)
@@ -313,11 +314,7 @@ class Pipeline:
             ctx.counters.count(name, "native")
             outs = [kwargs.pop(n) for n in out_names]
             _dtype_from_out(op, kwargs, outs)
-            arrays = [to_array(a) for a in args]
-            array_kwargs = {k: to_array(v) for k, v in kwargs.items()}
-            if gen is not None:
-                _fill_generator(ctx, gen, arrays, array_kwargs)
-            result = fn(*arrays, **array_kwargs)
+            result = call(fn, gen, args, kwargs)
             if store is not None:
                 result = store(args, kwargs, result)
             results = result if isinstance(result, tuple) else (result,)
