@@ -26,6 +26,18 @@ def dev() -> torch.device:
     return DEVICE
 
 
+def on_device(value, dev):
+    """``value`` on tpu with the same geometry: views are re-made on the device from their base."""
+    if isinstance(value, torch.Tensor):
+        if value._base is not None:
+            base = value._base.to(dev)
+            return base.as_strided(value.shape, value.stride(), value.storage_offset())
+        return value.to(dev)
+    if isinstance(value, list | tuple):
+        return type(value)(on_device(v, dev) for v in value)
+    return value
+
+
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (no backend active) and return the finished process."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}

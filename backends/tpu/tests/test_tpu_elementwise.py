@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import accelkit
+from conftest import on_device
 
 aten = torch.ops.aten
 
@@ -51,18 +52,6 @@ def sliced(shape, dtype, seed=0, **kw):
     """A non-contiguous 2-D input of ``shape``: every other column of a wider tensor."""
     rows, cols = shape
     return sample((rows, 2 * cols), dtype, seed, **kw)[:, ::2]
-
-
-def on_device(value, dev):
-    """``value`` on tpu with the same geometry: views are re-made on the device from their base."""
-    if isinstance(value, torch.Tensor):
-        if value._base is not None:
-            base = value._base.to(dev)
-            return base.as_strided(value.shape, value.stride(), value.storage_offset())
-        return value.to(dev)
-    if isinstance(value, list | tuple):
-        return type(value)(on_device(v, dev) for v in value)
-    return value
 
 
 def tolerance(*tensors):

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import accelkit
+from conftest import on_device
 
 aten = torch.ops.aten
 FLOAT_DTYPES = [torch.float32, torch.bfloat16]
@@ -40,18 +41,6 @@ def sample(shape, dtype, seed=0, low=-4, high=5):
 def transposed(shape, dtype, seed=0):
     """A non-contiguous input of ``shape``: the transpose of a contiguous tensor."""
     return sample(tuple(reversed(shape)), dtype, seed).T if len(shape) == 2 else sample(shape, dtype, seed)
-
-
-def on_device(value, dev):
-    """``value`` on tpu with the same geometry: views are re-made on the device from their base."""
-    if isinstance(value, torch.Tensor):
-        if value._base is not None:
-            base = value._base.to(dev)
-            return base.as_strided(value.shape, value.stride(), value.storage_offset())
-        return value.to(dev)
-    if isinstance(value, list | tuple):
-        return type(value)(on_device(v, dev) for v in value)
-    return value
 
 
 def assert_same(device_result, cpu_result, **tol):
