@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from accelkit_conformance.cases import Case
-
 from accelkit.sdk import ExpectationRule, Expectations, Tolerance
+from accelkit_conformance.cases import Case
 
 #: Dynamic cases that need ``torch.compile`` have subjects ending in one of these.
 COMPILE_MODES = ("compile_static", "compile_auto", "compile_dynamic", "compile_bucketed")

@@ -20,9 +20,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from accelkit_conformance.schema import PATH_KINDS
-
 import accelkit
+from accelkit_conformance.schema import PATH_KINDS
 
 
 def _sample() -> tuple[dict[str, dict[str, int]], int | None]:

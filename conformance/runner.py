@@ -10,7 +10,8 @@ the worker is replaced. A test that hangs is stopped by pytest-timeout (``timeou
 it cannot be interrupted, its worker is killed by a watchdog and the test recorded as
 ``timeout``. The controller appends each record to ``OUT/NAME/results.jsonl`` as it
 finishes; at the end this module writes ``results.json``, ``report.md`` and ``report.html``
-next to it, and the pytest output is in ``pytest.log``.
+next to it; the pytest output is in ``pytest.log`` and each worker's faulthandler log (the
+source of crash reasons) in ``.workers/``.
 
 Exit status: 0 when every run completed without a failing outcome (fail, error, crash,
 timeout; with ``--strict`` also xpass), 1 when some test has one, 2 when a run could not
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -196,6 +198,7 @@ def run_backend(backend: str, args: argparse.Namespace, stream: TextIO = sys.std
     out.mkdir(parents=True, exist_ok=True)
     for stale in ("results.jsonl", "results.json", "report.md", "report.html", "junit.xml"):
         (out / stale).unlink(missing_ok=True)
+    shutil.rmtree(out / ".workers", ignore_errors=True)  # per-worker crash logs of an earlier run
     cmd = pytest_command(backend, args, out)
     progress = Progress(backend, stream)
     interrupted = False

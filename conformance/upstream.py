@@ -13,13 +13,13 @@ import unittest
 from typing import Any, NamedTuple
 
 import torch
-
-from accelkit_conformance.compare import tolerance_for
 from torch.testing._internal.common_device_type import (
     precisionOverride,
     toleranceOverride,
 )
 from torch.testing._internal.opinfo.core import DecorateInfo
+
+from accelkit_conformance.compare import tolerance_for
 
 OP_TEST = ("TestCommon", "test_compare_cpu")
 MODULE_TEST = ("TestModule", "test_cpu_gpu_parity")

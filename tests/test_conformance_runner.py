@@ -28,11 +28,11 @@ from pathlib import Path
 
 import pytest
 
+from accelkit.sdk import Expectations
 from accelkit_conformance import schema
 from accelkit_conformance.cases import Case, parse_nodeid
 from accelkit_conformance.plugin import crash_cause
-
-from accelkit.sdk import Expectations
+from accelkit_conformance.recording import Recorder
 
 FAKE_PLUGIN = '''
 import ctypes
@@ -447,3 +447,40 @@ def test_a_torn_last_line_of_a_killed_writer_is_ignored(tmp_path):
     path.write_text(json.dumps(header) + "\n" + json.dumps(_record()) + "\n" + '{"id": "suites/test_o')
     doc = schema.read_jsonl(path)
     assert doc["complete"] is False and doc["results"] == [_record()]
+
+
+def test_recorder_counts_the_paths_and_fallbacks_of_the_measured_block_only(dev):
+    import torch
+
+    x = torch.ones(4, device=dev)
+    rec = Recorder()
+    x * 2  # outside the block: not counted
+    with rec.measure():
+        x + x  # ref has a native add
+        torch.special.i1e(x)  # no ref kernel: decomposed or run on the CPU
+    assert rec.as_record()["paths"]["native"] == 1
+    counted = rec.as_record()["paths"]["decomposed"] + rec.as_record()["paths"]["fallback"]
+    assert counted >= 1
+    assert rec.as_record()["compiles"] is None  # ref reports no compilations
+    assert all(op.startswith("aten.") for op in rec.as_record()["fallback_ops"])
+    assert Recorder().as_record()["paths"] is None  # nothing measured: no counts, not zeros
+
+
+def test_recorder_takes_compile_counts_from_the_backends_stats(monkeypatch):
+    import accelkit
+
+    snapshots = iter([
+        {"ops": {"aten.mm.default": {"native": 2, "decomposed": 0, "fallback": 1}}, "compiles": 3},
+        {"ops": {"aten.mm.default": {"native": 5, "decomposed": 0, "fallback": 2},
+                 "aten.sum.default": {"native": 0, "decomposed": 1, "fallback": 0}}, "compiles": 7},
+    ])
+    monkeypatch.setattr(accelkit, "stats", lambda: next(snapshots))
+    rec = Recorder()
+    with rec.measure():
+        pass
+    assert rec.as_record() == {
+        "paths": {"native": 3, "decomposed": 1, "fallback": 1},
+        "fallback_ops": ["aten.mm.default"],
+        "compiles": 4,
+        "dynamic": None,
+    }

@@ -16,10 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import accelkit
 from accelkit_conformance import session
 from accelkit_conformance.compare import assert_same
-
-import accelkit
 
 SETTINGS = session.current()
 DEV = SETTINGS.device

@@ -24,12 +24,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import accelkit
 from accelkit_conformance import session
 from accelkit_conformance.cases import Case, param_id
 from accelkit_conformance.compare import assert_same
 from accelkit_conformance.expectations import COMPILE_MODES
-
-import accelkit
 
 SETTINGS = session.current()
 DEV = SETTINGS.device
@@ -49,7 +48,8 @@ def _mlp_step(params, x):
     return out
 
 
-#: case -> (inputs for size n, function, rows are independent so padding them is harmless)
+#: case -> (inputs for size n, the varying one first; function; whether the first input's rows
+#: are independent, so padding them is harmless)
 CASES = {
     "add": (lambda n: [_weights(n, 8), _weights(8)], lambda x, y: x + y, True),
     "matmul": (lambda n: [_weights(n, 16), _weights(16, 8)], lambda x, w: x @ w, True),
@@ -57,7 +57,7 @@ CASES = {
     "sum": (lambda n: [_weights(n, 8)], lambda x: x.sum(0), False),
     "conv2d": (lambda n: [_weights(1, 3, n + 2, n + 2), _weights(4, 3, 3, 3)], lambda x, w: F.conv2d(x, w), False),
     "cat": (lambda n: [_weights(n, 4), _weights(3, 4)], lambda x, y: torch.cat([x, y]), False),
-    "index_select": (lambda n: [_weights(20, 4), torch.arange(n) % 20], lambda x, i: x[i], False),
+    "index_select": (lambda n: [torch.arange(n) % 20, _weights(20, 4)], lambda i, x: x[i], False),
     "mlp": (lambda n: [_weights(n, 16), _weights(16, 32), _weights(32), _weights(32, 4), _weights(4)],
             lambda x, *params: _mlp_step(params, x), True),
 }

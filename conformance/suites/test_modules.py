@@ -21,6 +21,7 @@ import zlib
 
 import pytest
 import torch
+from torch.testing._internal.common_modules import module_db
 
 from accelkit_conformance import session, upstream
 from accelkit_conformance.cases import Case, param_id
@@ -30,7 +31,6 @@ from accelkit_conformance.compare import (
     tensors_in,
     to_device_leaf,
 )
-from torch.testing._internal.common_modules import module_db
 
 SETTINGS = session.current()
 upstream.skip_test_fn_lookup()
