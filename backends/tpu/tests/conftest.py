@@ -38,6 +38,15 @@ def on_device(value, dev):
     return value
 
 
+def assert_native(*names):
+    """Each named op ran natively at least once and never on the CPU fallback."""
+    ops = accelkit.stats()["ops"]
+    for name in names:
+        counts = ops.get(name, {})
+        assert counts.get("native", 0) > 0, f"{name} did not run natively: {counts}"
+        assert counts.get("fallback", 0) == 0, f"{name} fell back to the CPU: {counts}"
+
+
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (no backend active) and return the finished process."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}

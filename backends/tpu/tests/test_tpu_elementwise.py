@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import accelkit
-from conftest import on_device
+from conftest import assert_native, on_device
 
 aten = torch.ops.aten
 
@@ -81,14 +81,6 @@ def compare(dev, fn, *inputs, **tol):
         actual = fn(*device_inputs)
     assert_same(actual, expected, **{**tolerance(*inputs), **tol})
     return actual
-
-
-def assert_native(*names):
-    ops = accelkit.stats()["ops"]
-    for name in names:
-        counts = ops.get(name, {})
-        assert counts.get("native", 0) > 0, f"{name} did not run natively: {counts}"
-        assert counts.get("fallback", 0) == 0, f"{name} fell back to the CPU: {counts}"
 
 
 # ---------------------------------------------------------------------------------------------

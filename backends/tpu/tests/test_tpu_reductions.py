@@ -15,8 +15,7 @@ import warnings
 import pytest
 import torch
 
-import accelkit
-from conftest import on_device
+from conftest import assert_native, on_device
 
 aten = torch.ops.aten
 FLOAT_DTYPES = [torch.float32, torch.bfloat16]
@@ -63,14 +62,6 @@ def compare(dev, fn, *inputs, **tol):
     actual = fn(*on_device(inputs, dev))
     assert_same(actual, expected, **tol)
     return actual
-
-
-def assert_native(*names):
-    ops = accelkit.stats()["ops"]
-    for name in names:
-        counts = ops.get(name, {})
-        assert counts.get("native", 0) > 0, f"{name} did not run natively: {counts}"
-        assert counts.get("fallback", 0) == 0, f"{name} fell back to the CPU: {counts}"
 
 
 def raises_like_cpu(dev, fn, x):
