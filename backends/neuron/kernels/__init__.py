@@ -1,0 +1,8 @@
+"""neuron tile programs by op family; importing this package registers them all in ``kernels``."""
+
+from accelkit_backends.neuron.kernels import convert, elementwise, matmul  # noqa: F401
+from accelkit_backends.neuron.kernels import reductions, softmax, normalization, losses  # noqa: F401
+from accelkit_backends.neuron.kernels import indexing, shape, conv, pooling, random  # noqa: F401
+from accelkit_backends.neuron.kernels._launch import kernels
+
+__all__ = ["kernels"]

@@ -1,0 +1,76 @@
+"""Tiling helpers shared by the tile programs: how flat data maps onto 128 partitions."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from accelkit_backends.neuron.kernels._launch import chip_dtype
+from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.memory import Tile
+
+#: Free elements per partition in one elementwise tile: 8 KiB of fp32, so a handful of
+#: double-buffered operands stay far below SBUF's per-partition size on every generation.
+FMAX = 2048
+
+
+def flat_chunks(n: int, partitions: int, fmax: int = FMAX) -> Iterator[tuple[int, int, int]]:
+    """Cover ``range(n)`` by ``(start, rows, cols)``: elements ``[start, start + rows*cols)``
+    laid out as a ``[rows, cols]`` tile (rows on partitions), the tail as one short row."""
+    cols = min(fmax, max(1, math.ceil(n / partitions)))
+    start = 0
+    while n - start >= cols:
+        rows = min(partitions, (n - start) // cols)
+        yield start, rows, cols
+        start += rows * cols
+    if start < n:
+        yield start, 1, n - start
+
+
+class FlatOperand:
+    """An HBM input read in the flat order of an output of ``shape`` (broadcast as needed)."""
+
+    def __init__(self, array: np.ndarray, shape: tuple[int, ...]):
+        self.array = array
+        self.scalar = array.size == 1
+        view = np.broadcast_to(array, shape)
+        self.pattern = view
+        self.flat = view.reshape(-1) if view.flags.c_contiguous else np.ascontiguousarray(view).reshape(-1)
+        self.tile_dtype = chip_dtype(array.dtype)
+
+    def load(self, k: Kernel, start: int, rows: int, cols: int, name: str) -> Tile:
+        if self.scalar:
+            tile = k.sbuf((rows, 1), self.tile_dtype, name)
+            k.dma(tile, np.broadcast_to(self.array.reshape(1, 1), (rows, 1)))
+            return tile
+        tile = k.sbuf((rows, cols), self.tile_dtype, name)
+        part = self.flat[start : start + rows * cols].reshape(rows, cols)
+        contiguous = self.pattern.flags.c_contiguous
+        # A strided or broadcast input is costed by the walk over its view (every chunk of it
+        # has the same run structure), not by the dense copy the simulator reads values from.
+        k.dma(tile, part, pattern=None if contiguous else self.pattern)
+        return tile
+
+
+def map_flat(
+    k: Kernel,
+    out: np.ndarray,
+    inputs: Sequence[np.ndarray],
+    compute: Callable[[Tile, list[Tile]], None],
+    out_tile_dtype: Any = None,
+) -> np.ndarray:
+    """Run ``compute(dst, srcs)`` over ``out`` chunk by chunk: load each input's chunk (size-1
+    inputs as a [rows, 1] per-partition scalar), compute into ``dst``, store ``dst``."""
+    operands = [FlatOperand(a, out.shape) for a in inputs]
+    flat_out = out.reshape(-1)
+    tile_dtype = out_tile_dtype or chip_dtype(out.dtype)
+    for start, rows, cols in flat_chunks(out.size, k.spec.partitions):
+        with k.scope():
+            srcs = [op.load(k, start, rows, cols, f"in{i}") for i, op in enumerate(operands)]
+            dst = k.sbuf((rows, cols), tile_dtype, "out")
+            compute(dst, srcs)
+            k.dma(flat_out[start : start + rows * cols].reshape(rows, cols), dst)
+    return out

@@ -1,0 +1,3 @@
+"""conv tile programs (in progress)."""
+
+from __future__ import annotations

@@ -1,0 +1,66 @@
+"""Dtype conversion, fill and zero: the data-movement programs the runtime's copies use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from accelkit_backends.neuron import runtime
+from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.kernels._tiling import map_flat
+from accelkit_backends.neuron.sim import numerics as nx
+from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.memory import Tile
+
+aten = torch.ops.aten
+
+
+def convert(array: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """``array`` in ``dtype``: loaded, converted by a Vector-engine copy (rounding as the
+    hardware does, see :mod:`numerics`), stored. Runs as the kernel ``convert``."""
+    result = np.empty(array.shape, dtype=nx.numpy_dtype(dtype))
+    runtime.LEDGER.note_instance("convert", (array.shape, array.dtype.str, result.dtype.str))
+    with runtime.core().kernel("convert") as k:
+        map_flat(k, result, [array], lambda dst, srcs: _copy_into(k, dst, srcs[0]))
+    return result
+
+
+def _copy_into(k: Kernel, dst: Tile, src: Tile) -> None:
+    if src.shape != dst.shape:
+        k.memset(dst, 0)
+        k.tensor_scalar(dst, dst, "add", src)
+    else:
+        k.tensor_copy(dst, src)
+
+
+def fill(k: Kernel, out: OutSpec, value: Any) -> np.ndarray:
+    result = hbm_empty(out)
+    flat = result.reshape(-1)
+    from accelkit_backends.neuron.kernels._tiling import flat_chunks
+
+    tile_dtype = chip_dtype(result.dtype)
+    tile = None
+    for start, rows, cols in flat_chunks(result.size, k.spec.partitions):
+        if tile is None or tile.shape != (rows, cols):
+            tile = k.sbuf((rows, cols), tile_dtype, "value")
+            k.memset(tile, value)
+        k.dma(flat[start : start + rows * cols].reshape(rows, cols), tile)
+    return result
+
+
+@tile_kernel(aten.fill.Scalar)
+def fill_scalar(k: Kernel, out: list[OutSpec], x: np.ndarray, value: Any) -> np.ndarray:
+    return fill(k, out[0], value)
+
+
+@tile_kernel(aten.fill.Tensor)
+def fill_tensor(k: Kernel, out: list[OutSpec], x: np.ndarray, value: np.ndarray) -> np.ndarray:
+    result = hbm_empty(out[0])
+    return map_flat(k, result, [value], lambda dst, srcs: _copy_into(k, dst, srcs[0]))
+
+
+@tile_kernel(aten.zero.default)
+def zero(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
+    return fill(k, out[0], 0)

@@ -1,0 +1,308 @@
+"""Elementwise tile programs: arithmetic and comparisons on the Vector engine (exact integer
+work on GpSimd), transcendental functions on the Scalar engine's activation tables.
+
+Every program streams its operands through SBUF in [128, F] chunks (``map_flat``); inputs
+broadcast by their DMA access pattern, a size-1 input rides along as a per-partition scalar.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from accelkit_backends.neuron.kernels._launch import OutSpec, hbm_empty, tile_kernel
+from accelkit_backends.neuron.kernels._tiling import map_flat
+from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.memory import Tile
+
+aten = torch.ops.aten
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, np.ndarray)
+
+
+def binary(k: Kernel, out: OutSpec, x: Any, y: Any, op: str) -> np.ndarray:
+    """``out = x <op> y`` with broadcasting; either side may be a Python number."""
+    result = hbm_empty(out)
+    arrays = [v for v in (x, y) if _is_array(v)]
+
+    def compute(dst: Tile, srcs: list[Tile]) -> None:
+        it = iter(srcs)
+        a = next(it) if _is_array(x) else x
+        b = next(it) if _is_array(y) else y
+        _apply_binary(k, dst, a, b, op)
+
+    return map_flat(k, result, arrays, compute)
+
+
+def _apply_binary(k: Kernel, dst: Tile, a: Any, b: Any, op: str) -> None:
+    a_full = isinstance(a, Tile) and a.shape == dst.shape
+    b_full = isinstance(b, Tile) and b.shape == dst.shape
+    if a_full and b_full:
+        k.tensor_tensor(dst, a, b, op)
+    elif a_full:
+        k.tensor_scalar(dst, a, op, b)
+    elif b_full:
+        k.tensor_scalar(dst, b, op, a, reverse=True)
+    else:  # both per-partition scalars (a one-element result) or numbers
+        if not isinstance(a, Tile):
+            a, b = b, a
+            k.tensor_scalar(dst, a, op, b, reverse=True)
+        else:
+            k.tensor_scalar(dst, a, op, b)
+
+
+def _scaled(k: Kernel, y: Any, alpha: Any, like: Tile | None) -> Any:
+    if alpha == 1 or alpha is None:
+        return y
+    if isinstance(y, Tile):
+        k.tensor_scalar(y, y, "multiply", alpha)
+        return y
+    return y * alpha
+
+
+def _add_like(sign: int):
+    def body(k: Kernel, out: list[OutSpec], x: Any, y: Any, *, alpha: Any = 1) -> np.ndarray:
+        result = hbm_empty(out[0])
+        arrays = [v for v in (x, y) if _is_array(v)]
+        op = "add" if sign > 0 else "subtract"
+
+        def compute(dst: Tile, srcs: list[Tile]) -> None:
+            it = iter(srcs)
+            a = next(it) if _is_array(x) else x
+            b = next(it) if _is_array(y) else y
+            _apply_binary(k, dst, a, _scaled(k, b, alpha, dst), op)
+
+        return map_flat(k, result, arrays, compute)
+
+    return body
+
+
+tile_kernel(aten.add.Tensor, aten.add.Scalar)(_add_like(+1))
+tile_kernel(aten.sub.Tensor, aten.sub.Scalar)(_add_like(-1))
+
+
+_BINARY = {
+    "multiply": (aten.mul.Tensor, aten.mul.Scalar),
+    "maximum": (aten.maximum.default,),
+    "minimum": (aten.minimum.default,),
+    "equal": (aten.eq.Tensor, aten.eq.Scalar),
+    "not_equal": (aten.ne.Tensor, aten.ne.Scalar),
+    "less": (aten.lt.Tensor, aten.lt.Scalar),
+    "less_equal": (aten.le.Tensor, aten.le.Scalar),
+    "greater": (aten.gt.Tensor, aten.gt.Scalar),
+    "greater_equal": (aten.ge.Tensor, aten.ge.Scalar),
+    "logical_and": (aten.logical_and.default,),
+    "logical_or": (aten.logical_or.default,),
+    "logical_xor": (aten.logical_xor.default,),
+    "bitwise_and": (aten.bitwise_and.Tensor, aten.bitwise_and.Scalar),
+    "bitwise_or": (aten.bitwise_or.Tensor, aten.bitwise_or.Scalar),
+    "bitwise_xor": (aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar),
+    "atan2": (aten.atan2.default,),
+    "fmod": (aten.fmod.Tensor, aten.fmod.Scalar),
+    "remainder": (aten.remainder.Tensor, aten.remainder.Scalar),
+    "pow": (aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar),
+    "copysign": (aten.copysign.Tensor,),
+    "hypot": (aten.hypot.default,),
+    "logaddexp": (aten.logaddexp.default,),
+}
+
+
+def _register_binary(op_name: str, ops: tuple) -> None:
+    def body(k: Kernel, out: list[OutSpec], x: Any, y: Any) -> np.ndarray:
+        return binary(k, out[0], x, y, op_name)
+
+    body.__name__ = op_name
+    tile_kernel(*ops)(body)
+
+
+for _name, _ops in _BINARY.items():
+    _register_binary(_name, _ops)
+
+
+@tile_kernel(aten.pow.Scalar)
+def pow_scalar_base(k: Kernel, out: list[OutSpec], base: Any, exponent: np.ndarray) -> np.ndarray:
+    return binary(k, out[0], base, exponent, "pow")
+
+
+@tile_kernel(aten.div.Tensor, aten.div.Scalar)
+def div(k: Kernel, out: list[OutSpec], x: Any, y: Any) -> np.ndarray:
+    return binary(k, out[0], x, y, "divide")
+
+
+@tile_kernel(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def div_mode(k: Kernel, out: list[OutSpec], x: Any, y: Any, *, rounding_mode: str | None) -> np.ndarray:
+    if rounding_mode is None:
+        return binary(k, out[0], x, y, "divide")
+    if not out[0].dtype.is_floating_point:
+        return binary(k, out[0], x, y, "floor_divide" if rounding_mode == "floor" else "trunc_divide")
+    result = hbm_empty(out[0])
+    arrays = [v for v in (x, y) if _is_array(v)]
+
+    def compute(dst: Tile, srcs: list[Tile]) -> None:
+        it = iter(srcs)
+        a = next(it) if _is_array(x) else x
+        b = next(it) if _is_array(y) else y
+        quotient = k.sbuf(dst.shape, np.float32, "q")
+        _apply_binary(k, quotient, a, b, "divide")
+        k.activation(dst, quotient, "floor" if rounding_mode == "floor" else "trunc")
+
+    return map_flat(k, result, arrays, compute)
+
+
+# ---------------------------------------------------------------------------------------------
+# Unary: activation tables on the Scalar engine; exact integer forms on GpSimd
+# ---------------------------------------------------------------------------------------------
+
+_UNARY = {
+    "exp": aten.exp.default, "exp2": aten.exp2.default, "expm1": aten.expm1.default,
+    "log": aten.log.default, "log2": aten.log2.default, "log10": aten.log10.default,
+    "log1p": aten.log1p.default, "tanh": aten.tanh.default, "sigmoid": aten.sigmoid.default,
+    "sqrt": aten.sqrt.default, "rsqrt": aten.rsqrt.default, "reciprocal": aten.reciprocal.default,
+    "sin": aten.sin.default, "cos": aten.cos.default, "tan": aten.tan.default,
+    "asin": aten.asin.default, "acos": aten.acos.default, "atan": aten.atan.default,
+    "sinh": aten.sinh.default, "cosh": aten.cosh.default, "asinh": aten.asinh.default,
+    "acosh": aten.acosh.default, "atanh": aten.atanh.default, "erf": aten.erf.default,
+    "erfc": aten.erfc.default, "erfinv": aten.erfinv.default, "floor": aten.floor.default,
+    "ceil": aten.ceil.default, "round": aten.round.default, "trunc": aten.trunc.default,
+    "frac": aten.frac.default, "sign": aten.sign.default, "silu": aten.silu.default,
+    "mish": aten.mish.default, "isnan": aten.isnan.default, "logical_not": aten.logical_not.default,
+    "signbit": aten.signbit.default, "lgamma": aten.lgamma.default, "digamma": aten.digamma.default,
+    "i0": aten.i0.default, "sinc": aten.sinc.default, "deg2rad": aten.deg2rad.default,
+    "rad2deg": aten.rad2deg.default, "hardsigmoid": aten.hardsigmoid.default,
+    "hardswish": aten.hardswish.default, "log_sigmoid": None,
+}
+#: On integer inputs these stay exact integers (GpSimd), not a float activation.
+_INTEGER_FORMS = {"neg": ("multiply", -1), "relu": ("maximum", 0)}
+
+
+def unary(k: Kernel, out: OutSpec, x: np.ndarray, func: str, **kwargs: Any) -> np.ndarray:
+    result = hbm_empty(out)
+
+    def compute(dst: Tile, srcs: list[Tile]) -> None:
+        src = srcs[0]
+        if src.shape != dst.shape:  # a one-element input
+            src = src[:, : dst.shape[1]]
+        k.activation(dst, src, func, **kwargs)
+
+    return map_flat(k, result, [x], compute)
+
+
+def _register_unary(func: str, op: Any) -> None:
+    def body(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
+        return unary(k, out[0], x, func)
+
+    body.__name__ = func
+    tile_kernel(op)(body)
+
+
+for _func, _op in _UNARY.items():
+    if _op is not None:
+        _register_unary(_func, _op)
+
+
+def _integer_or_activation(func: str):
+    def body(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
+        if x.dtype.kind in "iub":
+            op, operand = _INTEGER_FORMS[func]
+            return binary(k, out[0], x, operand, op)
+        return unary(k, out[0], x, func)
+
+    body.__name__ = func
+    return body
+
+
+tile_kernel(aten.neg.default)(_integer_or_activation("neg"))
+tile_kernel(aten.relu.default)(_integer_or_activation("relu"))
+
+
+@tile_kernel(aten.abs.default)
+def abs_(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
+    if x.dtype.kind in "iu":
+        result = hbm_empty(out[0])
+
+        def compute(dst: Tile, srcs: list[Tile]) -> None:
+            k.tensor_scalar(dst, srcs[0], "multiply", -1)
+            k.tensor_tensor(dst, dst, srcs[0], "maximum")
+
+        return map_flat(k, result, [x], compute)
+    if x.dtype == np.bool_:
+        return binary(k, out[0], x, 0, "not_equal")
+    return unary(k, out[0], x, "abs")
+
+
+@tile_kernel(aten.gelu.default)
+def gelu(k: Kernel, out: list[OutSpec], x: np.ndarray, *, approximate: str = "none") -> np.ndarray:
+    return unary(k, out[0], x, "gelu_tanh" if approximate == "tanh" else "gelu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Selection and clamping
+# ---------------------------------------------------------------------------------------------
+
+
+@tile_kernel(aten.where.self)
+def where(k: Kernel, out: list[OutSpec], cond: np.ndarray, x: Any, y: Any) -> np.ndarray:
+    result = hbm_empty(out[0])
+    arrays = [cond] + [v for v in (x, y) if _is_array(v)]
+
+    def compute(dst: Tile, srcs: list[Tile]) -> None:
+        it = iter(srcs)
+        mask = next(it)
+        a = next(it) if _is_array(x) else x
+        b = next(it) if _is_array(y) else y
+        mask = _full(k, mask, dst)
+        a = _full(k, a, dst) if isinstance(a, Tile) else a
+        b = _full(k, b, dst) if isinstance(b, Tile) else b
+        k.select(dst, mask, a, b)
+
+    return map_flat(k, result, arrays, compute)
+
+
+def _full(k: Kernel, tile: Tile, like: Tile) -> Tile:
+    """A per-partition scalar tile widened to ``like``'s free size (a Vector-engine copy)."""
+    if tile.shape == like.shape:
+        return tile
+    wide = k.sbuf(like.shape, tile.dtype, tile.name + "_wide")
+    k.tensor_scalar(wide, _zeros_like(k, wide), "add", tile)
+    return wide
+
+
+def _zeros_like(k: Kernel, tile: Tile) -> Tile:
+    zeros = k.sbuf(tile.shape, tile.dtype, "zeros")
+    k.memset(zeros, 0)
+    return zeros
+
+
+@tile_kernel(aten.clamp.default)
+def clamp(k: Kernel, out: list[OutSpec], x: np.ndarray, min: Any = None, max: Any = None) -> np.ndarray:
+    result = hbm_empty(out[0])
+
+    def compute(dst: Tile, srcs: list[Tile]) -> None:
+        src = srcs[0] if srcs[0].shape == dst.shape else _full(k, srcs[0], dst)
+        k.tensor_copy(dst, src)
+        if min is not None:
+            k.tensor_scalar(dst, dst, "maximum", min)
+        if max is not None:
+            k.tensor_scalar(dst, dst, "minimum", max)
+
+    return map_flat(k, result, [x], compute)
+
+
+@tile_kernel(aten.clamp.Tensor)
+def clamp_tensor(k: Kernel, out: list[OutSpec], x: np.ndarray, min: Any = None, max: Any = None) -> np.ndarray:
+    result = hbm_empty(out[0])
+    arrays = [x] + [v for v in (min, max) if v is not None]
+
+    def compute(dst: Tile, srcs: list[Tile]) -> None:
+        it = iter(srcs)
+        k.tensor_copy(dst, _full(k, next(it), dst))
+        if min is not None:
+            _apply_binary(k, dst, dst, next(it), "maximum")
+        if max is not None:
+            _apply_binary(k, dst, dst, next(it), "minimum")
+
+    return map_flat(k, result, arrays, compute)

@@ -1,0 +1,3 @@
+"""indexing tile programs (in progress)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""losses tile programs (in progress)."""
+
+from __future__ import annotations

@@ -1,0 +1,147 @@
+"""Matmul tile programs on the Tensor engine: mm, addmm, bmm (linear and baddbmm decompose).
+
+``C[M, N] = A[M, K] @ B[K, N]`` contracts over the partition dim, so the program needs ``Aᵀ``
+tiles ``[K, M]`` (stationary, M ≤ 128) and ``B`` tiles ``[K, N]`` (moving, N ≤ 512), K ≤ 128 per
+matmul with accumulation over K in an fp32 PSUM bank (N-mm). Operands stored transposed
+(``x.t()`` views, as ``linear`` passes its weight) load with a DMA transpose on NeuronCore-v3+
+or a Tensor-engine transpose on v2; row-major ones load directly.
+
+Rows are processed in blocks of up to four 128-row tiles so that each ``B`` tile loaded feeds four
+matmuls, which keeps the Tensor engine, not HBM, the bottleneck for large products.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.memory import Tile
+
+aten = torch.ops.aten
+
+#: Row tiles sharing each loaded B tile.
+ROW_TILES_PER_BLOCK = 4
+#: SBUF bytes per partition the resident Aᵀ panel may use (a third of the smallest SBUF).
+PANEL_BUDGET = 64 * 1024
+
+
+def _tiles(n: int, size: int) -> list[tuple[int, int]]:
+    return [(i, min(n, i + size)) for i in range(0, n, size)] or [(0, 0)]
+
+
+def load_k_major(k: Kernel, view: np.ndarray, k0: int, k1: int, n0: int, n1: int, name: str) -> Tile:
+    """The block ``view[k0:k1, n0:n1]`` as an SBUF tile with K on partitions."""
+    dtype = chip_dtype(view.dtype)
+    part = view[k0:k1, n0:n1]
+    tile = k.sbuf((k1 - k0, n1 - n0), dtype, name)
+    item = view.dtype.itemsize
+    column_major = part.shape[1] > 1 and part.strides[0] == item and part.strides[1] != item
+    if not column_major:
+        k.dma(tile, part)
+    elif k.spec.transpose_in_dma:
+        k.dma(tile, part.T, transpose=True)
+    else:
+        for c0, c1 in _tiles(n1 - n0, k.spec.partitions):
+            with k.scope():
+                rows = k.sbuf((c1 - c0, k1 - k0), dtype, name + "_rows")
+                k.dma(rows, part.T[c0:c1])
+                flipped = k.psum((k1 - k0, c1 - c0), np.float32, name + "_t")
+                k.transpose(flipped, rows)
+                k.tensor_copy(tile[:, c0:c1], flipped)
+    return tile
+
+
+def matmul_2d(k: Kernel, a: np.ndarray, b: np.ndarray, out: np.ndarray,
+              epilogue: Any = None) -> np.ndarray:
+    """``out = epilogue(a @ b)``; ``epilogue(k, acc_fp32_tile, m0, m1, n0, n1) -> tile`` may
+    scale and add a bias before the result is rounded to ``out``'s dtype and stored."""
+    spec = k.spec
+    m, kk = a.shape
+    n = b.shape[1]
+    p = spec.partitions
+    if m == 0 or n == 0:
+        return out
+    if kk == 0:
+        out[...] = 0
+        return out
+    k_tiles = _tiles(kk, p)
+    at = a.T
+    panel_bytes = len(k_tiles) * p * chip_dtype(a.dtype).itemsize
+    rows_per_block = max(1, min(ROW_TILES_PER_BLOCK, PANEL_BUDGET // max(panel_bytes, 1))) * p
+    resident = panel_bytes <= PANEL_BUDGET
+    for b0, b1 in _tiles(m, rows_per_block):
+        with k.scope():
+            row_tiles = _tiles(b1 - b0, p)
+            panel = {}
+            if resident:
+                for r0, r1 in row_tiles:
+                    for k0, k1 in k_tiles:
+                        panel[r0, k0] = load_k_major(k, at, k0, k1, b0 + r0, b0 + r1, "aT")
+            for n0, n1 in _tiles(n, spec.gemm_moving_fmax):
+                with k.scope():
+                    accs = {r0: k.psum((r1 - r0, n1 - n0), np.float32, "acc") for r0, r1 in row_tiles}
+                    for step, (k0, k1) in enumerate(k_tiles):
+                        with k.scope():
+                            moving = load_k_major(k, b, k0, k1, n0, n1, "b")
+                            for r0, r1 in row_tiles:
+                                with k.scope():
+                                    stationary = panel.get((r0, k0)) or load_k_major(
+                                        k, at, k0, k1, b0 + r0, b0 + r1, "aT")
+                                    k.matmul(accs[r0], stationary, moving, accumulate=step > 0)
+                    for r0, r1 in row_tiles:
+                        with k.scope():
+                            _store_block(k, accs[r0], out, b0 + r0, b0 + r1, n0, n1, epilogue)
+    return out
+
+
+def _store_block(k: Kernel, acc: Tile, out: np.ndarray, m0: int, m1: int, n0: int, n1: int,
+                 epilogue: Any) -> None:
+    if epilogue is not None:
+        staged = k.sbuf(acc.shape, np.float32, "staged")
+        k.tensor_copy(staged, acc)
+        acc = epilogue(k, staged, m0, m1, n0, n1)
+    result = k.sbuf(acc.shape, chip_dtype(out.dtype), "c")
+    k.tensor_copy(result, acc)
+    k.dma(out[m0:m1, n0:n1], result)
+
+
+def _bias_epilogue(bias: np.ndarray, shape: tuple[int, int], beta: Any, alpha: Any):
+    full = np.broadcast_to(bias, shape)
+
+    def epilogue(k: Kernel, acc: Tile, m0: int, m1: int, n0: int, n1: int) -> Tile:
+        if alpha != 1:
+            k.tensor_scalar(acc, acc, "multiply", alpha)
+        if beta == 0:
+            return acc
+        term = k.sbuf(acc.shape, chip_dtype(bias.dtype), "bias")
+        k.dma(term, full[m0:m1, n0:n1])
+        if beta != 1:
+            k.tensor_scalar(term, term, "multiply", beta)
+        k.tensor_tensor(acc, acc, term, "add")
+        return acc
+
+    return epilogue
+
+
+@tile_kernel(aten.mm.default)
+def mm(k: Kernel, out: list[OutSpec], a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return matmul_2d(k, a, b, hbm_empty(out[0]))
+
+
+@tile_kernel(aten.addmm.default)
+def addmm(k: Kernel, out: list[OutSpec], bias: np.ndarray, a: np.ndarray, b: np.ndarray, *,
+          beta: Any = 1, alpha: Any = 1) -> np.ndarray:
+    result = hbm_empty(out[0])
+    return matmul_2d(k, a, b, result, _bias_epilogue(bias, result.shape, beta, alpha))
+
+
+@tile_kernel(aten.bmm.default)
+def bmm(k: Kernel, out: list[OutSpec], a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    result = hbm_empty(out[0])
+    for i in range(a.shape[0]):
+        matmul_2d(k, a[i], b[i], result[i])
+    return result

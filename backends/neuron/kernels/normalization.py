@@ -1,0 +1,3 @@
+"""normalization tile programs (in progress)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""pooling tile programs (in progress)."""
+
+from __future__ import annotations

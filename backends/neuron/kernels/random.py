@@ -1,0 +1,3 @@
+"""random tile programs (in progress)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""reductions tile programs (in progress)."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""shape tile programs (in progress)."""
+
+from __future__ import annotations

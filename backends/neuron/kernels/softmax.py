@@ -1,0 +1,3 @@
+"""softmax tile programs (in progress)."""
+
+from __future__ import annotations

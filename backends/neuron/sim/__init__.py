@@ -1,0 +1,20 @@
+"""The simulated NeuronCore: memories, an NKI-like instruction set, numerics and a cost model.
+
+Nothing here knows about PyTorch's dispatcher: tile programs (``kernels/``) drive it with numpy
+arrays, and it can be used on its own to write and time a kernel.
+"""
+
+from accelkit_backends.neuron.sim.core import ACTIVATIONS, BINARY_OPS, Kernel, KernelRecord, NeuronCore
+from accelkit_backends.neuron.sim.errors import (
+    NeuronDtypeError,
+    NeuronKernelError,
+    PsumOverflowError,
+    SbufOverflowError,
+    TileShapeError,
+)
+from accelkit_backends.neuron.sim.memory import Tile
+
+__all__ = [
+    "ACTIVATIONS", "BINARY_OPS", "Kernel", "KernelRecord", "NeuronCore", "NeuronDtypeError",
+    "NeuronKernelError", "PsumOverflowError", "SbufOverflowError", "Tile", "TileShapeError",
+]

@@ -1,0 +1,601 @@
+"""The simulated NeuronCore: an NKI-like instruction set that executes and is timed.
+
+A kernel is a tile program run inside :meth:`NeuronCore.kernel`::
+
+    with core.kernel("add") as k:
+        a = k.sbuf((128, 512), np.float32, "a")
+        k.dma(a, hbm_x)                          # HBM -> SBUF on a DMA queue
+        k.tensor_scalar(a, a, "add", 1.0)        # VectorE
+        k.dma(hbm_out, a)                        # SBUF -> HBM
+
+Each instruction **executes** at once in numpy (fp32 engine arithmetic, rounding into narrower
+tiles per :mod:`numerics`) and is **scheduled**: it starts when its engine is free and its
+operands are ready (read-after-write, write-after-read, and reuse of freed memory are all
+dependencies), and lasts as long as :mod:`cost` says. Engines therefore overlap wherever the
+data allows, and a kernel has an estimated latency and per-engine busy time. Breaking a rule —
+a tile over 128 partitions, SBUF/PSUM exhausted, a matmul operand over its limit — raises a
+:class:`~accelkit_backends.neuron.sim.errors.NeuronKernelError` naming the kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from accelkit_backends.neuron.device import CoreSpec
+from accelkit_backends.neuron.sim import cost
+from accelkit_backends.neuron.sim import numerics as nx
+from accelkit_backends.neuron.sim.errors import NeuronDtypeError, NeuronKernelError, TileShapeError
+from accelkit_backends.neuron.sim.memory import OnChipMemory, Tile
+
+ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
+_ON_CHIP_DTYPES = frozenset(np.dtype(d) for d in (
+    np.float32, np.float16, nx.TORCH_TO_NUMPY[torch.bfloat16], nx.TORCH_TO_NUMPY[torch.float8_e4m3fn],
+    nx.TORCH_TO_NUMPY[torch.float8_e5m2], np.int8, np.uint8, np.int16, np.uint16, np.int32,
+    np.uint32, np.bool_,
+))
+_INT32 = np.iinfo(np.int32)
+
+
+@dataclass
+class Instruction:
+    """One executed instruction on the timeline (seconds since the core's clock started)."""
+
+    kernel: str
+    name: str
+    engine: str
+    start: float
+    end: float
+    detail: str = ""
+
+
+@dataclass
+class KernelRecord:
+    """What one kernel execution cost: latency and busy time per engine (estimates)."""
+
+    name: str
+    start: float
+    end: float
+    busy: dict[str, float] = field(default_factory=lambda: dict.fromkeys(ENGINES, 0.0))
+    instructions: int = 0
+    flops: int = 0
+    hbm_bytes: int = 0
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.start
+
+
+# ---------------------------------------------------------------------------------------------
+# Engine arithmetic (what the ALUs and the activation tables compute)
+# ---------------------------------------------------------------------------------------------
+
+BINARY_OPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.true_divide,
+    "maximum": np.maximum, "minimum": np.minimum, "pow": np.power,
+    "equal": np.equal, "not_equal": np.not_equal, "less": np.less, "less_equal": np.less_equal,
+    "greater": np.greater, "greater_equal": np.greater_equal,
+    "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,
+    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
+    "left_shift": np.left_shift, "right_shift": np.right_shift,
+    "fmod": np.fmod, "remainder": np.remainder, "atan2": np.arctan2,
+    "floor_divide": np.floor_divide, "trunc_divide": lambda a, b: np.trunc(np.true_divide(a, b)), "copysign": np.copysign, "hypot": np.hypot,
+    "nextafter": np.nextafter, "logaddexp": np.logaddexp,
+}
+REDUCE_OPS = {"add": np.add, "max": np.maximum, "min": np.minimum, "multiply": np.multiply,
+              "logical_and": np.logical_and, "logical_or": np.logical_or}
+
+
+def _activation_table() -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
+    F = torch.nn.functional
+    table = {name: getattr(torch, name) for name in (
+        "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "tanh", "sigmoid", "sqrt", "rsqrt",
+        "reciprocal", "abs", "neg", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
+        "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "sign", "floor", "ceil", "round",
+        "trunc", "frac", "square", "relu", "lgamma", "digamma", "sinc", "deg2rad", "rad2deg",
+    )}
+    table.update(
+        identity=lambda x: x, gelu=F.gelu, gelu_tanh=lambda x: F.gelu(x, approximate="tanh"),
+        silu=F.silu, mish=F.mish, softplus=F.softplus, elu=F.elu, selu=F.selu, celu=F.celu,
+        hardsigmoid=F.hardsigmoid, hardswish=F.hardswish, hardtanh=F.hardtanh,
+        logsigmoid=F.logsigmoid, relu6=F.relu6, isnan=torch.isnan, isinf=torch.isinf,
+        isfinite=torch.isfinite, logical_not=torch.logical_not, signbit=torch.signbit,
+        i0=torch.i0, erfcx=torch.special.erfcx, ndtri=torch.special.ndtri,
+    )
+    return table
+
+
+ACTIVATIONS = _activation_table()
+
+
+def _fp32(array: np.ndarray) -> np.ndarray:
+    return array if array.dtype == np.float32 else array.astype(np.float32)
+
+
+def _check_int32(values: np.ndarray, where: str) -> None:
+    if values.dtype.kind in "iu" and values.size:
+        low, high = values.min(), values.max()
+        if low < _INT32.min or high > _INT32.max:
+            bad = low if low < _INT32.min else high
+            raise NeuronDtypeError(
+                f"{where}: integer value {int(bad)} does not fit the NeuronCore's 32-bit integer "
+                "datapath (int64 is stored at full width but computed as int32, as neuronx-cc "
+                "does by default). Keep integer values within int32, or compute this on the CPU."
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# The core
+# ---------------------------------------------------------------------------------------------
+
+
+class NeuronCore:
+    """One simulated NeuronCore: SBUF, PSUM, five engine queues and a device clock."""
+
+    def __init__(self, spec: CoreSpec):
+        self.spec = spec
+        self.sbuf = OnChipMemory("SBUF", spec.partitions, spec.sbuf_partition_bytes)
+        self.psum = OnChipMemory("PSUM", spec.partitions, spec.psum_partition_bytes,
+                                 granule=spec.psum_partition_bytes // spec.psum_banks)
+        self.clock = 0.0
+        #: Called with each finished :class:`KernelRecord` and its instructions.
+        self.listeners: list[Callable[[KernelRecord, list[Instruction]], None]] = []
+        self.record_instructions = False
+
+    @contextlib.contextmanager
+    def kernel(self, name: str) -> Iterator[Kernel]:
+        """Run a tile program; its SBUF/PSUM are freed and its timing recorded at exit."""
+        kernel = Kernel(self, name, self.clock)
+        try:
+            yield kernel
+        finally:
+            self.sbuf.reset()
+            self.psum.reset()
+        record = kernel.finish()
+        self.clock = record.end
+        for listener in self.listeners:
+            listener(record, kernel.log)
+
+
+class Kernel:
+    """The instruction set, bound to one kernel execution (see the module docstring)."""
+
+    def __init__(self, core: NeuronCore, name: str, start: float):
+        self.core = core
+        self.spec = core.spec
+        self.name = name
+        self.start = start
+        self.log: list[Instruction] = []
+        self._record = KernelRecord(name, start, start)
+        self._engine_free = dict.fromkeys(ENGINES, start)
+        self._dma_free = [start] * core.spec.dma_queues
+        self._hbm_free = start
+        self._hbm_ready: dict[int, float] = {}
+        self._tensor_used = False
+
+    # -- memory ---------------------------------------------------------------------------
+
+    def sbuf(self, shape: tuple[int, ...], dtype: Any, name: str = "t") -> Tile:
+        return self.core.sbuf.allocate(tuple(shape), self._on_chip(dtype, name), name, self.name)
+
+    def psum(self, shape: tuple[int, ...], dtype: Any = np.float32, name: str = "acc") -> Tile:
+        return self.core.psum.allocate(tuple(shape), self._on_chip(dtype, name), name, self.name)
+
+    def free(self, *tiles: Tile) -> None:
+        for tile in tiles:
+            tile.memory.release(tile)
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator[None]:
+        """Free every tile allocated inside the block when it ends (a loop body's tiles)."""
+        marks = (set(self.core.sbuf._live), set(self.core.psum._live))
+        try:
+            yield
+        finally:
+            for memory, before in zip((self.core.sbuf, self.core.psum), marks):
+                for offset in [o for o in memory._live if o not in before]:
+                    memory.release(memory._live[offset])
+
+    def _on_chip(self, dtype: Any, name: str) -> np.dtype:
+        dtype = nx.numpy_dtype(dtype) if isinstance(dtype, torch.dtype) else np.dtype(dtype)
+        if dtype not in _ON_CHIP_DTYPES:
+            raise NeuronDtypeError(
+                f"{self.name}: tile {name} cannot be {dtype}: NeuronCore engines have no 64-bit "
+                "or complex types (N-ndt). Load int64 as int32 and float64 as float32."
+            )
+        return dtype
+
+    # -- scheduling -----------------------------------------------------------------------
+
+    def _schedule(self, name: str, engine: str, seconds: float, reads: tuple = (), writes: tuple = (),
+                  detail: str = "", earliest: float | None = None) -> tuple[float, float]:
+        start = self._engine_free[engine] if earliest is None else earliest
+        for operand in reads:
+            start = max(start, self._ready(operand))
+        for operand in writes:
+            start = max(start, self._ready(operand), self._read_until(operand))
+        end = start + seconds
+        for operand in reads:
+            self._mark_read(operand, end)
+        for operand in writes:
+            self._mark_written(operand, end)
+        if earliest is None:
+            self._engine_free[engine] = end
+        self._record.busy[engine] += seconds
+        self._record.instructions += 1
+        self._record.end = max(self._record.end, end)
+        if self.core.record_instructions:
+            self.log.append(Instruction(self.name, name, engine, start, end, detail))
+        return start, end
+
+    def _ready(self, operand: Any) -> float:
+        if isinstance(operand, Tile):
+            return operand.base.ready_at if operand.base.ready_at else self.start
+        return self._hbm_ready.get(_hbm_key(operand), self.start)
+
+    def _read_until(self, operand: Any) -> float:
+        if isinstance(operand, Tile):
+            return operand.base.read_until
+        return self.start
+
+    def _mark_read(self, operand: Any, end: float) -> None:
+        if isinstance(operand, Tile):
+            operand.base.read_until = max(operand.base.read_until, end)
+
+    def _mark_written(self, operand: Any, end: float) -> None:
+        if isinstance(operand, Tile):
+            operand.base.ready_at = end
+        else:
+            self._hbm_ready[_hbm_key(operand)] = end
+
+    def finish(self) -> KernelRecord:
+        return self._record
+
+    # -- DMA ------------------------------------------------------------------------------
+
+    def dma(self, dst: Tile | np.ndarray, src: Tile | np.ndarray, transpose: bool = False,
+            pattern: np.ndarray | None = None) -> None:
+        """Copy between HBM (numpy arrays) and SBUF tiles, or SBUF to SBUF.
+
+        Shapes must match. DMA does not convert dtypes, with two policy exceptions: an int64 HBM
+        tensor loads as int32 (an error if a value does not fit) and stores back sign-extended;
+        float64 (only present under ``ACCELKIT_NEURON_FLOAT64=downcast``) loads as float32.
+        ``transpose=True`` loads ``src.T`` (a DMA transpose, NeuronCore-v3 and later).
+        ``pattern`` is the HBM view the transfer walks, when ``src`` holds values already
+        gathered from it (a broadcast or strided input): the cost follows the pattern.
+        """
+        if isinstance(dst, Tile) and dst.memory is self.core.psum:
+            raise NeuronKernelError(f"{self.name}: DMA cannot write PSUM; matmuls write PSUM")
+        values = src.data if isinstance(src, Tile) else src
+        if transpose:
+            if not self.spec.transpose_in_dma:
+                raise NeuronKernelError(
+                    f"{self.name}: DMA transpose needs NeuronCore-v3 or later ({self.spec.version} "
+                    "transposes on the Tensor engine: use Kernel.transpose)"
+                )
+            values = values.T
+        target = dst.data if isinstance(dst, Tile) else dst
+        if values.shape != target.shape:
+            raise TileShapeError(f"{self.name}: DMA of shape {values.shape} into {target.shape}")
+        target[...] = self._dma_convert(values, target.dtype)
+        nbytes = values.size * max(values.dtype.itemsize, target.dtype.itemsize)
+        hbm_side = src if not isinstance(src, Tile) else dst if not isinstance(dst, Tile) else None
+        walked = pattern if pattern is not None else hbm_side if hbm_side is not None else values
+        run = _contiguous_run_bytes(walked)
+        self._dma_schedule("dma_transpose" if transpose else "dma", nbytes, run, transpose,
+                           reads=(src,), writes=(dst,), via_hbm=hbm_side is not None)
+
+    def gather_rows(self, dst: Tile, table: np.ndarray, indices: Tile) -> None:
+        """Indirect DMA: ``dst[p] = table[indices[p, 0]]`` for each partition (an embedding lookup).
+
+        An index outside the table raises (the simulator can check what the hardware cannot).
+        """
+        rows = indices.data.reshape(indices.partitions, -1)[:, 0].astype(np.int64)
+        if dst.partitions != rows.shape[0] or dst.shape[1:] != table.shape[1:]:
+            raise TileShapeError(f"{self.name}: gather of {table.shape[1:]} rows into {dst.shape}")
+        if rows.size and (rows.min() < 0 or rows.max() >= table.shape[0]):
+            bad = rows[(rows < 0) | (rows >= table.shape[0])][0]
+            raise IndexError(f"{self.name}: index {int(bad)} is out of range for {table.shape[0]} rows")
+        dst.data[...] = self._dma_convert(table[rows], dst.dtype)
+        nbytes = dst.data.size * dst.dtype.itemsize
+        run = math.prod(table.shape[1:]) * table.dtype.itemsize
+        self._dma_schedule("dma_gather", nbytes, run, False, reads=(indices, table), writes=(dst,),
+                           via_hbm=True)
+
+    def _dma_convert(self, values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        if values.dtype == dtype:
+            return values
+        if values.dtype == np.int64 or dtype == np.int64:
+            _check_int32(values, self.name)
+            return values.astype(dtype)
+        if values.dtype == np.float64 and dtype == np.float32 or values.dtype == np.float32 and dtype == np.float64:
+            return values.astype(dtype)
+        raise NeuronKernelError(
+            f"{self.name}: DMA does not convert {values.dtype} to {dtype}; load as is, then "
+            "tensor_copy into a tile of the new dtype"
+        )
+
+    def _dma_schedule(self, name: str, nbytes: int, run: int, transpose: bool, reads: tuple,
+                      writes: tuple, via_hbm: bool) -> None:
+        """Split a transfer over the earliest-free DMA queues (at least 2 KiB each, N-dma),
+        pay the fixed latency once, and bound HBM traffic by the core's HBM bandwidth."""
+        spec = self.spec
+        queues = sorted(range(len(self._dma_free)), key=self._dma_free.__getitem__)
+        queues = queues[: min(len(queues), max(1, nbytes // cost.DMA_MIN_TRANSFER_BYTES))]
+        ready = self._dma_free[queues[-1]]
+        for operand in reads:
+            ready = max(ready, self._ready(operand))
+        for operand in writes:
+            ready = max(ready, self._ready(operand), self._read_until(operand))
+        busy = cost.dma_queue_seconds(spec, -(-nbytes // len(queues)), run, transpose)
+        finish = ready + spec.dma_fixed_latency_s + busy
+        if via_hbm:
+            slot = max(ready + spec.dma_fixed_latency_s, self._hbm_free)
+            self._hbm_free = slot + cost.hbm_seconds(spec, nbytes)
+            finish = max(finish, self._hbm_free)
+            self._record.hbm_bytes += nbytes
+        for queue in queues:
+            self._dma_free[queue] = ready + busy
+        self._schedule(name, "dma", finish - ready, reads, writes, f"{nbytes} B", earliest=ready)
+
+    # -- Tensor engine --------------------------------------------------------------------
+
+    def matmul(self, dst: Tile, stationary: Tile, moving: Tile, accumulate: bool = False) -> None:
+        """``dst[M, N] (+)= stationary[K, M].T @ moving[K, N]`` in fp32 (nc_matmul, N-mm).
+
+        K is the partition dim of both inputs (at most 128); M at most 128; N at most 512;
+        inputs in SBUF, ``dst`` an fp32 PSUM tile; fp32 inputs must come in pairs.
+        """
+        spec = self.spec
+        self._need(dst, self.core.psum, "matmul output")
+        self._need(stationary, self.core.sbuf, "matmul stationary")
+        self._need(moving, self.core.sbuf, "matmul moving")
+        k, m = stationary.partitions, stationary.free_size
+        n = moving.free_size
+        if moving.partitions != k:
+            raise TileShapeError(f"{self.name}: matmul contracts {k} partitions with {moving.partitions}")
+        if m > spec.gemm_stationary_fmax or n > spec.gemm_moving_fmax:
+            raise TileShapeError(
+                f"{self.name}: matmul stationary free size {m} (limit {spec.gemm_stationary_fmax}) "
+                f"and moving free size {n} (limit {spec.gemm_moving_fmax}); tile M and N"
+            )
+        if dst.shape != (m, n) or dst.dtype != np.float32:
+            raise TileShapeError(f"{self.name}: matmul writes a float32 [{m}, {n}] PSUM tile, got {dst!r}")
+        fp32_inputs = (stationary.dtype == np.float32) + (moving.dtype == np.float32)
+        if fp32_inputs == 1:
+            raise NeuronKernelError(f"{self.name}: matmul with one fp32 input needs both in fp32 (N-mm)")
+        product = _fp32(stationary.data.reshape(k, m)).T @ _fp32(moving.data.reshape(k, n))
+        if accumulate:
+            dst.data += product
+        else:
+            dst.data[...] = product
+        dtype = nx.torch_dtype(moving.dtype)
+        idle = not self._tensor_used or self._engine_free["tensor"] < max(
+            self._ready(stationary), self._ready(moving))
+        self._tensor_used = True
+        seconds = cost.matmul_seconds(spec, n, m, dtype, idle)
+        self._record.flops += 2 * k * m * n
+        reads = (stationary, moving, dst) if accumulate else (stationary, moving)
+        self._schedule("matmul", "tensor", seconds, reads, (dst,), f"K={k} M={m} N={n} {dtype}")
+
+    def transpose(self, dst: Tile, src: Tile) -> None:
+        """``dst[F, P] = src[P, F].T`` on the Tensor engine (a matmul with the identity)."""
+        self._need(dst, self.core.psum, "transpose output")
+        p, f = src.partitions, src.free_size
+        if f > self.spec.partitions:
+            raise TileShapeError(f"{self.name}: transpose of free size {f} > {self.spec.partitions}")
+        if dst.shape != (f, p):
+            raise TileShapeError(f"{self.name}: transpose of [{p}, {f}] into {dst.shape}")
+        dst.data[...] = nx.round_to(_fp32(src.data.reshape(p, f)).T.copy(), dst.dtype)
+        idle = not self._tensor_used or self._engine_free["tensor"] < self._ready(src)
+        self._tensor_used = True
+        seconds = cost.matmul_seconds(self.spec, p, f, nx.torch_dtype(src.dtype), idle)
+        self._schedule("transpose", "tensor", seconds, (src,), (dst,), f"[{p}, {f}]")
+
+    # -- Vector, Scalar, GpSimd engines -----------------------------------------------------
+
+    def tensor_tensor(self, dst: Tile, a: Tile, b: Tile, op: str) -> None:
+        """``dst = a <op> b`` elementwise; ``b`` may broadcast along free dims (stride 0)."""
+        fn = _lookup(BINARY_OPS, op, "binary op")
+        self._same_partitions(dst, a, b)
+        work = nx.compute_dtype(a.dtype, b.dtype)
+        with np.errstate(all="ignore"):
+            values = fn(a.data.astype(work, copy=False), b.data.astype(work, copy=False))
+        self._store(dst, values)
+        self._elementwise(f"tensor_tensor.{op}", dst, (a, b), work)
+
+    def tensor_scalar(self, dst: Tile, a: Tile, op: str, scalar: float | Tile, reverse: bool = False) -> None:
+        """``dst = a <op> scalar`` (or ``scalar <op> a``); ``scalar`` is a number or a [P, 1] tile."""
+        fn = _lookup(BINARY_OPS, op, "binary op")
+        self._same_partitions(dst, a)
+        operands: tuple = (a,)
+        if isinstance(scalar, Tile):
+            self._same_partitions(dst, scalar)
+            work = nx.compute_dtype(a.dtype, scalar.dtype)
+            other = scalar.data.reshape((scalar.partitions,) + (1,) * (a.data.ndim - 1)).astype(work)
+            operands = (a, scalar)
+        else:
+            work = nx.compute_dtype(a.dtype, np.asarray(scalar).dtype)
+            other = np.asarray(scalar, dtype=work)
+        x = a.data.astype(work, copy=False)
+        with np.errstate(all="ignore"):
+            values = fn(other, x) if reverse else fn(x, other)
+        self._store(dst, values)
+        self._elementwise(f"tensor_scalar.{op}", dst, operands[:1], work)
+
+    def activation(self, dst: Tile, src: Tile, func: str, scale: float | Tile = 1.0,
+                   bias: float | Tile | None = None, reduce_into: Tile | None = None) -> None:
+        """``dst = func(src * scale + bias)`` on the Scalar engine, optionally also summing each
+        partition's results into the [P, 1] tile ``reduce_into`` (activation_reduce).
+
+        Scale and bias cost nothing extra (N-arch2). ``func`` is one of :data:`ACTIVATIONS`.
+        """
+        fn = _lookup(ACTIVATIONS, func, "activation")
+        self._same_partitions(dst, src)
+        x = _fp32(src.data)
+        if not (isinstance(scale, (int, float)) and scale == 1.0):
+            x = x * self._per_partition(scale, x.ndim)
+        if bias is not None:
+            x = x + self._per_partition(bias, x.ndim)
+        result = fn(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).numpy()
+        self._store(dst, result)
+        reads: tuple = (src,) + tuple(t for t in (scale, bias) if isinstance(t, Tile))
+        writes: tuple = (dst,)
+        if reduce_into is not None:
+            total = result.astype(np.float32).reshape(dst.partitions, -1).sum(axis=1, dtype=np.float32)
+            reduce_into.data[...] = nx.round_to(total.reshape(reduce_into.shape), reduce_into.dtype)
+            writes = (dst, reduce_into)
+        seconds = cost.scalar_seconds(self.spec, src.free_size)
+        self._schedule(f"activation.{func}", "scalar", seconds, reads, writes, f"[{src.partitions}, {src.free_size}]")
+
+    def tensor_reduce(self, dst: Tile, src: Tile, op: str, negate: bool = False) -> None:
+        """Reduce each partition's free elements: ``dst[p, 0] = reduce(src[p, :])`` (VectorE).
+
+        ``op`` is one of :data:`REDUCE_OPS` or ``argmax``/``argmin`` (the first index, as int32).
+        """
+        self._same_partitions(dst, src)
+        flat = src.data.reshape(src.partitions, -1)
+        work = nx.compute_dtype(src.dtype)
+        values = flat.astype(work, copy=False)
+        if op in ("argmax", "argmin"):
+            with np.errstate(invalid="ignore"):
+                pick = np.argmax if op == "argmax" else np.argmin
+                result = pick(values, axis=1)
+                nan_rows = np.isnan(values).any(axis=1) if work.kind == "f" else np.zeros(len(values), bool)
+                result = np.where(nan_rows, np.argmax(np.isnan(values), axis=1), result)
+        else:
+            fn = _lookup(REDUCE_OPS, op, "reduction")
+            result = fn.reduce(values, axis=1, dtype=work) if values.shape[1] else np.full(
+                values.shape[0], fn.identity if fn.identity is not None else 0, dtype=work)
+            if op in ("max", "min") and work.kind == "f" and values.shape[1]:
+                result = np.where(np.isnan(values).any(axis=1), np.nan, result)
+        if negate:
+            result = -result
+        self._store(dst, result.reshape(dst.shape))
+        self._elementwise(f"tensor_reduce.{op}", src, (src,), work, writes=(dst,))
+
+    def tensor_copy(self, dst: Tile, src: Tile, engine: str = "vector") -> None:
+        """``dst = src`` with a dtype conversion (rounding per :mod:`numerics`); PSUM -> SBUF."""
+        self._same_partitions(dst, src)
+        if dst.shape != src.shape:
+            raise TileShapeError(f"{self.name}: tensor_copy of {src.shape} into {dst.shape}")
+        work = nx.compute_dtype(src.dtype)
+        values = src.data if src.dtype.kind == "b" else src.data.astype(work, copy=False)
+        self._store(dst, values)
+        if engine == "scalar":
+            self._schedule("tensor_copy", "scalar", cost.scalar_seconds(self.spec, src.free_size),
+                           (src,), (dst,))
+        else:
+            self._elementwise("tensor_copy", dst, (src,), work, engine=engine)
+
+    def select(self, dst: Tile, mask: Tile, on_true: Tile | float, on_false: Tile | float) -> None:
+        """``dst = mask ? on_true : on_false`` (VectorE); scalars or [P, 1] tiles broadcast."""
+        self._same_partitions(dst, mask)
+        operands = [mask] + [t for t in (on_true, on_false) if isinstance(t, Tile)]
+        work = nx.compute_dtype(*(t.dtype for t in operands[1:])) if len(operands) > 1 else np.dtype(np.float32)
+        if dst.dtype.kind in "iub" and all(not isinstance(t, Tile) or t.dtype.kind in "iub" for t in (on_true, on_false)):
+            work = np.dtype(np.int64)
+        pick = [t.data.astype(work) if isinstance(t, Tile) else np.asarray(t, dtype=work) for t in (on_true, on_false)]
+        self._store(dst, np.where(mask.data.astype(bool), pick[0], pick[1]))
+        self._elementwise("select", dst, tuple(operands), work)
+
+    def iota(self, dst: Tile, base: int = 0, partition_step: int = 0, free_step: int = 1) -> None:
+        """``dst[p, f] = base + p * partition_step + f * free_step`` (GpSimd)."""
+        p = np.arange(dst.partitions, dtype=np.int64).reshape((-1,) + (1,) * (dst.data.ndim - 1))
+        f = np.arange(dst.free_size, dtype=np.int64).reshape((1,) + dst.shape[1:])
+        self._store(dst, base + p * partition_step + f * free_step)
+        self._schedule("iota", "gpsimd", cost.gpsimd_seconds(self.spec, dst.free_size), (), (dst,))
+
+    def memset(self, dst: Tile, value: float) -> None:
+        work = nx.compute_dtype(dst.dtype)
+        self._store(dst, np.full(dst.shape, value, dtype=work))
+        self._elementwise("memset", dst, (), work)
+
+    def partition_reduce(self, dst: Tile, src: Tile, op: str) -> None:
+        """Reduce across partitions: ``dst[0, f] = reduce(src[:, f])`` (GpSimd, which reaches
+        every partition; a sum is cheaper as a matmul with a ones vector on the Tensor engine)."""
+        fn = _lookup(REDUCE_OPS, op, "reduction")
+        if dst.partitions != 1 or dst.free_size != src.free_size:
+            raise TileShapeError(f"{self.name}: partition_reduce of {src.shape} into {dst.shape}")
+        work = nx.compute_dtype(src.dtype)
+        values = fn.reduce(src.data.astype(work, copy=False), axis=0, keepdims=True)
+        if op in ("max", "min") and work.kind == "f":
+            values = np.where(np.isnan(src.data.astype(work)).any(axis=0, keepdims=True), np.nan, values)
+        self._store(dst, values)
+        seconds = cost.gpsimd_seconds(self.spec, src.free_size, inputs=src.partitions // 16 + 1)
+        self._schedule(f"partition_reduce.{op}", "gpsimd", seconds, (src,), (dst,))
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _store(self, dst: Tile, values: np.ndarray) -> None:
+        if dst.dtype.kind in "iu":
+            _check_int32(np.asarray(values) if np.asarray(values).dtype.kind in "iu" else np.zeros(0, np.int64), self.name)
+        dst.data[...] = nx.round_to(np.broadcast_to(values, dst.shape), dst.dtype)
+
+    def _elementwise(self, name: str, dst: Tile, inputs: tuple, work: np.dtype, engine: str | None = None,
+                     writes: tuple | None = None) -> None:
+        if engine is None:
+            # Exact integer arithmetic runs on GpSimd's 32-bit integer lanes; the Vector engine's
+            # ALUs convert to fp32 (N-ndt), which would round integers above 2**24.
+            engine = "gpsimd" if work.kind in "iu" else "vector"
+        free = dst.free_size
+        if engine == "gpsimd":
+            seconds = cost.gpsimd_seconds(self.spec, free, len(inputs))
+        else:
+            sixteen = all(t.dtype.itemsize <= 2 for t in (dst, *inputs))
+            seconds = cost.vector_seconds(self.spec, free, len(inputs), sixteen)
+        self._schedule(name, engine, seconds, inputs, writes if writes is not None else (dst,),
+                       f"[{dst.partitions}, {free}]")
+
+    def _need(self, tile: Tile, memory: OnChipMemory, role: str) -> None:
+        if not isinstance(tile, Tile) or tile.memory is not memory:
+            raise NeuronKernelError(f"{self.name}: the {role} must be a {memory.name} tile")
+
+    def _same_partitions(self, dst: Tile, *tiles: Tile) -> None:
+        for tile in tiles:
+            if tile.partitions != dst.partitions:
+                raise TileShapeError(
+                    f"{self.name}: {tile.name} spans {tile.partitions} partitions, {dst.name} "
+                    f"{dst.partitions}; engines do not move data across partitions"
+                )
+
+    @staticmethod
+    def _per_partition(value: float | Tile, ndim: int) -> Any:
+        if isinstance(value, Tile):
+            return _fp32(value.data).reshape((value.partitions,) + (1,) * (ndim - 1))
+        return np.float32(value)
+
+
+def _lookup(table: dict, name: str, what: str) -> Any:
+    try:
+        return table[name]
+    except KeyError:
+        raise NeuronKernelError(f"unknown {what} {name!r}; known: {', '.join(sorted(table))}") from None
+
+
+def _hbm_key(array: np.ndarray) -> int:
+    base = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return id(base)
+
+
+def _contiguous_run_bytes(array: np.ndarray) -> int:
+    """Bytes a DMA reads contiguously per descriptor: the innermost dims that are dense.
+
+    Broadcast dims (stride 0) are re-reads of the same bytes and do not break a run.
+    """
+    run = array.dtype.itemsize
+    for size, stride in zip(reversed(array.shape), reversed(array.strides)):
+        if size == 1 or stride == 0:
+            continue
+        if stride != run:
+            break
+        run *= size
+    return run

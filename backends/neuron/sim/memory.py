@@ -1,0 +1,145 @@
+"""On-chip memories (SBUF, PSUM) and tiles.
+
+A tile is a tensor in SBUF or PSUM whose dim 0 is the partition dim (at most 128) and whose
+other dims are free dims (N-tile). It occupies the same byte range ``[offset, offset + free
+bytes)`` in each of its partitions. SBUF is allocated first-fit per byte; PSUM in whole 2 KiB
+banks, and a matmul accumulator must fit one bank (512 fp32, N-arch2). Running out is an error
+that names the kernel, the request and what is alive — never a silent success.
+
+Tiles carry scheduling state (when their data is ready, when they were last read) so the core
+can order instructions by their data dependencies, including reuse of freed memory.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from accelkit_backends.neuron.sim.errors import PsumOverflowError, SbufOverflowError, TileShapeError
+
+_NO_TIME = 0.0
+
+
+class Tile:
+    """A tensor in SBUF or PSUM. ``tile[a:b, c:d]`` is a sub-tile sharing memory and state."""
+
+    __slots__ = ("memory", "data", "base", "offset", "nbytes", "name", "ready_at", "read_until", "freed")
+
+    def __init__(self, memory: OnChipMemory, data: np.ndarray, offset: int, nbytes: int, name: str,
+                 base: Tile | None = None, available_at: float = _NO_TIME):
+        self.memory = memory
+        self.data = data
+        self.base = base if base is not None else self
+        self.offset = offset
+        self.nbytes = nbytes
+        self.name = name
+        self.ready_at = available_at   # end of the last write (or when the memory became free)
+        self.read_until = available_at  # end of the last read
+        self.freed = False
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.data.shape
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.data.dtype
+
+    @property
+    def partitions(self) -> int:
+        return self.data.shape[0]
+
+    @property
+    def free_size(self) -> int:
+        """Elements per partition."""
+        return math.prod(self.data.shape[1:])
+
+    def __getitem__(self, index: Any) -> Tile:
+        view = self.data[index]
+        if view.ndim != self.data.ndim:
+            raise TileShapeError(f"tile {self.name}: index {index!r} drops a dim; slice with a:b instead")
+        return Tile(self.memory, view, self.offset, self.nbytes, self.name, base=self.base)
+
+    def __repr__(self) -> str:
+        return f"Tile({self.name}, {self.memory.name}, shape={self.shape}, dtype={self.dtype})"
+
+
+class OnChipMemory:
+    """One of SBUF or PSUM: per-partition byte space with first-fit allocation.
+
+    :param granule: allocation unit in bytes per partition (PSUM: one bank).
+    """
+
+    def __init__(self, name: str, partitions: int, partition_bytes: int, granule: int = 1):
+        self.name = name
+        self.partitions = partitions
+        self.partition_bytes = partition_bytes
+        self.granule = granule
+        self._live: dict[int, Tile] = {}         # offset -> live base tile
+        self._released: list[tuple[int, int, float]] = []  # (offset, end, free time)
+        self.high_water = 0
+
+    def reset(self) -> None:
+        self._live.clear()
+        self._released.clear()
+        self.high_water = 0
+
+    def in_use(self) -> int:
+        return sum(t.nbytes for t in self._live.values())
+
+    def allocate(self, shape: tuple[int, ...], dtype: np.dtype, name: str, kernel: str) -> Tile:
+        if not shape or shape[0] < 1:
+            raise TileShapeError(f"{kernel}: tile {name} needs a partition dim, got shape {shape}")
+        if shape[0] > self.partitions:
+            raise TileShapeError(
+                f"{kernel}: tile {name} spans {shape[0]} partitions; a NeuronCore has "
+                f"{self.partitions} (split the partition dim into tiles of at most {self.partitions})"
+            )
+        dtype = np.dtype(dtype)
+        free_bytes = max(1, math.prod(shape[1:])) * dtype.itemsize
+        nbytes = -(-free_bytes // self.granule) * self.granule
+        offset = self._first_fit(nbytes)
+        if offset is None:
+            raise self._overflow(kernel, name, shape, dtype, nbytes)
+        end = offset + nbytes
+        available = max((t for o, e, t in self._released if o < end and offset < e), default=_NO_TIME)
+        data = np.zeros(shape, dtype=dtype)
+        tile = Tile(self, data, offset, nbytes, name, available_at=available)
+        self._live[offset] = tile
+        self.high_water = max(self.high_water, end)
+        return tile
+
+    def release(self, tile: Tile) -> None:
+        base = tile.base
+        if base.freed:
+            return
+        base.freed = True
+        self._live.pop(base.offset, None)
+        free_time = max(base.ready_at, base.read_until)
+        self._released.append((base.offset, base.offset + base.nbytes, free_time))
+
+    def _first_fit(self, nbytes: int) -> int | None:
+        cursor = 0
+        for offset in sorted(self._live):
+            if offset - cursor >= nbytes:
+                return cursor
+            live = self._live[offset]
+            cursor = max(cursor, offset + live.nbytes)
+        return cursor if self.partition_bytes - cursor >= nbytes else None
+
+    def _overflow(self, kernel: str, name: str, shape: tuple, dtype: np.dtype, nbytes: int) -> Exception:
+        live = ", ".join(f"{t.name}{list(t.shape)}" for t in self._live.values()) or "nothing"
+        message = (
+            f"{kernel}: tile {name} {list(shape)} {dtype} needs {nbytes} B per partition in "
+            f"{self.name}, which has {self.partition_bytes} B per partition with "
+            f"{self.in_use()} B in use (live: {live}). Use smaller tiles or free tiles "
+            "that are no longer needed."
+        )
+        if self.granule > 1:
+            return PsumOverflowError(
+                message + f" PSUM has {self.partition_bytes // self.granule} banks of "
+                f"{self.granule} B; an accumulator must fit one bank."
+            )
+        return SbufOverflowError(message)
