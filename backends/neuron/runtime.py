@@ -114,6 +114,7 @@ class Ledger:
             self.hbm_bytes = 0
             self.kernels = 0
             self.instances: dict[str, set] = collections.defaultdict(set)
+            self._families: dict[tuple, set] = {}
             self._churn_warned: set[str] = set()
 
     def record(self, record: KernelRecord, _instructions: list[Instruction]) -> None:
@@ -130,20 +131,26 @@ class Ledger:
             self.kernels += 1
 
     def note_instance(self, op: str, key: tuple) -> None:
+        """Count a compiled instance; warn once per op when one call pattern (same ranks,
+        dtypes and static arguments) has met more than :data:`SHAPE_CHURN_LIMIT` shapes —
+        a varying batch or sequence length, not a model's many fixed layer shapes."""
+        structure = _without_sizes(key)
         with self._lock:
             seen = self.instances[op]
             if key in seen:
                 return
             seen.add(key)
-            churn = len(seen) > SHAPE_CHURN_LIMIT and op not in self._churn_warned
+            family = self._families.setdefault((op, structure), set())
+            family.add(key)
+            churn = len(family) > SHAPE_CHURN_LIMIT and op not in self._churn_warned
             if churn:
                 self._churn_warned.add(op)
         if churn:
             warnings.warn(
-                f"neuron: {op} has compiled {len(seen)} kernel instances for different input "
-                "shapes. On Trainium every new shape is a new compilation; pad inputs to a few "
-                "fixed sizes (bucketing) to keep shapes static.",
-                ShapeChurnWarning, stacklevel=2,
+                f"neuron: {op} has compiled {len(family)} kernel instances for inputs that differ "
+                "only in their sizes. On Trainium every new shape is a new compilation; pad "
+                "inputs to a few fixed sizes (bucketing) to keep shapes static.",
+                ShapeChurnWarning, stacklevel=3,
             )
 
     def summary(self) -> dict[str, Any]:
@@ -158,6 +165,15 @@ class Ledger:
                 "per_engine_seconds": dict(self.per_engine),
                 "per_op": {k: dict(v) for k, v in sorted(self.per_op.items())},
             }
+
+
+def _without_sizes(key: Any) -> Any:
+    """An instance key with array sizes and strides blanked (ranks and dtypes kept)."""
+    if isinstance(key, tuple):
+        if len(key) == 4 and key[0] == "array":
+            return ("array", len(key[1]), key[2])
+        return tuple(_without_sizes(k) for k in key)
+    return key
 
 
 LEDGER = Ledger()
