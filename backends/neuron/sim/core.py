@@ -308,6 +308,35 @@ class Kernel:
         self._dma_schedule("dma_gather", nbytes, run, False, reads=(indices, table), writes=(dst,),
                            via_hbm=True)
 
+    def scatter_rows(self, table: np.ndarray, src: Tile, indices: Tile, accumulate: bool = False) -> None:
+        """Indirect DMA store: ``table[indices[p, 0]] = src[p]`` for each partition, or ``+=``
+        with ``accumulate`` (a DMA read-modify-write add, computed in fp32 and rounded back).
+
+        Partitions naming the same row are applied in partition order (the last write wins;
+        every add lands). An index outside the table raises, as in :meth:`gather_rows`.
+        """
+        rows = indices.data.reshape(indices.partitions, -1)[:, 0].astype(np.int64)
+        if src.partitions != rows.shape[0] or src.shape[1:] != table.shape[1:]:
+            raise TileShapeError(f"{self.name}: scatter of {src.shape} into {table.shape[1:]} rows")
+        if rows.size and (rows.min() < 0 or rows.max() >= table.shape[0]):
+            bad = rows[(rows < 0) | (rows >= table.shape[0])][0]
+            raise IndexError(f"{self.name}: index {int(bad)} is out of range for {table.shape[0]} rows")
+        if accumulate:
+            work = nx.compute_dtype(table.dtype, src.dtype)
+            touched, slot = np.unique(rows, return_inverse=True)
+            updated = table[touched].astype(work)
+            np.add.at(updated, slot.reshape(-1), src.data.astype(work))
+            _check_int32(updated, self.name)
+            table[touched] = nx.round_to(updated, table.dtype)
+        else:
+            values = self._dma_convert(src.data, table.dtype)
+            for p in range(rows.shape[0]):
+                table[rows[p]] = values[p]
+        nbytes = src.data.size * src.dtype.itemsize * (2 if accumulate else 1)
+        run = math.prod(table.shape[1:]) * table.dtype.itemsize
+        self._dma_schedule("dma_scatter_add" if accumulate else "dma_scatter", nbytes, run, False,
+                           reads=(indices, src), writes=(table,), via_hbm=True)
+
     def _dma_convert(self, values: np.ndarray, dtype: np.dtype) -> np.ndarray:
         if values.dtype == dtype:
             return values
