@@ -1,3 +1,297 @@
-"""indexing tile programs (in progress)."""
+"""Indexing tile programs: indirect DMA for lookups and scatters, one-hot matmuls for sums.
+
+- ``embedding`` and ``index_select`` gather whole rows with the indirect DMA
+  (:meth:`Kernel.gather_rows`): one row per partition, its row number read from SBUF.
+- ``gather`` and ``scatter``/``scatter_add`` address single elements: the GpSimd engine turns
+  each position into an element offset (``iota``, then integer divide/modulo per dim, the index
+  replacing the coordinate along ``dim``) and the DMA gathers or scatters through those offsets
+  over the tensor's HBM span, one ``[P, 1]`` column per instruction. ``scatter_add`` uses the
+  DMA's read-modify-write add.
+- ``embedding_dense_backward`` sums gradient rows per index as a Tensor-engine matmul: a one-hot
+  matrix built from ``iota == index`` contracts the tokens (on partitions) into a PSUM
+  accumulator, the standard Trainium formulation of a scatter-add into a small table.
+
+An index outside its dimension raises as on the CPU (``IndexError`` for the lookups,
+``RuntimeError`` naming the dimension for gather/scatter); int64 indices compute as int32.
+"""
 
 from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.kernels.convert import fill
+from accelkit_backends.neuron.kernels.shape import copy_view
+from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.memory import Tile
+
+aten = torch.ops.aten
+
+#: Free elements per partition of a gathered row block (8 KiB of fp32).
+ROW_FMAX = 2048
+#: Columns of element offsets per chunk in gather/scatter (one indirect DMA each).
+COLUMN_FMAX = 64
+
+
+def _flat_values(array: np.ndarray) -> np.ndarray:
+    """``array``'s elements in row-major order (a view when it is dense)."""
+    return np.ascontiguousarray(array).reshape(-1)
+
+
+def _element_span(array: np.ndarray) -> np.ndarray:
+    """The HBM elements from ``array``'s first to its last, as a ``[span, 1]`` view: the table
+    an element-granular indirect DMA addresses by offset (strides are never negative here)."""
+    item = array.itemsize
+    span = 1 + sum((n - 1) * s // item for n, s in zip(array.shape, array.strides) if n > 0)
+    return np.lib.stride_tricks.as_strided(array, (span, 1), (item, item), writeable=True)
+
+
+def _strides(array: np.ndarray) -> tuple[int, ...]:
+    return tuple(s // array.itemsize for s in array.strides)
+
+
+def _chunks(n: int, partitions: int) -> list[tuple[int, int, int]]:
+    """``(start, rows, cols)`` covering ``range(n)`` row-major, then a one-row tail."""
+    cols = min(COLUMN_FMAX, max(1, math.ceil(n / partitions)))
+    out, start = [], 0
+    while n - start >= cols:
+        rows = min(partitions, (n - start) // cols)
+        out.append((start, rows, cols))
+        start += rows * cols
+    if start < n:
+        out.append((start, 1, n - start))
+    return out
+
+
+def _load_index(k: Kernel, flat: np.ndarray, start: int, rows: int, cols: int, name: str = "index") -> Tile:
+    tile = k.sbuf((rows, cols), chip_dtype(flat.dtype), name)
+    k.dma(tile, flat[start : start + rows * cols].reshape(rows, cols))
+    return tile
+
+
+def _check_range(values: np.ndarray, size: int, dim: int, what: str) -> None:
+    """The CPU's bound check for gather/scatter (the DMA's out-of-bounds error, with the
+    dimension named); negative indices are out of range too."""
+    if values.size:
+        bad = values[(values < 0) | (values >= size)]
+        if bad.size:
+            raise RuntimeError(f"{what}: index {int(bad[0])} is out of bounds for dimension {dim} with size {size}")
+
+
+def _element_offsets(k: Kernel, index: Tile, start: int, shape: tuple[int, ...], dim: int,
+                     strides: tuple[int, ...]) -> Tile:
+    """Element offsets of a chunk of positions in ``shape`` (row-major from ``start``), with
+    ``index`` standing for the coordinate along ``dim`` (GpSimd integer arithmetic)."""
+    rows, cols = index.shape
+    position = k.sbuf((rows, cols), np.int32, "position")
+    k.iota(position, base=start, partition_step=cols, free_step=1)
+    offsets = k.sbuf((rows, cols), np.int32, "offsets")
+    k.tensor_scalar(offsets, index, "multiply", strides[dim])
+    coordinate = k.sbuf((rows, cols), np.int32, "coordinate")
+    for d, (size, stride) in enumerate(zip(shape, strides)):
+        if d == dim or size == 1 or stride == 0:
+            continue
+        inner = math.prod(shape[d + 1 :])
+        k.tensor_scalar(coordinate, position, "floor_divide", inner)
+        k.tensor_scalar(coordinate, coordinate, "remainder", size)
+        k.tensor_scalar(coordinate, coordinate, "multiply", stride)
+        k.tensor_tensor(offsets, offsets, coordinate, "add")
+    return offsets
+
+
+def _as_1d(array: np.ndarray) -> np.ndarray:
+    return array.reshape(1) if array.ndim == 0 else array
+
+
+# ---------------------------------------------------------------------------------------------
+# gather and scatter (element-granular indirect DMA)
+# ---------------------------------------------------------------------------------------------
+
+
+@tile_kernel(aten.gather.default)
+def gather(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: np.ndarray, *,
+           sparse_grad: bool = False) -> np.ndarray:
+    """``out[i][j][k] = x[index[i][j][k]][j][k]`` (for ``dim`` 0; likewise for the others)."""
+    result = hbm_empty(out[0])
+    if result.size == 0:
+        return result
+    x1, index1, flat_out = _as_1d(x), _as_1d(index), result.reshape(-1)
+    dim %= x1.ndim
+    values = _flat_values(index1)
+    _check_range(values, x1.shape[dim], dim, "gather")
+    table = _element_span(x1)
+    for start, rows, cols in _chunks(values.size, k.spec.partitions):
+        with k.scope():
+            idx = _load_index(k, values, start, rows, cols)
+            offsets = _element_offsets(k, idx, start, index1.shape, dim, _strides(x1))
+            picked = k.sbuf((rows, cols), chip_dtype(x.dtype), "picked")
+            for c in range(cols):
+                k.gather_rows(picked[:, c : c + 1], table, offsets[:, c : c + 1])
+            k.dma(flat_out[start : start + rows * cols].reshape(rows, cols), picked)
+    return result
+
+
+def _scatter(k: Kernel, out: OutSpec, x: np.ndarray, dim: int, index: np.ndarray, src: Any,
+             accumulate: bool, what: str) -> np.ndarray:
+    """``x`` copied to a fresh output, then ``src`` (an array, or a number for every position)
+    stored — or added — at the positions ``index`` names along ``dim``."""
+    result = hbm_empty(out)
+    copy_view(k, result, x)
+    if index.size == 0:
+        return result
+    result1, index1 = _as_1d(result), _as_1d(index)
+    dim %= result1.ndim
+    values = _flat_values(index1)
+    _check_range(values, result1.shape[dim], dim, what)
+    table = _element_span(result1)
+    src_flat = None
+    if isinstance(src, np.ndarray):
+        src1 = _as_1d(src)
+        src_flat = _flat_values(src1[tuple(slice(0, n) for n in index1.shape)])
+    tile_dtype = chip_dtype(result.dtype)
+    for start, rows, cols in _chunks(values.size, k.spec.partitions):
+        with k.scope():
+            idx = _load_index(k, values, start, rows, cols)
+            offsets = _element_offsets(k, idx, start, index1.shape, dim, _strides(result1))
+            update = k.sbuf((rows, cols), tile_dtype, "update")
+            if src_flat is None:
+                k.memset(update, src)
+            else:
+                loaded = _load_index(k, src_flat, start, rows, cols, "src")
+                if loaded.dtype != tile_dtype:
+                    k.tensor_copy(update, loaded)
+                else:
+                    update = loaded
+            for c in range(cols):
+                k.scatter_rows(table, update[:, c : c + 1], offsets[:, c : c + 1], accumulate=accumulate)
+    return result
+
+
+@tile_kernel(aten.scatter.src)
+def scatter_src(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: np.ndarray,
+                src: np.ndarray) -> np.ndarray:
+    return _scatter(k, out[0], x, dim, index, src, False, "scatter")
+
+
+@tile_kernel(aten.scatter.value)
+def scatter_value(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: np.ndarray,
+                  value: Any) -> np.ndarray:
+    return _scatter(k, out[0], x, dim, index, value, False, "scatter")
+
+
+@tile_kernel(aten.scatter_add.default)
+def scatter_add(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: np.ndarray,
+                src: np.ndarray) -> np.ndarray:
+    return _scatter(k, out[0], x, dim, index, src, True, "scatter_add")
+
+
+# ---------------------------------------------------------------------------------------------
+# Row lookups: embedding, index_select (row-granular indirect DMA)
+# ---------------------------------------------------------------------------------------------
+
+
+def _gather_rows_into(k: Kernel, out_rows: np.ndarray, table: np.ndarray, values: np.ndarray) -> None:
+    """``out_rows[i] = table[values[i]]`` for each i: rows on partitions, each row cut into
+    blocks of at most :data:`ROW_FMAX` elements."""
+    from accelkit_backends.neuron.kernels.shape import free_blocks
+
+    p = k.spec.partitions
+    for r0 in range(0, values.size, p):
+        r1 = min(values.size, r0 + p)
+        with k.scope():
+            idx = _load_index(k, values, r0, r1 - r0, 1)
+            for block in free_blocks(table.shape[1:], ROW_FMAX):
+                with k.scope():
+                    part = table[(slice(None),) + block]
+                    rows = k.sbuf((r1 - r0,) + part.shape[1:], chip_dtype(table.dtype), "rows")
+                    k.gather_rows(rows, part, idx)
+                    k.dma(out_rows[(slice(r0, r1),) + block], rows)
+
+
+@tile_kernel(aten.embedding.default)
+def embedding(k: Kernel, out: list[OutSpec], weight: np.ndarray, indices: np.ndarray,
+              padding_idx: int = -1, scale_grad_by_freq: bool = False, sparse: bool = False) -> np.ndarray:
+    """``weight[indices]``: one indirect-DMA row gather per 128 indices."""
+    result = hbm_empty(out[0])
+    values = _flat_values(indices)
+    if values.size:
+        _gather_rows_into(k, result.reshape((values.size,) + weight.shape[1:]), weight, values)
+    return result
+
+
+@tile_kernel(aten.index_select.default)
+def index_select(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: np.ndarray) -> np.ndarray:
+    """Rows of ``x`` along ``dim`` (moved to the front of both views, no copy) gathered by DMA."""
+    result = hbm_empty(out[0])
+    if result.size == 0:
+        return result
+    x1, result1 = _as_1d(x), _as_1d(result)
+    dim %= x1.ndim
+    values = _flat_values(index)
+    _gather_rows_into(k, np.moveaxis(result1, dim, 0), np.moveaxis(x1, dim, 0), values)
+    return result
+
+
+@tile_kernel(aten.embedding_dense_backward.default)
+def embedding_dense_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, indices: np.ndarray,
+                             num_weights: int, padding_idx: int, scale_grad_by_freq: bool) -> np.ndarray:
+    """``grad_weight[v] = sum of grad rows whose index is v`` as ``onehot.T @ grad`` on the
+    Tensor engine (tokens on partitions, accumulated in PSUM over token tiles); the padding
+    row is zeroed, and with ``scale_grad_by_freq`` each row is divided by its index count."""
+    result = hbm_empty(out[0])
+    values = _flat_values(indices)
+    width = result.shape[1] if result.ndim == 2 else 1
+    if values.size == 0 or result.size == 0:
+        return fill(k, out[0], 0) if result.size else result
+    rows = grad.reshape(values.size, width)
+    p, n_max = k.spec.partitions, k.spec.gemm_moving_fmax
+    dtype = chip_dtype(grad.dtype)
+    token_tiles = [(t, min(values.size, t + p)) for t in range(0, values.size, p)]
+    for v0 in range(0, num_weights, p):
+        v1 = min(num_weights, v0 + p)
+        for d0 in range(0, width, n_max):
+            d1 = min(width, d0 + n_max)
+            with k.scope():
+                acc = k.psum((v1 - v0, d1 - d0), np.float32, "acc")
+                counts = k.psum((v1 - v0, 1), np.float32, "counts") if scale_grad_by_freq else None
+                for step, (t0, t1) in enumerate(token_tiles):
+                    with k.scope():
+                        onehot = _one_hot(k, values, t0, t1, v0, v1, dtype)
+                        moving = k.sbuf((t1 - t0, d1 - d0), dtype, "grad")
+                        k.dma(moving, rows[t0:t1, d0:d1])
+                        k.matmul(acc, onehot, moving, accumulate=step > 0)
+                        if counts is not None:
+                            ones = k.sbuf((t1 - t0, 1), dtype, "ones")
+                            k.memset(ones, 1)
+                            k.matmul(counts, onehot, ones, accumulate=step > 0)
+                _store_grad_rows(k, acc, counts, result, v0, v1, d0, d1, padding_idx)
+    return result
+
+
+def _one_hot(k: Kernel, values: np.ndarray, t0: int, t1: int, v0: int, v1: int, dtype: Any) -> Tile:
+    """``onehot[t, v] = (values[t] == v)`` for tokens ``t0:t1`` and vocabulary ``v0:v1``."""
+    idx = _load_index(k, values, t0, t1 - t0, 1)
+    vocabulary = k.sbuf((t1 - t0, v1 - v0), np.int32, "vocabulary")
+    k.iota(vocabulary, base=v0, partition_step=0, free_step=1)
+    onehot = k.sbuf((t1 - t0, v1 - v0), dtype, "onehot")
+    k.tensor_scalar(onehot, vocabulary, "equal", idx)
+    return onehot
+
+
+def _store_grad_rows(k: Kernel, acc: Tile, counts: Tile | None, result: np.ndarray, v0: int, v1: int,
+                     d0: int, d1: int, padding_idx: int) -> None:
+    block = k.sbuf(acc.shape, np.float32, "block")
+    k.tensor_copy(block, acc)
+    if counts is not None:
+        divisor = k.sbuf(counts.shape, np.float32, "divisor")
+        k.tensor_scalar(divisor, counts, "maximum", 1.0)
+        k.tensor_scalar(block, block, "divide", divisor)
+    if v0 <= padding_idx < v1:
+        k.memset(block[padding_idx - v0 : padding_idx - v0 + 1], 0)
+    stored = k.sbuf(acc.shape, chip_dtype(result.dtype), "stored")
+    k.tensor_copy(stored, block)
+    k.dma(result.reshape(result.shape[0], -1)[v0:v1, d0:d1], stored)
