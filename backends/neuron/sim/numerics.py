@@ -58,7 +58,7 @@ def torch_dtype(dtype: np.dtype) -> torch.dtype:
 
 def to_torch(array: np.ndarray) -> torch.Tensor:
     """A CPU tensor with the array's values (a copy)."""
-    array = np.ascontiguousarray(array)
+    array = np.ascontiguousarray(array).reshape(np.shape(array))  # ascontiguousarray makes 0-d 1-d
     carrier = HOST_CARRIER.get(array.dtype)
     if carrier is None:
         return torch.from_numpy(array.copy())
