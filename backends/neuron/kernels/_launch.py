@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
+from accelkit._runtime._dispatch import CPU_EQUIVALENTS
 from accelkit.sdk import KernelTable
 from accelkit_backends.neuron import runtime
 from accelkit_backends.neuron.sim import numerics as nx
@@ -99,7 +100,10 @@ def _output_specs(op: OpOverload, key: tuple, args: tuple, kwargs: dict) -> list
     cache_key = (op, key, _float_values(args, kwargs))
     specs = _SPECS.get(cache_key)
     if specs is None:
-        result = op(*_to_meta(args), **{k: _to_meta(v) for k, v in kwargs.items()})
+        # Device-hook ops (convolution_overrideable) have no Meta kernel; the CPU op the
+        # runtime runs in their place computes the same geometry.
+        meta_op = CPU_EQUIVALENTS.get(op, op)
+        result = meta_op(*_to_meta(args), **{k: _to_meta(v) for k, v in kwargs.items()})
         results = result if isinstance(result, (tuple, list)) else (result,)
         specs = [OutSpec(tuple(r.shape), r.dtype) if isinstance(r, torch.Tensor) else None for r in results]
         if len(_SPECS) > 65536:
