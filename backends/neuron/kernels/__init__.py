@@ -2,7 +2,7 @@
 
 from accelkit_backends.neuron.kernels import convert, elementwise, matmul  # noqa: F401
 from accelkit_backends.neuron.kernels import reductions, softmax, normalization, losses  # noqa: F401
-from accelkit_backends.neuron.kernels import indexing, shape, conv, pooling, random  # noqa: F401
+from accelkit_backends.neuron.kernels import indexing, shape, conv, pooling, random, batchnorm  # noqa: F401
 from accelkit_backends.neuron.kernels._launch import kernels
 
 __all__ = ["kernels"]
