@@ -9,12 +9,14 @@ from typing import Any
 import numpy as np
 
 from accelkit_backends.neuron.kernels._launch import chip_dtype
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.core import Kernel, TilePool
 from accelkit_backends.neuron.sim.memory import Tile
 
 #: Free elements per partition in one elementwise tile: 8 KiB of fp32, so a handful of
 #: double-buffered operands stay far below SBUF's per-partition size on every generation.
 FMAX = 2048
+#: Buffers per streamed operand: the chunk computed, the one prefetched, the one being stored.
+BUFFERS = 3
 
 
 def flat_chunks(n: int, partitions: int, fmax: int = FMAX) -> Iterator[tuple[int, int, int]]:
@@ -41,12 +43,13 @@ class FlatOperand:
         self.flat = view.reshape(-1) if view.flags.c_contiguous else np.ascontiguousarray(view).reshape(-1)
         self.tile_dtype = chip_dtype(array.dtype)
 
-    def load(self, k: Kernel, start: int, rows: int, cols: int, name: str) -> Tile:
+    def load(self, pool: TilePool, start: int, rows: int, cols: int, name: str) -> Tile:
+        k = pool._kernel
         if self.scalar:
-            tile = k.sbuf((rows, 1), self.tile_dtype, name)
+            tile = pool.tile((rows, 1), self.tile_dtype, name)
             k.dma(tile, np.broadcast_to(self.array.reshape(1, 1), (rows, 1)))
             return tile
-        tile = k.sbuf((rows, cols), self.tile_dtype, name)
+        tile = pool.tile((rows, cols), self.tile_dtype, name)
         part = self.flat[start : start + rows * cols].reshape(rows, cols)
         contiguous = self.pattern.flags.c_contiguous
         # A strided or broadcast input is costed by the walk over its view (every chunk of it
@@ -63,14 +66,34 @@ def map_flat(
     out_tile_dtype: Any = None,
 ) -> np.ndarray:
     """Run ``compute(dst, srcs)`` over ``out`` chunk by chunk: load each input's chunk (size-1
-    inputs as a [rows, 1] per-partition scalar), compute into ``dst``, store ``dst``."""
+    inputs as a [rows, 1] per-partition scalar), compute into ``dst``, store ``dst``.
+
+    Software-pipelined: the next chunk's loads are issued before this chunk's compute and store
+    (DMA queues run in order), into other buffers, so transfers overlap the engines' work.
+    Temporaries ``compute`` allocates live until the chunk after next begins.
+    """
     operands = [FlatOperand(a, out.shape) for a in inputs]
+    pools = [k.pool(BUFFERS) for _ in operands]
+    out_pool = k.pool(BUFFERS)
     flat_out = out.reshape(-1)
     tile_dtype = out_tile_dtype or chip_dtype(out.dtype)
-    for start, rows, cols in flat_chunks(out.size, k.spec.partitions):
-        with k.scope():
-            srcs = [op.load(k, start, rows, cols, f"in{i}") for i, op in enumerate(operands)]
-            dst = k.sbuf((rows, cols), tile_dtype, "out")
-            compute(dst, srcs)
-            k.dma(flat_out[start : start + rows * cols].reshape(rows, cols), dst)
+
+    def load(chunk: tuple[int, int, int]) -> list[Tile]:
+        start, rows, cols = chunk
+        return [op.load(pool, start, rows, cols, f"in{i}") for i, (op, pool) in enumerate(zip(operands, pools))]
+
+    chunks = list(flat_chunks(out.size, k.spec.partitions))
+    scratch: list[list[Tile]] = []
+    loaded = load(chunks[0]) if chunks else []
+    for index, (start, rows, cols) in enumerate(chunks):
+        srcs = loaded
+        if index + 1 < len(chunks):
+            loaded = load(chunks[index + 1])
+        if len(scratch) >= BUFFERS:
+            k.free(*scratch.pop(0))
+        before = {id(t) for t in k.live_tiles()}
+        dst = out_pool.tile((rows, cols), tile_dtype, "out")
+        compute(dst, srcs)
+        k.dma(flat_out[start : start + rows * cols].reshape(rows, cols), dst)
+        scratch.append([t for t in k.live_tiles() if id(t) not in before and t is not dst])
     return out

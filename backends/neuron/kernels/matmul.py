@@ -18,13 +18,15 @@ import numpy as np
 import torch
 
 from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.core import Kernel, TilePool
 from accelkit_backends.neuron.sim.memory import Tile
 
 aten = torch.ops.aten
 
 #: Row tiles sharing each loaded B tile.
 ROW_TILES_PER_BLOCK = 4
+#: B tiles in flight: DMA's fixed latency (~1.3 us) spans several matmuls.
+MOVING_BUFFERS = 6
 #: SBUF bytes per partition the resident Aᵀ panel may use (a third of the smallest SBUF).
 PANEL_BUDGET = 64 * 1024
 
@@ -33,11 +35,13 @@ def _tiles(n: int, size: int) -> list[tuple[int, int]]:
     return [(i, min(n, i + size)) for i in range(0, n, size)] or [(0, 0)]
 
 
-def load_k_major(k: Kernel, view: np.ndarray, k0: int, k1: int, n0: int, n1: int, name: str) -> Tile:
-    """The block ``view[k0:k1, n0:n1]`` as an SBUF tile with K on partitions."""
+def load_k_major(k: Kernel, view: np.ndarray, k0: int, k1: int, n0: int, n1: int, name: str,
+                 pool: TilePool | None = None) -> Tile:
+    """The block ``view[k0:k1, n0:n1]`` as an SBUF tile with K on partitions (from ``pool``
+    if given)."""
     dtype = chip_dtype(view.dtype)
     part = view[k0:k1, n0:n1]
-    tile = k.sbuf((k1 - k0, n1 - n0), dtype, name)
+    tile = (pool.tile if pool is not None else k.sbuf)((k1 - k0, n1 - n0), dtype, name)
     item = view.dtype.itemsize
     column_major = part.shape[1] > 1 and part.strides[0] == item and part.strides[1] != item
     if not column_major:
@@ -58,7 +62,12 @@ def load_k_major(k: Kernel, view: np.ndarray, k0: int, k1: int, n0: int, n1: int
 def matmul_2d(k: Kernel, a: np.ndarray, b: np.ndarray, out: np.ndarray,
               epilogue: Any = None) -> np.ndarray:
     """``out = epilogue(a @ b)``; ``epilogue(k, acc_fp32_tile, m0, m1, n0, n1) -> tile`` may
-    scale and add a bias before the result is rounded to ``out``'s dtype and stored."""
+    scale and add a bias before the result is rounded to ``out``'s dtype and stored.
+
+    Software-pipelined: ``B`` tiles stream through a rotating pool (loads run ahead of the
+    matmuls), accumulators are double-buffered in PSUM, and each column block's results are
+    stored after the next block's first loads are issued, so DMA queues never wait on them.
+    """
     spec = k.spec
     m, kk = a.shape
     n = b.shape[1]
@@ -71,30 +80,49 @@ def matmul_2d(k: Kernel, a: np.ndarray, b: np.ndarray, out: np.ndarray,
     k_tiles = _tiles(kk, p)
     at = a.T
     panel_bytes = len(k_tiles) * p * chip_dtype(a.dtype).itemsize
-    rows_per_block = max(1, min(ROW_TILES_PER_BLOCK, PANEL_BUDGET // max(panel_bytes, 1))) * p
+    # Accumulators are double-buffered in PSUM; v2's Tensor-engine transposes need a bank too.
+    banks = (spec.psum_banks - (0 if spec.transpose_in_dma else 1)) // 2
+    rows_per_block = max(1, min(ROW_TILES_PER_BLOCK, banks, PANEL_BUDGET // max(panel_bytes, 1))) * p
     resident = panel_bytes <= PANEL_BUDGET
-    for b0, b1 in _tiles(m, rows_per_block):
-        with k.scope():
-            row_tiles = _tiles(b1 - b0, p)
-            panel = {}
-            if resident:
-                for r0, r1 in row_tiles:
-                    for k0, k1 in k_tiles:
-                        panel[r0, k0] = load_k_major(k, at, k0, k1, b0 + r0, b0 + r1, "aT")
-            for n0, n1 in _tiles(n, spec.gemm_moving_fmax):
+    moving_pool = k.pool(MOVING_BUFFERS)
+    streamed_pool = k.pool(MOVING_BUFFERS)
+    pending: list[tuple] = []  # stores waiting for the next block's loads to be issued
+
+    def flush() -> None:
+        while pending:
+            accs, rows, n0, n1 = pending.pop(0)
+            for (r0, r1), acc in zip(rows, accs):
                 with k.scope():
-                    accs = {r0: k.psum((r1 - r0, n1 - n0), np.float32, "acc") for r0, r1 in row_tiles}
-                    for step, (k0, k1) in enumerate(k_tiles):
-                        with k.scope():
-                            moving = load_k_major(k, b, k0, k1, n0, n1, "b")
-                            for r0, r1 in row_tiles:
-                                with k.scope():
-                                    stationary = panel.get((r0, k0)) or load_k_major(
-                                        k, at, k0, k1, b0 + r0, b0 + r1, "aT")
-                                    k.matmul(accs[r0], stationary, moving, accumulate=step > 0)
-                    for r0, r1 in row_tiles:
-                        with k.scope():
-                            _store_block(k, accs[r0], out, b0 + r0, b0 + r1, n0, n1, epilogue)
+                    _store_block(k, acc, out, r0, r1, n0, n1, epilogue)
+                k.free(acc)
+
+    blocks = [[(b0 + r0, b0 + r1) for r0, r1 in _tiles(b1 - b0, p)] for b0, b1 in _tiles(m, rows_per_block)]
+    n_tiles = _tiles(n, spec.gemm_moving_fmax)
+
+    def load_panel(rows: list[tuple[int, int]]) -> dict[tuple[int, int], Tile]:
+        return {(r0, k0): load_k_major(k, at, k0, k1, r0, r1, "aT") for r0, r1 in rows for k0, k1 in k_tiles}
+
+    panel: dict[tuple[int, int], Tile] = {}  # the block's resident Aᵀ tiles (first block: on first use)
+    for index, rows in enumerate(blocks):
+        for n_index, (n0, n1) in enumerate(n_tiles):
+            if resident and n_index == len(n_tiles) - 1 and index + 1 < len(blocks):
+                upcoming = load_panel(blocks[index + 1])  # prefetch while this block finishes
+            accs = [k.psum((r1 - r0, n1 - n0), np.float32, "acc") for r0, r1 in rows]
+            for step, (k0, k1) in enumerate(k_tiles):
+                moving = load_k_major(k, b, k0, k1, n0, n1, "b", moving_pool)
+                if step == min(1, len(k_tiles) - 1):
+                    flush()
+                for (r0, r1), acc in zip(rows, accs):
+                    stationary = panel.get((r0, k0))
+                    if stationary is None:
+                        stationary = load_k_major(k, at, k0, k1, r0, r1, "aT", None if resident else streamed_pool)
+                        if resident:
+                            panel[r0, k0] = stationary
+                    k.matmul(acc, stationary, moving, accumulate=step > 0)
+            pending.append((accs, rows, n0, n1))
+        k.free(*panel.values())  # its last matmuls are issued; reuse waits for them
+        panel = upcoming if resident and index + 1 < len(blocks) else {}
+    flush()
     return out
 
 

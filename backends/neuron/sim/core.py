@@ -19,6 +19,7 @@ a tile over 128 partitions, SBUF/PSUM exhausted, a matmul operand over its limit
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 from collections.abc import Callable, Iterator
@@ -174,8 +175,7 @@ class Kernel:
         self.log: list[Instruction] = []
         self._record = KernelRecord(name, start, start)
         self._engine_free = dict.fromkeys(ENGINES, start)
-        self._dma_free = [start] * core.spec.dma_queues
-        self._hbm_free = start
+        self._dma_queues = [[] for _ in range(core.spec.dma_queues)]  # busy intervals, sorted
         self._hbm_ready: dict[int, float] = {}
         self._tensor_used = False
 
@@ -190,6 +190,15 @@ class Kernel:
     def free(self, *tiles: Tile) -> None:
         for tile in tiles:
             tile.memory.release(tile)
+
+    def live_tiles(self) -> list[Tile]:
+        """The SBUF and PSUM tiles allocated and not yet freed."""
+        return [*self.core.sbuf._live.values(), *self.core.psum._live.values()]
+
+    def pool(self, bufs: int, memory: str = "sbuf") -> TilePool:
+        """A rotating pool of ``bufs`` tiles (multi-buffering): allocating one more frees the
+        oldest, so a loop's next loads go to other memory and overlap the current compute."""
+        return TilePool(self, bufs, memory)
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[None]:
@@ -352,26 +361,28 @@ class Kernel:
 
     def _dma_schedule(self, name: str, nbytes: int, run: int, transpose: bool, reads: tuple,
                       writes: tuple, via_hbm: bool) -> None:
-        """Split a transfer over the earliest-free DMA queues (at least 2 KiB each, N-dma),
-        pay the fixed latency once, and bound HBM traffic by the core's HBM bandwidth."""
+        """Split a transfer over DMA queues (at least 2 KiB each, N-dma) and place each part in
+        the earliest gap of a queue after its operands are ready, as the compiler's scheduler
+        does (a store waiting for its data does not hold back later, independent loads). A
+        transfer touching HBM moves at most the core's HBM bandwidth shared by all queues."""
         spec = self.spec
-        queues = sorted(range(len(self._dma_free)), key=self._dma_free.__getitem__)
-        queues = queues[: min(len(queues), max(1, nbytes // cost.DMA_MIN_TRANSFER_BYTES))]
-        ready = self._dma_free[queues[-1]]
+        ready = self.start
         for operand in reads:
             ready = max(ready, self._ready(operand))
         for operand in writes:
             ready = max(ready, self._ready(operand), self._read_until(operand))
-        busy = cost.dma_queue_seconds(spec, -(-nbytes // len(queues)), run, transpose)
-        finish = ready + spec.dma_fixed_latency_s + busy
+        parts = min(spec.dma_queues, max(1, nbytes // cost.DMA_MIN_TRANSFER_BYTES))
+        busy = cost.dma_queue_seconds(spec, -(-nbytes // parts), run, transpose)
         if via_hbm:
-            slot = max(ready + spec.dma_fixed_latency_s, self._hbm_free)
-            self._hbm_free = slot + cost.hbm_seconds(spec, nbytes)
-            finish = max(finish, self._hbm_free)
+            # Each queue's share of HBM bandwidth bounds its rate.
+            busy = max(busy, cost.hbm_seconds(spec, -(-nbytes // parts)) * spec.dma_queues)
             self._record.hbm_bytes += nbytes
-        for queue in queues:
-            self._dma_free[queue] = ready + busy
-        self._schedule(name, "dma", finish - ready, reads, writes, f"{nbytes} B", earliest=ready)
+        slots = sorted((_earliest_gap(q, ready, busy), i) for i, q in enumerate(self._dma_queues))[:parts]
+        for slot, queue in slots:
+            _occupy(self._dma_queues[queue], slot, slot + busy)
+        first = min(slot for slot, _ in slots)
+        finish = max(slot for slot, _ in slots) + busy + spec.dma_fixed_latency_s
+        self._schedule(name, "dma", finish - first, reads, writes, f"{nbytes} B", earliest=first)
 
     # -- Tensor engine --------------------------------------------------------------------
 
@@ -601,11 +612,51 @@ class Kernel:
         return np.float32(value)
 
 
+class TilePool:
+    """See :meth:`Kernel.pool`. Tiles of one pool must not be used after ``bufs`` newer ones."""
+
+    def __init__(self, kernel: Kernel, bufs: int, memory: str):
+        if bufs < 1:
+            raise ValueError("a tile pool needs at least one buffer")
+        self._kernel = kernel
+        self._bufs = bufs
+        self._allocate = kernel.sbuf if memory == "sbuf" else kernel.psum
+        self._live: list[Tile] = []
+
+    def tile(self, shape: tuple[int, ...], dtype: Any, name: str = "t") -> Tile:
+        if len(self._live) >= self._bufs:
+            self._kernel.free(self._live.pop(0))
+        tile = self._allocate(shape, dtype, name)
+        self._live.append(tile)
+        return tile
+
+
 def _lookup(table: dict, name: str, what: str) -> Any:
     try:
         return table[name]
     except KeyError:
         raise NeuronKernelError(f"unknown {what} {name!r}; known: {', '.join(sorted(table))}") from None
+
+
+#: How many of a queue's latest busy intervals a new transfer may slot in between.
+_DMA_LOOKBACK = 32
+
+
+def _earliest_gap(intervals: list[tuple[float, float]], ready: float, duration: float) -> float:
+    """The earliest start >= ``ready`` where ``duration`` fits between a queue's busy intervals."""
+    start = ready
+    first = max(0, len(intervals) - _DMA_LOOKBACK)
+    if first:
+        start = max(start, intervals[first - 1][1])
+    for begin, end in intervals[first:]:
+        if start + duration <= begin:
+            return start
+        start = max(start, end)
+    return start
+
+
+def _occupy(intervals: list[tuple[float, float]], begin: float, end: float) -> None:
+    bisect.insort(intervals, (begin, end))
 
 
 def _hbm_key(array: np.ndarray) -> int:
