@@ -1,7 +1,7 @@
 """neuron tile programs by op family; importing this package registers them all in ``kernels``."""
 
 from accelkit_backends.neuron.kernels import convert, elementwise, matmul  # noqa: F401
-from accelkit_backends.neuron.kernels import reductions, softmax, normalization, losses  # noqa: F401
+from accelkit_backends.neuron.kernels import reductions, softmax, normalization, losses, attention  # noqa: F401
 from accelkit_backends.neuron.kernels import indexing, shape, conv, pooling, random, batchnorm  # noqa: F401
 from accelkit_backends.neuron.kernels._launch import kernels
 

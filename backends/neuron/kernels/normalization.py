@@ -61,9 +61,18 @@ def normalize(k: Kernel, chunk: Tile, mean: Tile, rstd: Tile) -> Tile:
 def native_layer_norm(k: Kernel, out: list[OutSpec], x: np.ndarray, normalized_shape: Any,
                       weight: np.ndarray | None, bias: np.ndarray | None, eps: float) -> tuple:
     result, mean_out, rstd_out = (hbm_empty(spec) for spec in out)
+    layer_norm_into(k, x, _normalized_dims(x, normalized_shape), weight, bias, eps, result,
+                    mean_out, rstd_out)
+    return result, mean_out, rstd_out
+
+
+def layer_norm_into(k: Kernel, x: np.ndarray, dims: tuple[int, ...], weight: np.ndarray | None,
+                    bias: np.ndarray | None, eps: float, result: np.ndarray,
+                    mean_out: np.ndarray | None = None, rstd_out: np.ndarray | None = None) -> None:
+    """``result = (x - mean) * rstd * weight + bias`` over the trailing ``dims``; the row
+    statistics also go to ``mean_out`` and ``rstd_out`` when given."""
     if x.size == 0:
-        return result, mean_out, rstd_out
-    dims = _normalized_dims(x, normalized_shape)
+        return
     for block in row_blocks([x, result], dims):
         for r0, r1 in row_tiles(k, block):
             kept: dict = {}
@@ -83,9 +92,10 @@ def native_layer_norm(k: Kernel, out: list[OutSpec], x: np.ndarray, normalized_s
                     if shift is not None:
                         k.tensor_tensor(values, values, shift, "add")
                     _store(k, block.views[1], r0, r1, f0, f1, values)
-            store_rows(k, mean_out.reshape(-1), block.row0 + r0, mean)
-            store_rows(k, rstd_out.reshape(-1), block.row0 + r0, rstd)
-    return result, mean_out, rstd_out
+            if mean_out is not None:
+                store_rows(k, mean_out.reshape(-1), block.row0 + r0, mean)
+            if rstd_out is not None:
+                store_rows(k, rstd_out.reshape(-1), block.row0 + r0, rstd)
 
 
 def _store(k: Kernel, target: np.ndarray, r0: int, r1: int, f0: int, f1: int, values: Tile) -> None:
