@@ -15,7 +15,7 @@ export ACCELKIT_DEVICE
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,tpu]'
+	$(BIN)/pip install --quiet -e '.[test,tpu,neuron]'
 	touch $(STAMP)
 
 # Every installed backend that can run here, as --backend arguments for the conformance run.
@@ -32,13 +32,15 @@ conformance-quick: $(STAMP)
 	status=$$?; [ $$status -le 1 ]
 
 # One process per backend (PyTorch has one PrivateUse1 slot): the core's tests on ref, the
-# device-generic ones again on tpu, then the tpu backend's own tests.
+# device-generic ones again on tpu and on neuron, then each backend's own tests.
 GENERIC_TESTS := tests/test_views.py tests/test_printing.py tests/test_training.py
 
 test: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest tests
 	env -u ACCELKIT_DEVICE ACCELKIT_TEST_DEVICE=tpu ACCELKIT_TPU_FLOAT64=emulate $(BIN)/python -m pytest $(GENERIC_TESTS)
 	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest backends/tpu/tests
+	env -u ACCELKIT_DEVICE ACCELKIT_TEST_DEVICE=neuron ACCELKIT_NEURON_FLOAT64=downcast $(BIN)/python -m pytest $(GENERIC_TESTS)
+	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest backends/neuron/tests
 
 bench: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_ops.py

@@ -25,6 +25,26 @@ import accelkit  # noqa: E402
 DEVICE = accelkit.select_device(os.environ.get("ACCELKIT_TEST_DEVICE", "ref"))
 
 
+def require_dtype(dtype: torch.dtype) -> None:
+    """Skip the calling test when the device under test refuses ``dtype`` by its dtype policy
+    (neuron holds no complex tensors); the refusal itself is tested by the backend's tests."""
+    from accelkit.sdk import UnsupportedDtypeError
+
+    try:
+        torch.empty(0, dtype=dtype, device=DEVICE)
+    except UnsupportedDtypeError as error:
+        pytest.skip(f"{DEVICE.type} does not hold {dtype}: {error}")
+
+
+def holds(dtype: torch.dtype) -> bool:
+    """Whether the device under test accepts ``dtype`` (see :func:`require_dtype`)."""
+    try:
+        require_dtype(dtype)
+    except pytest.skip.Exception:
+        return False
+    return True
+
+
 @pytest.fixture
 def dev() -> torch.device:
     """The ref device, with op counters cleared for the test."""

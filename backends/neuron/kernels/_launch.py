@@ -130,11 +130,9 @@ def hbm_empty(spec: OutSpec | tuple, dtype: torch.dtype | None = None) -> np.nda
 
 @functools.lru_cache(maxsize=None)
 def chip_dtype(dtype: np.dtype) -> np.dtype:
-    """The on-chip tile dtype of an HBM dtype: int64 computes as int32, float64 (downcast
-    policy only) as float32, bool as uint8-wide bool; the rest unchanged."""
+    """The tile dtype to request for an HBM dtype: float64 (downcast policy only) computes as
+    float32; int64 stays int64, which ``Kernel.sbuf`` holds as a range-checked int32 tile."""
     dtype = np.dtype(dtype)
-    if dtype == np.int64:
-        return np.dtype(np.int32)
     if dtype == np.float64:
         return np.dtype(np.float32)
     return dtype

@@ -182,10 +182,19 @@ class Kernel:
     # -- memory ---------------------------------------------------------------------------
 
     def sbuf(self, shape: tuple[int, ...], dtype: Any, name: str = "t") -> Tile:
-        return self.core.sbuf.allocate(tuple(shape), self._on_chip(dtype, name), name, self.name)
+        """A tile in SBUF. ``int64`` gives an int32 tile that refuses values outside int32
+        (the int64 policy); other 64-bit and complex dtypes are errors."""
+        return self._allocate(self.core.sbuf, shape, dtype, name)
 
     def psum(self, shape: tuple[int, ...], dtype: Any = np.float32, name: str = "acc") -> Tile:
-        return self.core.psum.allocate(tuple(shape), self._on_chip(dtype, name), name, self.name)
+        return self._allocate(self.core.psum, shape, dtype, name)
+
+    def _allocate(self, memory: OnChipMemory, shape: tuple[int, ...], dtype: Any, name: str) -> Tile:
+        dtype = nx.numpy_dtype(dtype) if isinstance(dtype, torch.dtype) else np.dtype(dtype)
+        checked = dtype == np.int64
+        tile = memory.allocate(tuple(shape), self._on_chip(np.int32 if checked else dtype, name), name, self.name)
+        tile.checked = checked
+        return tile
 
     def free(self, *tiles: Tile) -> None:
         for tile in tiles:
@@ -350,7 +359,7 @@ class Kernel:
         if values.dtype == dtype:
             return values
         if values.dtype == np.int64 or dtype == np.int64:
-            _check_int32(values, self.name)
+            _check_int32(values, self.name)  # int64 data on the 32-bit datapath
             return values.astype(dtype)
         if values.dtype == np.float64 and dtype == np.float32 or values.dtype == np.float32 and dtype == np.float64:
             return values.astype(dtype)
@@ -574,8 +583,8 @@ class Kernel:
     # -- helpers ---------------------------------------------------------------------------
 
     def _store(self, dst: Tile, values: np.ndarray) -> None:
-        if dst.dtype.kind in "iu":
-            _check_int32(np.asarray(values) if np.asarray(values).dtype.kind in "iu" else np.zeros(0, np.int64), self.name)
+        if dst.checked and np.asarray(values).dtype.kind in "iu":
+            _check_int32(np.asarray(values), self.name)
         dst.data[...] = nx.round_to(np.broadcast_to(values, dst.shape), dst.dtype)
 
     def _elementwise(self, name: str, dst: Tile, inputs: tuple, work: np.dtype, engine: str | None = None,

@@ -25,7 +25,8 @@ _NO_TIME = 0.0
 class Tile:
     """A tensor in SBUF or PSUM. ``tile[a:b, c:d]`` is a sub-tile sharing memory and state."""
 
-    __slots__ = ("memory", "data", "base", "offset", "nbytes", "name", "ready_at", "read_until", "freed")
+    __slots__ = ("memory", "data", "base", "offset", "nbytes", "name", "ready_at", "read_until", "freed",
+                 "checked")
 
     def __init__(self, memory: OnChipMemory, data: np.ndarray, offset: int, nbytes: int, name: str,
                  base: Tile | None = None, available_at: float = _NO_TIME):
@@ -38,6 +39,9 @@ class Tile:
         self.ready_at = available_at   # end of the last write (or when the memory became free)
         self.read_until = available_at  # end of the last read
         self.freed = False
+        #: Holds int64 data on the 32-bit datapath: a result outside int32 is an error, where a
+        #: plain int32 tile wraps as two's-complement hardware does.
+        self.checked = base.checked if base is not None else False
 
     @property
     def shape(self) -> tuple[int, ...]:

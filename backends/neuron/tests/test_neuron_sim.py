@@ -191,3 +191,14 @@ def test_vector_engine_computes_in_fp32_and_rounds_on_write(kernel):
     kernel.tensor_scalar(out, a, "add", 1.0 / 3.0)
     expected = (np.array([1.0, 256.0, 3.0], np.float32) + np.float32(1 / 3)).astype(BF16)
     np.testing.assert_array_equal(out.data[0], expected)
+
+
+def test_int64_results_outside_int32_raise_while_int32_wraps(kernel):
+    wide = kernel.sbuf((1, 1), np.int64)
+    kernel.dma(wide, np.array([[2**31 - 1]], np.int64))
+    with pytest.raises(NeuronDtypeError, match="2147483648"):
+        kernel.tensor_scalar(wide, wide, "add", 1)
+    narrow = kernel.sbuf((1, 1), np.int32)
+    kernel.dma(narrow, np.array([[2**31 - 1]], np.int32))
+    kernel.tensor_scalar(narrow, narrow, "add", 1)
+    assert narrow.data[0, 0] == -(2**31)  # two's complement, as torch's int32 arithmetic
