@@ -143,3 +143,121 @@ def test_bfloat16_cnn_forward_tracks_float32(dev):
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
     assert not torch.equal(got, expected)  # bf16 really rounded
+
+
+# ---------------------------------------------------------------------------------------------
+# The layers' programs one by one, forward and backward, against CPU autograd
+# ---------------------------------------------------------------------------------------------
+
+#: Single ops: one reordered fp32 sum, so a few ulps of the largest partial sums.
+OP_TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def _grads_match(dev, fn, *inputs: torch.Tensor, **kwargs) -> None:
+    """``fn(*inputs)`` and the gradients of every input agree between CPU and neuron."""
+    cpu_inputs = [t.clone().requires_grad_() if t.is_floating_point() else t for t in inputs]
+    expected = fn(*cpu_inputs, **kwargs)
+    seed = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1))
+    expected.backward(seed)
+    neuron_inputs = [t.to(dev).requires_grad_() if t.is_floating_point() else t.to(dev) for t in inputs]
+    got = fn(*neuron_inputs, **kwargs)
+    got.backward(seed.to(dev))
+    torch.testing.assert_close(got.cpu(), expected.detach(), **OP_TOLERANCE)
+    for cpu_t, neuron_t in zip(cpu_inputs, neuron_inputs):
+        if cpu_t.requires_grad:
+            torch.testing.assert_close(neuron_t.grad.cpu(), cpu_t.grad, **OP_TOLERANCE)
+
+
+def _r(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("conv, x_shape, w_shape, kwargs", [
+    (F.conv2d, (2, 3, 8, 8), (4, 3, 3, 3), {"padding": 1}),
+    (F.conv2d, (2, 4, 7, 9), (6, 2, 3, 2), {"stride": 2, "padding": (1, 0), "dilation": (1, 2), "groups": 2}),
+    (F.conv2d, (1, 130, 3, 3), (3, 130, 1, 1), {}),                # channels over one partition tile
+    (F.conv2d, (1, 2, 24, 24), (5, 2, 3, 3), {"padding": 1}),       # 576 positions: several PSUM blocks
+    (F.conv1d, (2, 3, 12), (5, 3, 4), {"stride": 3, "padding": 2}),
+    (F.conv_transpose2d, (2, 4, 5, 5), (4, 3, 3, 3), {"stride": 2, "padding": 1, "output_padding": 1}),
+    (F.conv_transpose1d, (1, 6, 7), (6, 2, 3), {"groups": 3, "dilation": 2}),
+])
+def test_convolution_matches_cpu(dev, conv, x_shape, w_shape, kwargs):
+    transposed = conv in (F.conv_transpose1d, F.conv_transpose2d)
+    channels_out = w_shape[1] * kwargs.get("groups", 1) if transposed else w_shape[0]
+    _grads_match(dev, conv, _r(*x_shape), _r(*w_shape, seed=1), _r(channels_out, seed=2), **kwargs)
+    assert_native("aten.convolution_overrideable.default", "aten.convolution_backward_overrideable.default")
+
+
+def test_convolution_in_bfloat16_rounds_once(dev):
+    x, w = _r(1, 8, 6, 6).bfloat16(), _r(4, 8, 3, 3, seed=1).bfloat16()
+    got = F.conv2d(x.to(dev), w.to(dev), padding=1).cpu()
+    exact = F.conv2d(x.float(), w.float(), padding=1)  # bf16 products are exact in fp32
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), exact.bfloat16().float(), rtol=2 ** -7, atol=1e-5)
+
+
+@pytest.mark.parametrize("x_shape, kwargs", [
+    ((2, 3, 8, 8), {"kernel_size": 2}),
+    ((2, 3, 9, 7), {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
+    ((3, 10, 11), {"kernel_size": (2, 3), "stride": (1, 2), "dilation": 2}),
+    ((1, 130, 4, 4), {"kernel_size": 3, "stride": 1, "padding": 1}),   # overlapping windows, >128 planes
+])
+def test_max_pool_matches_cpu_with_indices(dev, x_shape, kwargs):
+    x = _r(*x_shape)
+    _grads_match(dev, F.max_pool2d, x, **kwargs)
+    _, expected = F.max_pool2d(x, return_indices=True, **kwargs)
+    _, got = F.max_pool2d(x.to(dev), return_indices=True, **kwargs)
+    assert got.dtype == torch.int64
+    assert torch.equal(got.cpu(), expected)
+    assert_native("aten.max_pool2d_with_indices.default", "aten.max_pool2d_with_indices_backward.default")
+
+
+def test_max_pool_nan_and_infinity_follow_cpu(dev):
+    x = torch.tensor([[[[float("-inf"), 1.0, float("-inf")], [float("nan"), 2.0, float("-inf")],
+                        [float("-inf"), float("-inf"), float("-inf")]]]])
+    for kwargs in ({"kernel_size": 2}, {"kernel_size": 2, "stride": 1, "padding": 1}):
+        expected = F.max_pool2d(x, return_indices=True, **kwargs)
+        got = F.max_pool2d(x.to(dev), return_indices=True, **kwargs)
+        torch.testing.assert_close(got[0].cpu(), expected[0], equal_nan=True)
+        assert torch.equal(got[1].cpu(), expected[1])
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"kernel_size": 2},
+    {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True},
+    {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True, "count_include_pad": False},
+    {"kernel_size": 3, "stride": 2, "padding": 1, "divisor_override": 5},
+])
+def test_avg_pool_matches_cpu(dev, kwargs):
+    _grads_match(dev, F.avg_pool2d, _r(2, 3, 9, 7), **kwargs)
+    assert_native("aten.avg_pool2d.default", "aten.avg_pool2d_backward.default")
+
+
+@pytest.mark.parametrize("shape, training, affine", [
+    ((4, 3, 5, 5), True, True),
+    ((6, 5), True, False),           # BatchNorm1d without affine parameters
+    ((2, 130, 3), True, True),       # channels over one partition tile
+    ((4, 3, 5, 5), False, True),     # evaluation: running statistics, left unchanged
+])
+def test_batch_norm_matches_cpu(dev, shape, training, affine):
+    channels = shape[1]
+    x = _r(*shape) * 3 + 1
+    running = (_r(channels, seed=3), torch.rand(channels, generator=torch.Generator().manual_seed(4)) + 0.5)
+    params = (_r(channels, seed=5), _r(channels, seed=6)) if affine else ()
+    cpu_stats = [t.clone() for t in running]
+    neuron_stats = [t.to(dev) for t in running]
+
+    def norm(x, *params, stats):
+        weight, bias = params if params else (None, None)
+        return F.batch_norm(x, *stats, weight, bias, training=training, momentum=0.2, eps=1e-4)
+
+    expected = norm(x, *params, stats=cpu_stats)
+    got = norm(x.to(dev), *(p.to(dev) for p in params), stats=neuron_stats)
+    torch.testing.assert_close(got.cpu(), expected, **OP_TOLERANCE)
+    for cpu_t, neuron_t, before in zip(cpu_stats, neuron_stats, running):
+        torch.testing.assert_close(neuron_t.cpu(), cpu_t, **OP_TOLERANCE)
+        assert torch.equal(cpu_t, before) != training  # updated exactly when training
+    fresh = [t.clone() for t in running]
+    _grads_match(dev, lambda x, *p: norm(x, *p, stats=fresh if x.device.type == "cpu" else [t.to(dev) for t in running]),
+                 x, *params)
+    assert_native("aten.native_batch_norm.default", "aten.native_batch_norm_backward.default")
