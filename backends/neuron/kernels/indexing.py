@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.kernels._launch import OutSpec, _launcher, chip_dtype, hbm_empty, kernels, tile_kernel
 from accelkit_backends.neuron.kernels.convert import fill
 from accelkit_backends.neuron.kernels.shape import copy_view
 from accelkit_backends.neuron.sim.core import Kernel
@@ -82,25 +82,36 @@ def _check_range(values: np.ndarray, size: int, dim: int, what: str) -> None:
             raise RuntimeError(f"{what}: index {int(bad[0])} is out of bounds for dimension {dim} with size {size}")
 
 
-def _element_offsets(k: Kernel, index: Tile, start: int, shape: tuple[int, ...], dim: int,
-                     strides: tuple[int, ...]) -> Tile:
-    """Element offsets of a chunk of positions in ``shape`` (row-major from ``start``), with
-    ``index`` standing for the coordinate along ``dim`` (GpSimd integer arithmetic)."""
-    rows, cols = index.shape
+def _offsets(k: Kernel, start: int, rows: int, cols: int, shape: tuple[int, ...],
+             axes: list[tuple[int, int]], indexed: list[tuple[Tile, int]]) -> Tile:
+    """Element offsets of a chunk of positions in ``shape`` (row-major from ``start``): the sum
+    of ``coordinate(axis) * stride`` over ``axes`` and ``index * stride`` over the loaded
+    ``indexed`` tiles (GpSimd integer arithmetic)."""
     position = k.sbuf((rows, cols), np.int32, "position")
     k.iota(position, base=start, partition_step=cols, free_step=1)
     offsets = k.sbuf((rows, cols), np.int32, "offsets")
-    k.tensor_scalar(offsets, index, "multiply", strides[dim])
-    coordinate = k.sbuf((rows, cols), np.int32, "coordinate")
-    for d, (size, stride) in enumerate(zip(shape, strides)):
-        if d == dim or size == 1 or stride == 0:
+    k.memset(offsets, 0)
+    term = k.sbuf((rows, cols), np.int32, "term")
+    for tile, stride in indexed:
+        k.tensor_scalar(term, tile, "multiply", stride)
+        k.tensor_tensor(offsets, offsets, term, "add")
+    for axis, stride in axes:
+        size = shape[axis]
+        if size == 1 or stride == 0:
             continue
-        inner = math.prod(shape[d + 1 :])
-        k.tensor_scalar(coordinate, position, "floor_divide", inner)
-        k.tensor_scalar(coordinate, coordinate, "remainder", size)
-        k.tensor_scalar(coordinate, coordinate, "multiply", stride)
-        k.tensor_tensor(offsets, offsets, coordinate, "add")
+        k.tensor_scalar(term, position, "floor_divide", math.prod(shape[axis + 1 :]))
+        k.tensor_scalar(term, term, "remainder", size)
+        k.tensor_scalar(term, term, "multiply", stride)
+        k.tensor_tensor(offsets, offsets, term, "add")
     return offsets
+
+
+def _element_offsets(k: Kernel, index: Tile, start: int, shape: tuple[int, ...], dim: int,
+                     strides: tuple[int, ...]) -> Tile:
+    """:func:`_offsets` for gather/scatter: ``index`` replaces the coordinate along ``dim``."""
+    rows, cols = index.shape
+    axes = [(d, stride) for d, stride in enumerate(strides) if d != dim]
+    return _offsets(k, start, rows, cols, shape, axes, [(index, strides[dim])])
 
 
 def _as_1d(array: np.ndarray) -> np.ndarray:
@@ -295,3 +306,141 @@ def _store_grad_rows(k: Kernel, acc: Tile, counts: Tile | None, result: np.ndarr
     stored = k.sbuf(acc.shape, chip_dtype(result.dtype), "stored")
     k.tensor_copy(stored, block)
     k.dma(result.reshape(result.shape[0], -1)[v0:v1, d0:d1], stored)
+
+
+# ---------------------------------------------------------------------------------------------
+# Advanced indexing: x[i, :, j] and x[i, :, j] = v (element-granular indirect DMA)
+# ---------------------------------------------------------------------------------------------
+
+
+class _Advanced:
+    """Where ``x[indices]`` takes each element from, for integer index arrays (None = whole dim).
+
+    The broadcast index shape replaces the indexed dims in place when they are adjacent, else
+    leads the result (PyTorch's rule). ``result_shape`` is the shape of ``x[indices]``; each index
+    array is read broadcast over it (a stride-0 DMA pattern), the other result axes count
+    through ``x``'s remaining dims.
+    """
+
+    def __init__(self, x: np.ndarray, indices: list[np.ndarray | None]):
+        self.dims = [d for d, i in enumerate(indices) if i is not None]
+        self.arrays = [indices[d] for d in self.dims]
+        broadcast = np.broadcast_shapes(*(a.shape for a in self.arrays))
+        adjacent = self.dims == list(range(self.dims[0], self.dims[-1] + 1))
+        rest = [d for d in range(x.ndim) if d not in self.dims]
+        self.lead = self.dims[0] if adjacent else 0
+        before = [d for d in rest if d < self.lead] if adjacent else []
+        after = [d for d in rest if d not in before]
+        self.result_shape = tuple(x.shape[d] for d in before) + broadcast + tuple(x.shape[d] for d in after)
+        self.axis_of = {d: i for i, d in enumerate(before)}
+        self.axis_of.update({d: len(before) + len(broadcast) + i for i, d in enumerate(after)})
+        self.trailing = len(self.result_shape) - self.lead - len(broadcast)
+        self.sizes = [x.shape[d] for d in self.dims]
+
+    def check(self) -> None:
+        for dim, size, values in zip(self.dims, self.sizes, self.arrays):
+            bad = values[(values < -size) | (values >= size)] if values.size else values
+            if bad.size:
+                raise IndexError(f"index {int(bad.reshape(-1)[0])} is out of bounds for dimension {dim} with size {size}")
+
+    def expanded(self) -> list[np.ndarray]:
+        """Each index array's values at every result position (row-major)."""
+        out = []
+        for values in self.arrays:
+            view = np.broadcast_to(values, self.result_shape[self.lead : len(self.result_shape) - self.trailing])
+            view = view.reshape((1,) * self.lead + view.shape + (1,) * self.trailing)
+            out.append(_flat_values(np.broadcast_to(view, self.result_shape)))
+        return out
+
+    def offsets(self, k: Kernel, strides: tuple[int, ...], expanded: list[np.ndarray], start: int,
+                rows: int, cols: int) -> Tile:
+        """Element offsets (in ``strides``) of result positions ``start : start + rows*cols``;
+        negative indices count from the end (``(i + size) % size`` on GpSimd)."""
+        loaded = []
+        for values, size, dim in zip(expanded, self.sizes, self.dims):
+            tile = _load_index(k, values, start, rows, cols, f"index{dim}")
+            k.tensor_scalar(tile, tile, "add", size)
+            k.tensor_scalar(tile, tile, "remainder", size)
+            loaded.append((tile, strides[dim]))
+        axes = [(axis, strides[d]) for d, axis in self.axis_of.items()]
+        return _offsets(k, start, rows, cols, self.result_shape, axes, loaded)
+
+
+def _integer_indices(x: np.ndarray, indices: list[np.ndarray | None]) -> list[np.ndarray | None]:
+    """Boolean masks replaced by the integer positions of their true elements. A mask's count
+    decides the result's size, so it is read here, before the kernel is compiled for that size
+    (every accelerator synchronises for this; Trainium's shapes are static)."""
+    out: list[np.ndarray | None] = []
+    for index in indices:
+        if index is None or index.dtype not in (np.bool_, np.uint8):
+            out.append(index)
+            continue
+        dim = len(out)
+        if index.shape != x.shape[dim : dim + index.ndim]:
+            raise IndexError(f"The shape of the mask {list(index.shape)} at index {dim} does not match the "
+                             f"shape of the indexed tensor {list(x.shape)} at index {dim}")
+        out.extend(np.nonzero(np.asarray(index, dtype=bool)))
+    return out
+
+
+def index_body(k: Kernel, out: list[OutSpec], x: np.ndarray, indices: list) -> np.ndarray:
+    """``x[indices]`` (integer index arrays): one element-granular gather per result position."""
+    result = hbm_empty(out[0])
+    if result.size == 0 or not any(i is not None for i in indices):
+        if result.size:
+            copy_view(k, result, x)
+        return result
+    plan = _Advanced(x, indices)
+    plan.check()
+    expanded, table, flat_out = plan.expanded(), _element_span(x), result.reshape(-1)
+    for start, rows, cols in _chunks(result.size, k.spec.partitions):
+        with k.scope():
+            offsets = plan.offsets(k, _strides(x), expanded, start, rows, cols)
+            picked = k.sbuf((rows, cols), chip_dtype(x.dtype), "picked")
+            for c in range(cols):
+                k.gather_rows(picked[:, c : c + 1], table, offsets[:, c : c + 1])
+            k.dma(flat_out[start : start + rows * cols].reshape(rows, cols), picked)
+    return result
+
+
+def index_put_body(k: Kernel, out: list[OutSpec], x: np.ndarray, indices: list, values: np.ndarray,
+                   accumulate: bool = False, unsafe: bool = False) -> np.ndarray:
+    """The new value of ``x`` after ``x[indices] = values`` (or ``+=``): ``x`` copied, then
+    ``values`` (broadcast to the indexed shape) scattered by the indirect DMA store."""
+    result = hbm_empty(out[0])
+    copy_view(k, result, x)
+    if result.size == 0 or not any(i is not None for i in indices):
+        return result
+    plan = _Advanced(result, indices)
+    plan.check()
+    n = math.prod(plan.result_shape)
+    if n == 0:
+        return result
+    expanded, table = plan.expanded(), _element_span(result)
+    updates = _flat_values(np.broadcast_to(values, plan.result_shape))
+    tile_dtype = chip_dtype(result.dtype)
+    for start, rows, cols in _chunks(n, k.spec.partitions):
+        with k.scope():
+            offsets = plan.offsets(k, _strides(result), expanded, start, rows, cols)
+            loaded = _load_index(k, updates, start, rows, cols, "values")
+            update = loaded
+            if loaded.dtype != tile_dtype:
+                update = k.sbuf(loaded.shape, tile_dtype, "update")
+                k.tensor_copy(update, loaded)
+            for c in range(cols):
+                k.scatter_rows(table, update[:, c : c + 1], offsets[:, c : c + 1], accumulate=accumulate)
+    return result
+
+
+def _register_with_integer_indices(op: Any, body: Any) -> None:
+    launch = _launcher(op, body)
+
+    def run(x: np.ndarray, indices: list, *args: Any, **kwargs: Any) -> Any:
+        return launch(x, _integer_indices(x, list(indices)), *args, **kwargs)
+
+    run.__name__ = run.__qualname__ = f"neuron_{body.__name__}"
+    kernels.add(op, run)
+
+
+_register_with_integer_indices(aten.index.Tensor, index_body)
+_register_with_integer_indices(aten._index_put_impl_.default, index_put_body)

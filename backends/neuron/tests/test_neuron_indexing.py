@@ -185,3 +185,70 @@ def test_gather_costs_indirect_dma(dev):
     estimate = accelkit.stats()["neuron"]["estimate"]
     assert estimate["per_op"]["gather.default"]["seconds"] > 0
     assert estimate["per_engine_seconds"]["dma"] > 0
+
+
+# -- advanced indexing (index.Tensor, index_put_) -----------------------------------------------
+
+
+def _advanced_cases(x: torch.Tensor) -> list:
+    i, j = torch.tensor([[2, 0], [1, -1]]), torch.tensor([3, -4])
+    return [
+        lambda t, d: t[i.to(d)],                        # leading dim, 2-d index
+        lambda t, d: t[:, j.to(d)],                     # inner dim, negative indices
+        lambda t, d: t[i.to(d), :, j.to(d)],            # separated dims: the broadcast shape leads
+        lambda t, d: t[:, j.to(d), j.to(d)],            # adjacent dims stay in place
+        lambda t, d: t[t > 0],                           # boolean mask
+        lambda t, d: t[(t.sum(-1) > 0)],                 # mask over leading dims
+    ]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_advanced_indexing_matches_cpu(dev, case):
+    x = torch.randn(3, 4, 5, generator=_generator())
+    fn = _advanced_cases(x)[case]
+    got = fn(x.to(dev), dev)
+    assert torch.equal(got.cpu(), fn(x, "cpu"))
+    assert_native("aten.index.Tensor")
+
+
+def test_advanced_indexing_over_many_rows_int64(dev):
+    x = torch.arange(300 * 2, dtype=torch.int64).reshape(300, 2) * 7
+    index = torch.randint(-300, 300, (260,), generator=_generator())
+    assert torch.equal(x.to(dev)[index.to(dev)].cpu(), x[index])
+
+
+def test_advanced_indexing_errors_like_cpu(dev):
+    x = torch.randn(3, 4)
+    with pytest.raises(IndexError, match="index 3 is out of bounds for dimension 0 with size 3"):
+        x.to(dev)[torch.tensor([3]).to(dev)]
+    with pytest.raises(IndexError, match="index -5 is out of bounds for dimension 1 with size 4"):
+        x.to(dev)[:, torch.tensor([-5]).to(dev)]
+    with pytest.raises(IndexError, match="does not match"):
+        x.to(dev)[torch.tensor([True, False]).to(dev)]
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_matches_cpu(dev, accumulate):
+    g = _generator()
+    x = torch.randn(6, 5, generator=g)
+    if accumulate:
+        index = torch.tensor([0, 5, 0, -1, 2])   # duplicates all land
+    else:
+        index = torch.tensor([4, 0, -2])
+    values = torch.randn(index.shape[0], 5, generator=g)
+    expected = x.clone().index_put_((index,), values, accumulate=accumulate)
+    on_device = x.to(dev)
+    on_device.index_put_((index.to(dev),), values.to(dev), accumulate=accumulate)
+    torch.testing.assert_close(on_device.cpu(), expected, **SUMS)
+    assert_native("aten._index_put_impl_.default")
+
+
+def test_masked_and_broadcast_assignment(dev):
+    x = torch.randn(4, 3, generator=_generator())
+    expected = x.clone()
+    expected[expected < 0] = 0.0
+    expected[torch.tensor([1, 3]), 1] = torch.tensor([7.0, 8.0])
+    on_device = x.to(dev)
+    on_device[on_device < 0] = 0.0
+    on_device[torch.tensor([1, 3]).to(dev), 1] = torch.tensor([7.0, 8.0]).to(dev)
+    assert torch.equal(on_device.cpu(), expected)
