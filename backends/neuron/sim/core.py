@@ -148,6 +148,8 @@ class NeuronCore:
         #: Called with each finished :class:`KernelRecord` and its instructions.
         self.listeners: list[Callable[[KernelRecord, list[Instruction]], None]] = []
         self.record_instructions = False
+        #: The engines' pseudo-random generator state (see :meth:`Kernel.set_rng_seed`).
+        self.rng: np.random.Generator | None = None
 
     @contextlib.contextmanager
     def kernel(self, name: str) -> Iterator[Kernel]:
@@ -560,6 +562,25 @@ class Kernel:
         f = np.arange(dst.free_size, dtype=np.int64).reshape((1,) + dst.shape[1:])
         self._store(dst, base + p * partition_step + f * free_step)
         self._schedule("iota", "gpsimd", cost.gpsimd_seconds(self.spec, dst.free_size), (), (dst,))
+
+    def set_rng_seed(self, seed: int) -> None:
+        """Seed the engines' pseudo-random generator (nki.isa.set_rng_seed). The state persists
+        on the core across kernels, as the hardware's does within a loaded program."""
+        self.core.rng = np.random.Generator(np.random.PCG64(int(seed) & 0xFFFFFFFF))
+        self._schedule("set_rng_seed", "vector", cost.vector_seconds(self.spec, 1, 0, False))
+
+    def rng(self, dst: Tile) -> None:
+        """32 pseudo-random bits per element, truncated to ``dst``'s integer dtype (its least
+        significant bits), on the Vector engine (nki.isa.rng). The simulator's generator is
+        numpy's PCG64, not the hardware's XORWOW: the bits are statistically, not bitwise, alike."""
+        if dst.dtype.kind not in "iu":
+            raise NeuronDtypeError(f"{self.name}: rng writes an integer tile, not {dst.dtype}")
+        if self.core.rng is None:
+            self.core.rng = np.random.Generator(np.random.PCG64(0))
+        bits = self.core.rng.integers(0, 1 << 32, size=dst.shape, dtype=np.uint64).astype(np.uint32)
+        width = np.dtype(f"u{dst.dtype.itemsize}")
+        dst.data[...] = bits.astype(width).view(dst.dtype)  # keeps the low bits
+        self._elementwise("rng", dst, (), np.dtype(np.int64), engine="vector")
 
     def memset(self, dst: Tile, value: float) -> None:
         work = nx.compute_dtype(dst.dtype)
