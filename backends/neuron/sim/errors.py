@@ -20,5 +20,9 @@ class PsumOverflowError(NeuronKernelError):
     """The accumulators alive at once need more PSUM banks than the core has."""
 
 
-class NeuronDtypeError(TypeError):
-    """A value or dtype the NeuronCore cannot hold under the active dtype policy."""
+class NeuronDtypeError(RuntimeError):
+    """A value or dtype the NeuronCore cannot hold under the active dtype policy.
+
+    A RuntimeError, not a TypeError: torch turns a TypeError raised inside `x + y` into
+    NotImplemented, which would hide the message.
+    """
