@@ -65,6 +65,11 @@ def softmax_rows(k: Kernel, x: np.ndarray, dim: int, out: np.ndarray, log: bool,
             peak = row_reduce(k, block, [0], r0, r1, "max", kept)
             shift = k.sbuf(peak.shape, np.float32, "neg_max")
             k.tensor_scalar(shift, peak, "multiply", -1.0)
+            empty_rows = None
+            if safe:  # fully masked rows: shift by 0, not +inf (-inf + inf is NaN); zeroed below
+                empty_rows = k.sbuf(peak.shape, np.bool_, "all_masked")
+                k.tensor_scalar(empty_rows, peak, "equal", -math.inf)
+                k.select(shift, empty_rows, 0.0, shift)
             total = k.sbuf(peak.shape, np.float32, "sum")
             k.memset(total, 0.0)
             for f0, f1, (chunk,) in chunks(k, block, [0], r0, r1, resident=kept):
@@ -75,10 +80,6 @@ def softmax_rows(k: Kernel, x: np.ndarray, dim: int, out: np.ndarray, log: bool,
                     k.tensor_tensor(total, total, partial, "add")
             if log:
                 k.activation(total, total, "log")
-            empty_rows = None
-            if safe:
-                empty_rows = k.sbuf(peak.shape, np.bool_, "all_masked")
-                k.tensor_scalar(empty_rows, peak, "equal", -math.inf)
             for f0, f1, (chunk,) in chunks(k, block, [0], r0, r1, resident=kept):
                 with k.scope():
                     result = k.sbuf((r1 - r0, f1 - f0), np.float32, "result")
