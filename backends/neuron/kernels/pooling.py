@@ -7,6 +7,8 @@ and the flat input index of its position (``iota`` on GpSimd gives each output's
 average pooling sums the windows and divides by a divisor computed the same way from a tile of
 ones (so ``count_include_pad`` and ``ceil_mode`` need no special cases). The backward programs
 add each tap's share of the output gradient back into a zero-padded fp32 image (col2im).
+Adaptive average pooling, whose windows differ per output, reduces each output's window
+sub-tile separately.
 
 Max pooling follows the CPU kernel's rule exactly: a later value wins when it is greater or NaN,
 and a window whose values are all ``-inf`` reports its first in-bounds position.
@@ -290,4 +292,65 @@ def avg_pool2d_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, x: np.n
                 window = pool.window(image, i, j)
                 k.tensor_tensor(window, window, share, "add")
             _store_interior(k, image, pool, planes_out[a:b])
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Adaptive average pooling: windows that differ per output, one reduction each
+# ---------------------------------------------------------------------------------------------
+
+
+def _adaptive_windows(size: int, outputs: int) -> list[tuple[int, int]]:
+    """PyTorch's adaptive windows: ``[floor(o*size/outputs), ceil((o+1)*size/outputs))``."""
+    return [((o * size) // outputs, -(-((o + 1) * size) // outputs)) for o in range(outputs)]
+
+
+@tile_kernel(aten._adaptive_avg_pool2d.default)
+def adaptive_avg_pool2d(k: Kernel, out: list[OutSpec], x: np.ndarray, output_size: Any) -> np.ndarray:
+    """Each output is the mean of its window: a Vector-engine reduction over the window's
+    sub-tile, then a multiply by the reciprocal of its size."""
+    result = hbm_empty(out[0])
+    if result.size == 0:
+        return result
+    planes, planes_out = _planes(x), _planes(result)
+    rows_windows = _adaptive_windows(x.shape[-2], result.shape[-2])
+    cols_windows = _adaptive_windows(x.shape[-1], result.shape[-1])
+    for a, b in _plane_blocks(planes.shape[0], k.spec.partitions):
+        with k.scope():
+            tile = _load(k, planes[a:b], "x")
+            total = k.sbuf((b - a, len(rows_windows), len(cols_windows)), np.float32, "total")
+            for oh, (h0, h1) in enumerate(rows_windows):
+                for ow, (w0, w1) in enumerate(cols_windows):
+                    cell = total[:, oh : oh + 1, ow : ow + 1]
+                    k.tensor_reduce(cell, tile[:, h0:h1, w0:w1], "add")
+                    k.tensor_scalar(cell, cell, "multiply", 1.0 / ((h1 - h0) * (w1 - w0)))
+            stored = k.sbuf(total.shape, chip_dtype(result.dtype), "stored")
+            k.tensor_copy(stored, total)
+            k.dma(planes_out[a:b], stored)
+    return result
+
+
+@tile_kernel(aten._adaptive_avg_pool2d_backward.default)
+def adaptive_avg_pool2d_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Each output's gradient, divided by its window's size, added over the window."""
+    result = hbm_empty(out[0])
+    if result.size == 0:
+        return result
+    planes_grad, planes_out = _planes(grad), _planes(result)
+    rows_windows = _adaptive_windows(x.shape[-2], grad.shape[-2])
+    cols_windows = _adaptive_windows(x.shape[-1], grad.shape[-1])
+    for a, b in _plane_blocks(planes_out.shape[0], k.spec.partitions):
+        with k.scope():
+            g = _load(k, planes_grad[a:b], "grad")
+            image = k.sbuf((b - a,) + x.shape[-2:], np.float32, "image")
+            k.memset(image, 0)
+            share = k.sbuf((b - a, 1, 1), np.float32, "share")
+            for oh, (h0, h1) in enumerate(rows_windows):
+                for ow, (w0, w1) in enumerate(cols_windows):
+                    k.tensor_scalar(share, g[:, oh : oh + 1, ow : ow + 1], "multiply", 1.0 / ((h1 - h0) * (w1 - w0)))
+                    window = image[:, h0:h1, w0:w1]
+                    k.tensor_scalar(window, window, "add", share)
+            stored = k.sbuf(image.shape, chip_dtype(result.dtype), "stored")
+            k.tensor_copy(stored, image)
+            k.dma(planes_out[a:b], stored)
     return result

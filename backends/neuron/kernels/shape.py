@@ -1,4 +1,4 @@
-"""Shape tile programs: cat and constant padding, as DMA copies between strided HBM views.
+"""Shape tile programs: cat, flip and constant padding, as DMA copies between strided HBM views.
 
 Every program here moves data HBM -> SBUF -> HBM (a dtype change, when the output's dtype
 differs, is a Vector-engine copy in between). :func:`copy_view` is the one helper: it merges the
@@ -149,4 +149,14 @@ def constant_pad_nd(k: Kernel, out: list[OutSpec], x: np.ndarray, pad: list[int]
         src_index[d] = slice(max(-low, 0), max(-low, 0) + kept)
         dst_index[d] = slice(max(low, 0), max(low, 0) + kept)
     copy_view(k, result[tuple(dst_index)], x[tuple(src_index)])
+    return result
+
+
+@tile_kernel(aten.flip.default)
+def flip(k: Kernel, out: list[OutSpec], x: np.ndarray, dims: list[int]) -> np.ndarray:
+    """A DMA copy through SBUF that walks ``x`` backwards along ``dims`` (a negative-stride
+    access pattern: element-sized descriptors along a flipped innermost dim)."""
+    result = hbm_empty(out[0])
+    flipped = {d % x.ndim for d in dims} if x.ndim else set()
+    copy_view(k, result, x[tuple(slice(None, None, -1) if d in flipped else slice(None) for d in range(x.ndim))])
     return result

@@ -261,3 +261,14 @@ def test_batch_norm_matches_cpu(dev, shape, training, affine):
     _grads_match(dev, lambda x, *p: norm(x, *p, stats=fresh if x.device.type == "cpu" else [t.to(dev) for t in running]),
                  x, *params)
     assert_native("aten.native_batch_norm.default", "aten.native_batch_norm_backward.default")
+
+
+@pytest.mark.parametrize("x_shape, output_size", [
+    ((2, 3, 6, 6), (4, 3)),      # overlapping, uneven windows
+    ((3, 7, 5), (3, 2)),
+    ((1, 130, 5, 9), (2, 4)),    # more than 128 planes
+    ((2, 3, 4, 4), (8, 8)),      # upsampling: windows of one element, repeated
+])
+def test_adaptive_avg_pool_matches_cpu(dev, x_shape, output_size):
+    _grads_match(dev, F.adaptive_avg_pool2d, _r(*x_shape), output_size=output_size)
+    assert_native("aten._adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d_backward.default")

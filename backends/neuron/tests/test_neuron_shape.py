@@ -85,3 +85,11 @@ def test_copies_are_costed_as_dma(dev):
     estimate = accelkit.stats()["neuron"]["estimate"]
     assert estimate["per_op"]["cat.default"]["seconds"] > 0
     assert estimate["hbm_bytes"] >= 2 * 2 * 64 * 64 * 4  # every byte read and written once
+
+
+@pytest.mark.parametrize("dims", [[0], [-1], [1, 3], []])
+def test_flip_matches_cpu(dev, dims):
+    x = _randn(2, 3, 4, 5)
+    assert torch.equal(torch.flip(x.to(dev), dims).cpu(), torch.flip(x, dims))
+    assert torch.equal(torch.flip(x.to(dev).transpose(1, 3), dims).cpu(), torch.flip(x.transpose(1, 3), dims))
+    assert_native("aten.flip.default")
