@@ -70,7 +70,8 @@ def compare(dev, fn, *inputs, **tol):
 GEOMETRIES = {
     "rows_over_128": ((300, 40), 1),
     "free_over_2048": ((3, 5000), 1),
-    "leading_dim": ((70, 200), 0),
+    "leading_dim": ((300, 70), 0),
+    "leading_dim_wide": ((150, 600), 0),
     "middle_dim": ((4, 50, 7), 1),
     "two_outer_dims": ((6, 5, 30), (0, 2)),
     "all_long": ((40, 120), None),
