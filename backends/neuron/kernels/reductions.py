@@ -20,7 +20,9 @@ Two layouts use the other engines:
 
 Index reductions (argmax, max.dim, ...) always use the row layout: each chunk's extreme and its
 first index are merged into the running ones, so ties keep the first index and NaN wins, as on
-CPU. cumsum is a log-step (Hillis-Steele) scan along the free axis with a carry between chunks.
+CPU. cumsum and cumprod are log-step (Hillis-Steele) scans along the free axis with a carry
+between chunks. Vector norms map each chunk first (|x|, x², |x|^p on the Scalar and Vector
+engines) and reduce the result like a sum or an extreme.
 """
 
 from __future__ import annotations
@@ -466,6 +468,56 @@ tile_kernel(aten.min.dim)(_extreme_with_index("min"))
 
 
 # ---------------------------------------------------------------------------------------------
+# linalg_vector_norm: map each chunk (|x|, x², |x|^p), then reduce like a sum or an extreme
+# ---------------------------------------------------------------------------------------------
+
+
+def _mapped(func: str, exponent: float | None = None) -> Transform:
+    def transform(k: Kernel, chunk: Tile) -> Tile:
+        mapped = k.sbuf(chunk.shape, np.float32, func)
+        k.activation(mapped, chunk, func)
+        if exponent is not None:
+            k.tensor_scalar(mapped, mapped, "pow", exponent)
+        return mapped
+
+    return transform
+
+
+def _nonzero(k: Kernel, chunk: Tile) -> Tile:
+    flags = k.sbuf(chunk.shape, np.float32, "nonzero")
+    k.tensor_scalar(flags, chunk, "not_equal", 0)
+    return flags
+
+
+def _root(order: float) -> Finish:
+    def finish(k: Kernel, acc: Tile, count: int) -> None:
+        if order == 2:
+            k.activation(acc, acc, "sqrt")
+        else:
+            k.tensor_scalar(acc, acc, "pow", 1.0 / order)
+
+    return finish
+
+
+@tile_kernel(aten.linalg_vector_norm.default)
+def linalg_vector_norm(k: Kernel, out: list[OutSpec], x: np.ndarray, ord: Any = 2, dim: Any = None,
+                       keepdim: bool = False, *, dtype: Any = None) -> np.ndarray:
+    """``(Σ |x|^ord)^(1/ord)``; ord ±inf is the max/min of ``|x|``, ord 0 counts non-zeros."""
+    result = hbm_empty(out[0])
+    dims = reduce_dims(x.ndim, dim)
+    order = float(ord)
+    if math.isinf(order):
+        return reduce_into(k, x, dims, result, "max" if order > 0 else "min", transform=_mapped("abs"))
+    if order == 0:
+        return reduce_into(k, x, dims, result, "add", transform=_nonzero)
+    if order == 1:
+        return reduce_into(k, x, dims, result, "add", transform=_mapped("abs"))
+    if order == 2:
+        return reduce_into(k, x, dims, result, "add", transform=_mapped("square"), finish=_root(2))
+    return reduce_into(k, x, dims, result, "add", transform=_mapped("abs", order), finish=_root(order))
+
+
+# ---------------------------------------------------------------------------------------------
 # var, var_mean (two passes: the mean, then the squared deviations on the Scalar engine)
 # ---------------------------------------------------------------------------------------------
 
@@ -541,20 +593,21 @@ def var_mean(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: Any = None, *, c
 # ---------------------------------------------------------------------------------------------
 
 
-def scan_add(k: Kernel, values: Tile) -> None:
-    """Inclusive prefix sums along each partition, in place: ``log2(F)`` shifted adds."""
+def scan(k: Kernel, values: Tile, op: str = "add") -> None:
+    """Inclusive prefix ``op`` (add or multiply) along each partition, in place: ``log2(F)``
+    shifted Vector-engine (or exact integer) operations."""
     cols = values.free_size
     shift = 1
     previous = k.sbuf(values.shape, values.dtype, "previous")
     while shift < cols:
         k.tensor_copy(previous, values)
-        k.tensor_tensor(values[:, shift:], previous[:, shift:], previous[:, : cols - shift], "add")
+        k.tensor_tensor(values[:, shift:], previous[:, shift:], previous[:, : cols - shift], op)
         shift *= 2
 
 
-@tile_kernel(aten.cumsum.default)
-def cumsum(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, *, dtype: Any = None) -> np.ndarray:
-    result = hbm_empty(out[0])
+def cumulative(k: Kernel, x: np.ndarray, dim: int, result: np.ndarray, op: str) -> np.ndarray:
+    """``result`` = running ``op`` (add or multiply) of ``x`` along ``dim``, chunk by chunk
+    with each row's last value carried into the next chunk."""
     if result.size == 0:
         return result
     acc_dtype = accumulator_dtype(x, result.dtype)
@@ -565,9 +618,9 @@ def cumsum(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, *, dtype: Any
             for f0, f1, (chunk,) in chunks(k, block, [0], r0, r1):
                 running = k.sbuf(chunk.shape, acc_dtype, "running")
                 k.tensor_copy(running, chunk)
-                scan_add(k, running)
+                scan(k, running, op)
                 if f0 > 0:
-                    k.tensor_scalar(running, running, "add", carry)
+                    k.tensor_scalar(running, running, op, carry)
                 k.tensor_copy(carry, running[:, f1 - f0 - 1 :])
                 rounded = running
                 if running.dtype != chip_dtype(target.dtype):
@@ -575,3 +628,13 @@ def cumsum(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, *, dtype: Any
                     k.tensor_copy(rounded, running)
                 k.dma(target[r0:r1, f0:f1], rounded)
     return result
+
+
+@tile_kernel(aten.cumsum.default)
+def cumsum(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, *, dtype: Any = None) -> np.ndarray:
+    return cumulative(k, x, dim, hbm_empty(out[0]), "add")
+
+
+@tile_kernel(aten.cumprod.default)
+def cumprod(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, *, dtype: Any = None) -> np.ndarray:
+    return cumulative(k, x, dim, hbm_empty(out[0]), "multiply")

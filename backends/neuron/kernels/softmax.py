@@ -1,4 +1,5 @@
-"""Softmax tile programs: _softmax, _log_softmax, _safe_softmax and their backward passes.
+"""Softmax tile programs: _softmax, _log_softmax, _safe_softmax, their backward passes, and
+logsumexp.
 
 Each row along ``dim`` sits on one partition (rows in tiles of at most 128, laid out as in
 :mod:`.reductions`), so every sum or max the formulas need is a free-axis reduction. The
@@ -16,7 +17,9 @@ import numpy as np
 import torch
 
 from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
-from accelkit_backends.neuron.kernels.reductions import Block, chunks, reduce_dims, row_blocks, row_tiles
+from accelkit_backends.neuron.kernels.reductions import (
+    Block, chunks, reduce_dims, row_blocks, row_tiles, store_rows,
+)
 from accelkit_backends.neuron.sim.core import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
@@ -154,4 +157,33 @@ def log_softmax_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, output
                     k.tensor_scalar(values, values, "multiply", total)
                     k.tensor_tensor(values, g, values, "subtract")
                     _store(k, block.views[2], r0, r1, f0, f1, values)
+    return result
+
+
+@tile_kernel(aten.logsumexp.default)
+def logsumexp(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: Any, keepdim: bool = False) -> np.ndarray:
+    """``log(Σ exp(x - m)) + m`` per row with ``m`` the row max, or 0 where the max is
+    infinite (so an all ``-inf`` row gives ``-inf`` and a ``+inf`` one ``inf``, as on CPU)."""
+    result = hbm_empty(out[0])
+    flat = result.reshape(-1)
+    for block in row_blocks([x], reduce_dims(x.ndim, dim)):
+        for r0, r1 in row_tiles(k, block):
+            kept: dict = {}
+            peak = row_reduce(k, block, [0], r0, r1, "max", kept)
+            infinite = k.sbuf(peak.shape, np.bool_, "infinite")
+            k.activation(infinite, peak, "isinf")
+            k.select(peak, infinite, 0.0, peak)
+            shift = k.sbuf(peak.shape, np.float32, "neg_max")
+            k.tensor_scalar(shift, peak, "multiply", -1.0)
+            total = k.sbuf(peak.shape, np.float32, "sum")
+            k.memset(total, 0.0)
+            for f0, f1, (chunk,) in chunks(k, block, [0], r0, r1, resident=kept):
+                with k.scope():
+                    exps = k.sbuf((r1 - r0, f1 - f0), np.float32, "exp")
+                    partial = k.sbuf(total.shape, np.float32, "partial")
+                    k.activation(exps, chunk, "exp", bias=shift, reduce_into=partial)
+                    k.tensor_tensor(total, total, partial, "add")
+            k.activation(total, total, "log")
+            k.tensor_tensor(total, total, peak, "add")
+            store_rows(k, flat, block.row0 + r0, total)
     return result

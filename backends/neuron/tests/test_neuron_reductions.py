@@ -1,4 +1,4 @@
-"""neuron reductions, softmax, layer norm and nll_loss tile programs, compared with CPU PyTorch.
+"""neuron reductions, norms, scans, softmax, layer norm and nll_loss tile programs vs CPU PyTorch.
 
 Every check runs the same call on CPU tensors and on neuron copies (non-contiguous inputs are
 re-made as the same views on the device) and asserts the op ran as a tile program, not on the
@@ -303,6 +303,47 @@ def test_cumsum_of_long_rows_carries_across_chunks(dev):
     (result,) = compare(dev, lambda t: t.cumsum(1), ones)
     assert result[0, -1].item() == 5000
     compare(dev, lambda t: t.cumsum(1, dtype=torch.float32), ones)
+
+
+def test_cumprod_matches_cpu(dev):
+    x = torch.rand(140, 3000, generator=torch.Generator().manual_seed(0)) * 0.2 + 0.95
+    compare(dev, lambda t: t.cumprod(1), x, rtol=1e-4, atol=1e-6)
+    compare(dev, lambda t: t[:, :50].cumprod(0), x, rtol=1e-5, atol=1e-6)
+    compare(dev, lambda t: t.cumprod(1), sample((5, 30), torch.int64, low=-1, high=2))
+    assert_native("aten.cumprod.default")
+
+
+@pytest.mark.parametrize("order", [2, 1, 0, 3, 0.5, math.inf, -math.inf])
+def test_vector_norm_matches_cpu(dev, order):
+    x = sample((300, 40))
+    x[0, :5] = 0.0
+    compare(dev, lambda t: torch.linalg.vector_norm(t, order, 1), x, rtol=1e-5, atol=1e-4)
+    compare(dev, lambda t: torch.linalg.vector_norm(t, order, 0, keepdim=True), x, rtol=1e-5, atol=1e-4)
+    compare(dev, lambda t: torch.linalg.vector_norm(t, order), x, rtol=1e-5, atol=1e-3)
+    assert_native("aten.linalg_vector_norm.default")
+
+
+def test_gradient_clipping_runs_natively(dev):
+    grads = [sample((300, 40)), sample((5000,), seed=1)]
+    norms = []
+    for device in ("cpu", dev):
+        params = [torch.nn.Parameter(torch.zeros_like(g).to(device)) for g in grads]
+        for p, g in zip(params, grads):
+            p.grad = g.clone().to(device)  # clipping scales the gradients in place
+        with accelkit.fallback_policy("deny"):
+            norms.append(torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=False).cpu())
+    torch.testing.assert_close(norms[1], norms[0], **LONG_SUM)
+
+
+def test_logsumexp_matches_cpu(dev):
+    x = sample((130, 3000))
+    x[3, 5] = math.inf
+    x[4] = -math.inf
+    x[5, 7] = math.nan
+    compare(dev, lambda t: t.logsumexp(1), x, **FLOAT32)
+    compare(dev, lambda t: t[:, :40].logsumexp((0,), keepdim=True), x, **FLOAT32)
+    compare(dev, lambda t: t.logsumexp((0, 1)), sample((3, 7)), **FLOAT32)
+    assert_native("aten.logsumexp.default")
 
 
 # ---------------------------------------------------------------------------------------------
