@@ -100,6 +100,16 @@ def accelkit_reset_stats(name):
         reset_stats()
 
 
+@hookimpl
+def accelkit_conformance_expectations(name):
+    if name == NAME:
+        from pathlib import Path
+
+        from accelkit.sdk import Expectations
+
+        return Expectations.from_toml(Path(__file__).with_name("conformance.toml"))
+
+
 def profile():
     """Context manager recording the kernels and instructions run inside it (a ``Profile``
     with ``export_chrome_trace(path)``)."""

@@ -1,0 +1,135 @@
+"""The neuron backend's two kinds of figures, printed side by side.
+
+    python bench/bench_neuron.py
+
+1. **Simulator wall time** per op — what a user waits on this machine: a small elementwise add
+   (16 elements) and a 64×64 matmul on ``neuron`` (the tile program executed and timed by the
+   simulator) against native CPU torch, measured in the same run, median of several repeats.
+2. **Estimated device time** of one MLP training step (forward, backward, SGD) on each Trainium
+   generation, from the simulator's cost model: an estimate from public specifications, not a
+   measurement. Each generation runs in its own process (``ACCELKIT_NEURON_TARGET``), since a
+   process holds one target. Also shown: the share of Tensor-engine peak the step reaches, and
+   which engine was busiest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_ops import per_call_us  # noqa: E402
+
+TARGETS = ("trn1", "trn2", "trn3")
+#: (batch, input, hidden, classes): the bench_ops MLP, and one big enough to use the Tensor engine.
+MLPS = {"small": (16, 32, 64, 10), "large": (512, 1024, 4096, 1024)}
+
+
+def wall_times(number: int, repeat: int) -> dict[str, dict[str, float]]:
+    import accelkit
+
+    dev = accelkit.select_device("neuron")
+    torch.manual_seed(0)
+    figures: dict[str, dict[str, float]] = {}
+    inputs = {"add (16,)": (torch.randn(16), torch.randn(16), torch.add),
+              "matmul 64x64": (torch.randn(64, 64), torch.randn(64, 64), torch.mm)}
+    for name, (a, b, fn) in inputs.items():
+        da, db = a.to(dev), b.to(dev)
+        figures[name] = {
+            "neuron_us": per_call_us(lambda: fn(da, db), lambda: None, number, repeat),
+            "cpu_us": per_call_us(lambda: fn(a, b), lambda: None, number * 20, repeat),
+        }
+    return figures
+
+
+def step_estimate(mlp: str, dtype: str) -> dict:
+    """One training step's estimate on the active target (run inside a target's process)."""
+    import accelkit
+    from torch import nn
+
+    dev = accelkit.select_device("neuron")
+    batch, width_in, hidden, classes = MLPS[mlp]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+    model = model.to(dev, getattr(torch, dtype))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(batch, width_in).to(dev, getattr(torch, dtype))
+    y = torch.randint(0, classes, (batch,)).to(dev)
+
+    def step() -> None:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x).float(), y).backward()
+        optimizer.step()
+
+    step()  # first step: optimizer state, kernel instances
+    accelkit.reset_stats()
+    with accelkit.fallback_policy("deny"):
+        step()
+    stats = accelkit.stats()
+    estimate = stats["neuron"]["estimate"]
+    from accelkit_backends.neuron.device import device_model
+
+    peak = device_model().peak_flops.get(getattr(torch, dtype))
+    return {
+        "target": estimate["target"],
+        "device_us": estimate["device_seconds"] * 1e6,
+        "flops": estimate["flops"],
+        "tensor_peak_share": (estimate["flops"] / estimate["device_seconds"] / peak) if peak else None,
+        "busiest_engine": max(estimate["per_engine_seconds"], key=estimate["per_engine_seconds"].get),
+        "kernels": estimate["kernels"],
+        "fallbacks": stats["totals"]["fallback"],
+    }
+
+
+def estimates_per_target(mlp: str, dtype: str) -> list[dict]:
+    rows = []
+    for target in TARGETS:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}
+        env["ACCELKIT_NEURON_TARGET"] = target
+        done = subprocess.run([sys.executable, __file__, "--estimate", mlp, dtype], env=env,
+                              capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            rows.append({"target": target, "error": done.stderr.strip().splitlines()[-1:]})
+            continue
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--number", type=int, default=50)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--estimate", nargs=2, metavar=("MLP", "DTYPE"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.estimate:
+        print(json.dumps(step_estimate(*args.estimate)))
+        return
+
+    print(f"neuron (simulated NeuronCore) vs CPU, load average {os.getloadavg()[0]:.1f}\n")
+    print("Simulator wall time per op (median):")
+    for name, row in wall_times(args.number, args.repeat).items():
+        ratio = row["neuron_us"] / row["cpu_us"]
+        print(f"  {name:14s} neuron {row['neuron_us']:9.1f} us   cpu {row['cpu_us']:7.2f} us   ({ratio:.0f}x)")
+    print("\nEstimated device time of one MLP training step (estimate from public specifications):")
+    for mlp in MLPS:
+        for dtype in ("float32", "bfloat16"):
+            batch, width_in, hidden, classes = MLPS[mlp]
+            print(f"  {mlp} MLP {batch}x{width_in} -> {hidden} -> {classes}, {dtype}:")
+            for row in estimates_per_target(mlp, dtype):
+                if "error" in row:
+                    print(f"    {row['target']}: failed: {row['error']}")
+                    continue
+                share = f"{row['tensor_peak_share']:.1%}" if row["tensor_peak_share"] else "n/a"
+                print(f"    {row['target']}: {row['device_us']:10.1f} us  ({row['kernels']} kernels, "
+                      f"{share} of {dtype} Tensor-engine peak, busiest engine: {row['busiest_engine']}, "
+                      f"fallbacks: {row['fallbacks']})")
+
+
+if __name__ == "__main__":
+    main()
