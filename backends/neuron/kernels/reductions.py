@@ -115,9 +115,14 @@ def _split(moved: list[np.ndarray], kept: int, row0: int) -> list[Block]:
 
 def load_rows(k: Kernel, block: Block, which: int, r0: int, r1: int, f0: int, f1: int,
               name: str) -> Tile:
-    """``block.views[which][r0:r1, f0:f1]`` as an SBUF tile, rows on partitions."""
+    """``block.views[which][r0:r1, f0:f1]`` as an SBUF tile, rows on partitions.
+
+    A column-major block loads transposed (:func:`load_k_major`) except integers on
+    NeuronCore-v2, whose Tensor-engine transpose passes through fp32 PSUM and would round
+    values above 2**24: those take an exact element-strided DMA, costed as such.
+    """
     view = block.views[which]
-    if block.pattern is None:
+    if block.pattern is None and (nx.is_float(view.dtype) or k.spec.transpose_in_dma):
         return load_k_major(k, view, r0, r1, f0, f1, name)
     tile = k.sbuf((r1 - r0, f1 - f0), chip_dtype(view.dtype), name)
     k.dma(tile, view[r0:r1, f0:f1], pattern=block.pattern)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import accelkit
 from accelkit_backends.neuron import profile
-from conftest import assert_native
+from conftest import assert_native, run_python
 
 aten = torch.ops.aten
 FLOAT32 = {"rtol": 1e-5, "atol": 1e-5}
@@ -137,6 +137,20 @@ def test_integer_extremes_and_products(dev):
     compare(dev, lambda t: t.min(), x)
     assert_native("aten.amax.default", "aten.amin.default", "aten.prod.dim_int", "aten.max.default",
                   "aten.min.default")
+
+
+def test_integer_reductions_over_leading_dims_stay_exact_on_trn1():
+    """NeuronCore-v2 has no DMA transpose; its Tensor-engine transpose goes through fp32 PSUM,
+    which would round integers above 2**24, so integer tiles load with a strided DMA instead."""
+    result = run_python("""
+        import torch, accelkit
+        dev = accelkit.select_device("neuron")
+        x = torch.tensor([[2**30 + 1, 5], [3, 2**30 + 3]], dtype=torch.int64).repeat(70, 1)
+        assert torch.equal(x.to(dev).amax(0).cpu(), x.amax(0)), x.to(dev).amax(0).cpu()
+        assert torch.equal(x.to(dev).argmax(0).cpu(), x.argmax(0))
+        print("exact")
+    """, env={"ACCELKIT_NEURON_TARGET": "trn1"})
+    assert result.returncode == 0 and "exact" in result.stdout, result.stderr[-2000:]
 
 
 def test_prod_matches_cpu(dev):
