@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.core import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
@@ -139,15 +140,16 @@ def max_pool2d_with_indices(k: Kernel, out: list[OutSpec], x: np.ndarray, kernel
     pool = _geometry(x, values.shape, kernel_size, stride, padding, dilation)
     planes, out_values, out_indices = _planes(x), _planes(values), _planes(indices)
     dtype = chip_dtype(x.dtype)
+    lowest = -math.inf if nx.is_float(dtype) else max(np.iinfo(dtype).min, np.iinfo(np.int32).min)
     (ph, pw) = pool.padding
     for a, b in _plane_blocks(planes.shape[0], k.spec.partitions):
         with k.scope():
             rows = b - a
-            tile = _load_padded(k, planes[a:b], pool, -math.inf, dtype, "x")
+            tile = _load_padded(k, planes[a:b], pool, lowest, dtype, "x")
             valid = _ones_inside(k, rows, pool, (ph, ph + pool.h, pw, pw + pool.w))
             base = _base_index(k, rows, pool)
             best = k.sbuf((rows, pool.ho, pool.wo), dtype, "best")
-            k.memset(best, -math.inf)
+            k.memset(best, lowest)
             index = k.sbuf(best.shape, np.int32, "index")
             k.memset(index, 0)
             chosen = k.sbuf(best.shape, np.bool_, "chosen")  # index names an in-bounds position

@@ -272,3 +272,16 @@ def test_batch_norm_matches_cpu(dev, shape, training, affine):
 def test_adaptive_avg_pool_matches_cpu(dev, x_shape, output_size):
     _grads_match(dev, F.adaptive_avg_pool2d, _r(*x_shape), output_size=output_size)
     assert_native("aten._adaptive_avg_pool2d.default", "aten._adaptive_avg_pool2d_backward.default")
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bfloat16])
+def test_max_pool_of_integers_and_bfloat16_is_exact(dev, dtype):
+    """Max pooling only compares: integers (computed as int32) and bf16 come back unrounded."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-10**9, 10**9, (2, 3, 7, 6), generator=g).to(dtype) if dtype == torch.int64 \
+        else torch.randn(2, 3, 7, 6, generator=g).to(dtype)
+    expected = F.max_pool2d(x, 3, 2, 1, ceil_mode=True, return_indices=True)
+    got = F.max_pool2d(x.to(dev), 3, 2, 1, ceil_mode=True, return_indices=True)
+    assert got[0].dtype == dtype
+    assert torch.equal(got[0].cpu(), expected[0])
+    assert torch.equal(got[1].cpu(), expected[1])
