@@ -10,8 +10,6 @@ accumulated over sample tiles.
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 

@@ -253,9 +253,9 @@ def test_nan_is_the_extreme_with_its_first_index(dev):
 def test_max_min_dim_values_and_indices(dev, dtype):
     x = sample((150, 6, 7), dtype)
     for keepdim in (False, True):
-        values, indices = compare(dev, lambda t: t.max(1, keepdim=keepdim), x)
+        values, indices = compare(dev, lambda t, keepdim=keepdim: t.max(1, keepdim=keepdim), x)
         assert values.dtype == dtype and indices.dtype == torch.int64
-        compare(dev, lambda t: t.min(-1, keepdim=keepdim), x)
+        compare(dev, lambda t, keepdim=keepdim: t.min(-1, keepdim=keepdim), x)
     assert_native("aten.max.dim", "aten.min.dim")
 
 
@@ -473,7 +473,7 @@ def test_nll_loss_of_one_sample_and_total_weight(dev):
     x = F.log_softmax(sample((5,)), 0)
     target = torch.tensor(2)
     for reduction in (0, 1, 2):
-        compare(dev, lambda t, y: aten.nll_loss_forward(t, y, None, reduction, -100), x, target)
+        compare(dev, lambda t, y, reduction=reduction: aten.nll_loss_forward(t, y, None, reduction, -100), x, target)
     batch = F.log_softmax(sample((4, 5)), 1)
     targets = torch.tensor([1, -100, 3, 0])
     compare(dev, lambda t, y: aten.nll_loss_forward(t, y, None, 0, -100), batch, targets)
