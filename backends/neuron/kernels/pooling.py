@@ -7,8 +7,9 @@ and the flat input index of its position (``iota`` on GpSimd gives each output's
 average pooling sums the windows and divides by a divisor computed the same way from a tile of
 ones (so ``count_include_pad`` and ``ceil_mode`` need no special cases). The backward programs
 add each tap's share of the output gradient back into a zero-padded fp32 image (col2im).
-Adaptive average pooling, whose windows differ per output, reduces each output's window
-sub-tile separately.
+Adaptive pooling, whose windows differ per output, reduces each output's window sub-tile
+separately; adaptive max pooling's backward adds the gradients back with the indirect DMA's
+read-modify-write add at the saved indices.
 
 Max pooling follows the CPU kernel's rule exactly: a later value wins when it is greater or NaN,
 and a window whose values are all ``-inf`` reports its first in-bounds position.
@@ -24,6 +25,8 @@ import numpy as np
 import torch
 
 from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.kernels.convert import fill
+from accelkit_backends.neuron.kernels.indexing import _chunks, _element_span, _flat_values, _load_index, _offsets
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.core import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
@@ -355,4 +358,65 @@ def adaptive_avg_pool2d_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray
             stored = k.sbuf(image.shape, chip_dtype(result.dtype), "stored")
             k.tensor_copy(stored, image)
             k.dma(planes_out[a:b], stored)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Adaptive max pooling: one reduction and one argmax per output window
+# ---------------------------------------------------------------------------------------------
+
+
+@tile_kernel(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(k: Kernel, out: list[OutSpec], x: np.ndarray, output_size: Any) -> tuple:
+    """Each output's window maximum (VectorE ``max``) and the flat input index of its first
+    occurrence (``argmax`` within the window, turned into ``h * W + w`` on GpSimd). A window
+    holding several NaNs reports the first (the CPU kernel the last; the value is NaN either way)."""
+    values, indices = hbm_empty(out[0]), hbm_empty(out[1])
+    if values.size == 0:
+        return values, indices
+    planes, planes_values, planes_indices = _planes(x), _planes(values), _planes(indices)
+    width = x.shape[-1]
+    rows_windows = _adaptive_windows(x.shape[-2], values.shape[-2])
+    cols_windows = _adaptive_windows(width, values.shape[-1])
+    for a, b in _plane_blocks(planes.shape[0], k.spec.partitions):
+        with k.scope():
+            tile = _load(k, planes[a:b], "x")
+            best = k.sbuf((b - a, len(rows_windows), len(cols_windows)), tile.dtype, "best")
+            index = k.sbuf(best.shape, np.int32, "index")
+            column = k.sbuf((b - a, 1, 1), np.int32, "column")
+            for oh, (h0, h1) in enumerate(rows_windows):
+                for ow, (w0, w1) in enumerate(cols_windows):
+                    window = tile[:, h0:h1, w0:w1]
+                    cell = index[:, oh : oh + 1, ow : ow + 1]
+                    k.tensor_reduce(best[:, oh : oh + 1, ow : ow + 1], window, "max")
+                    k.tensor_reduce(cell, window, "argmax")
+                    k.tensor_scalar(column, cell, "remainder", w1 - w0)
+                    k.tensor_scalar(cell, cell, "floor_divide", w1 - w0)
+                    k.tensor_scalar(cell, cell, "multiply", width)
+                    k.tensor_tensor(cell, cell, column, "add")
+                    k.tensor_scalar(cell, cell, "add", h0 * width + w0)
+            k.dma(planes_values[a:b], best)
+            k.dma(planes_indices[a:b], index)
+    return values, indices
+
+
+@tile_kernel(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, x: np.ndarray,
+                                 indices: np.ndarray) -> np.ndarray:
+    """A zeroed result, then every output gradient added at its saved input position by the
+    indirect DMA store with add (positions shared by several windows accumulate)."""
+    result = fill(k, out[0], 0)
+    if result.size == 0 or grad.size == 0:
+        return result
+    plane_size, outputs = x.shape[-2] * x.shape[-1], grad.shape[-2] * grad.shape[-1]
+    flat_index, flat_grad = _flat_values(indices), _flat_values(grad)
+    table = _element_span(result)
+    shape = (flat_grad.size // outputs, outputs)
+    for start, rows, cols in _chunks(flat_grad.size, k.spec.partitions):
+        with k.scope():
+            index = _load_index(k, flat_index, start, rows, cols)
+            offsets = _offsets(k, start, rows, cols, shape, [(0, plane_size)], [(index, 1)])
+            g = _load_index(k, flat_grad, start, rows, cols, "grad")
+            for c in range(cols):
+                k.scatter_rows(table, g[:, c : c + 1], offsets[:, c : c + 1], accumulate=True)
     return result

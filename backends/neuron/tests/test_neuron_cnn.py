@@ -285,3 +285,12 @@ def test_max_pool_of_integers_and_bfloat16_is_exact(dev, dtype):
     assert got[0].dtype == dtype
     assert torch.equal(got[0].cpu(), expected[0])
     assert torch.equal(got[1].cpu(), expected[1])
+
+
+@pytest.mark.parametrize("x_shape, output_size", [((2, 3, 6, 6), (4, 3)), ((1, 130, 5, 9), (2, 4)), ((2, 3, 4, 4), (8, 8))])
+def test_adaptive_max_pool_matches_cpu(dev, x_shape, output_size):
+    x = _r(*x_shape)
+    _grads_match(dev, F.adaptive_max_pool2d, x, output_size=output_size)
+    expected = F.adaptive_max_pool2d(x, output_size, return_indices=True)[1]
+    assert torch.equal(F.adaptive_max_pool2d(x.to(dev), output_size, return_indices=True)[1].cpu(), expected)
+    assert_native("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool2d_backward.default")
