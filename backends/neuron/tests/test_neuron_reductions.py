@@ -484,3 +484,21 @@ def test_nll_loss_of_one_sample_and_total_weight(dev):
 def test_nll_loss_target_out_of_range_raises(dev):
     with pytest.raises(IndexError, match="out of bounds"):
         F.nll_loss(torch.randn(3, 4).to(dev), torch.tensor([0, 4, 1]).to(dev))
+
+
+def test_out_and_inplace_variants_use_the_tile_programs(dev):
+    x = sample((5, 7))
+    with accelkit.fallback_policy("deny"):
+        on = x.to(dev)
+        total = torch.empty(5, device=dev)
+        torch.sum(on, 1, out=total)
+        values, indices = torch.empty(5, device=dev), torch.empty(5, dtype=torch.long, device=dev)
+        torch.max(on, 1, out=(values, indices))
+        lse = torch.empty(5, device=dev)
+        torch.logsumexp(on, 1, out=lse)
+        on.cumsum_(0)
+    torch.testing.assert_close(total.cpu(), x.sum(1), **FLOAT32)
+    torch.testing.assert_close((values.cpu(), indices.cpu()), tuple(x.max(1)))
+    torch.testing.assert_close(lse.cpu(), x.logsumexp(1), **FLOAT32)
+    torch.testing.assert_close(on.cpu(), x.cumsum(0), **FLOAT32)
+    assert_native("aten.sum.IntList_out", "aten.max.dim_max", "aten.logsumexp.out", "aten.cumsum_.default")
