@@ -95,17 +95,21 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
                     "operation."
                 )
             if src.device.type == name:
-                # Complex to real stays on the host path, which warns that the imaginary part goes.
-                if src.shape == dst.shape and (dst.is_complex() or not src.is_complex()):
-                    array = T.read(ctx, src)
+                # Complex to real stays on the host path, which warns that the imaginary part
+                # goes; so do copies between views with different conjugate/negative bits.
+                if (
+                    src.shape == dst.shape
+                    and (dst.is_complex() or not src.is_complex())
+                    and src.is_conj() == dst.is_conj()
+                    and src.is_neg() == dst.is_neg()
+                ):
+                    array = T.read(ctx, src)  # equal bits: the stored elements copy as they are
                     if src.dtype != dst.dtype:  # a dtype conversion (.to(dtype)): on the device
                         array = allocator.cast(array, dst.dtype)
                     T.write(ctx, dst, array)
                     return dst
                 src = T.to_host(ctx, src)
-            host = torch.empty(dst.shape, dtype=dst.dtype)
-            host.copy_(src)
-            T.write(ctx, dst, allocator.from_host(host))
+            T.write(ctx, dst, allocator.from_host(T.stored_form(dst, src)))
             return dst
         dst.copy_(T.to_host(ctx, src))
         return dst

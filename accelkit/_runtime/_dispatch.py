@@ -260,6 +260,10 @@ class Pipeline:
     def _call(self, fn: Callable, gen: tuple[int, str] | None, args: Any, kwargs: dict) -> Any:
         """Call a kernel with device tensors as arrays and the device generator filled in."""
         to_array = self._to_array
+        # Kernels get values, not stored elements: conjugate/negative views (which reach mm and
+        # the like unresolved) are resolved into temporaries, alive until the kernel returns.
+        args = [_resolved(a) for a in args]
+        kwargs = {k: _resolved(v) for k, v in kwargs.items()}
         arrays = [to_array(a) for a in args]
         array_kwargs = {k: to_array(v) for k, v in kwargs.items()}
         if gen is not None:
@@ -298,7 +302,7 @@ class Pipeline:
             check_inplace(self_, shape, dtype)
             if dtype != self_.dtype:
                 result = ctx.allocator.cast(result, self_.dtype)
-            T.write(ctx, self_, result)
+            T.write_values(ctx, self_, result)
             return self_
 
         return run
@@ -327,7 +331,7 @@ class Pipeline:
                 if dtype != out.dtype:
                     r = ctx.allocator.cast(r, out.dtype)
                 if out.numel():
-                    T.write(ctx, out, r)
+                    T.write_values(ctx, out, r)
             return outs[0] if len(outs) == 1 else tuple(outs)
 
         return run
@@ -409,6 +413,12 @@ class Pipeline:
         if ctx.admit_fallback(op):
             ctx.counters.count(str(op), "fallback")
         return _HostCall(ctx, op).run(args, kwargs)
+
+
+def _resolved(value: Any) -> Any:
+    if isinstance(value, _Tensor) and T.has_math_bits(value):
+        return value.resolve_conj().resolve_neg()
+    return value
 
 
 def _run_meta(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
@@ -544,6 +554,7 @@ class _HostCall:
         view = torch.empty(0, dtype=t.dtype).set_(
             entry[1].untyped_storage(), t.storage_offset(), t.shape, t.stride()
         )
+        view = T.with_math_bits_of(view, t)  # the CPU kernel resolves them as it would on CPU
         self.twins.append((t, view))
         return view
 
@@ -632,7 +643,7 @@ class _HostCall:
             # to match and store the new contents.
             T.set_geometry(ctx, device, host.shape, host.stride(), host.storage_offset())
             if host.numel():
-                T.write(ctx, device, ctx.allocator.from_host(host.contiguous()))
+                T.write_values(ctx, device, ctx.allocator.from_host(_values(host).contiguous()))
         for key in dirty:
             buf, host_bytes = self.hosts[key]
             ctx.allocator.write_bytes(buf.block, host_bytes)
@@ -657,5 +668,10 @@ class _HostCall:
         stride = host.stride() if dense else None
         device = T.new_tensor(ctx, host.shape, host.dtype, stride)
         if host.numel():
-            T.write(ctx, device, ctx.allocator.from_host(host))
+            T.write(ctx, device, ctx.allocator.from_host(_values(host)))
         return device
+
+
+def _values(host: _Tensor) -> _Tensor:
+    """A CPU tensor's values, without conjugate or negative bits."""
+    return host.resolve_conj().resolve_neg()

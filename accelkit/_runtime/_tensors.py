@@ -123,9 +123,48 @@ def from_array(ctx: BackendContext, array: Any) -> torch.Tensor:
     return tensor
 
 
+def has_math_bits(tensor: torch.Tensor) -> bool:
+    """True when ``tensor`` is a conjugate or negative view: its elements are stored conjugated
+    or negated, and every reader must undo that (``resolve_conj``/``resolve_neg``)."""
+    return tensor.is_conj() or tensor.is_neg()
+
+
+def with_math_bits_of(host: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``host`` (a CPU tensor holding ``like``'s stored elements) as an alias carrying
+    ``like``'s conjugate and negative bits, so it reads as ``like``'s values; ``host`` itself
+    is returned unchanged when ``like`` has neither bit."""
+    if not has_math_bits(like):
+        return host
+    alias = host.view(host.shape)
+    torch._C._set_conj(alias, like.is_conj())
+    torch._C._set_neg(alias, like.is_neg())
+    return alias
+
+
+def stored_form(tensor: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """The CPU tensor a device ``tensor`` must store so that it reads as ``values`` (a CPU
+    tensor, broadcast and cast to ``tensor``): conjugated or negated when ``tensor`` is a
+    conjugate or negative view, as PyTorch's ``copy_`` does."""
+    host = torch.empty(tensor.shape, dtype=tensor.dtype)
+    with_math_bits_of(host, tensor).copy_(values)  # the CPU copy_ applies the bits
+    return host
+
+
+def write_values(ctx: BackendContext, tensor: torch.Tensor, array: Any) -> None:
+    """Like :func:`write`, for a ``tensor`` that may be a conjugate or negative view (an
+    ``out=`` argument): afterwards it reads as ``array``."""
+    if has_math_bits(tensor):
+        array = ctx.allocator.from_host(stored_form(tensor, ctx.allocator.to_host(array)))
+    write(ctx, tensor, array)
+
+
 def to_host(ctx: BackendContext, tensor: torch.Tensor) -> torch.Tensor:
-    """A CPU copy of a device tensor (same shape and dtype, contiguous)."""
-    return ctx.allocator.to_host(read(ctx, tensor))
+    """A CPU copy of a device tensor's values (same shape and dtype, contiguous, no conjugate
+    or negative bit: those of ``tensor`` are resolved)."""
+    host = ctx.allocator.to_host(read(ctx, tensor))
+    if has_math_bits(tensor):
+        host = with_math_bits_of(host, tensor).resolve_conj().resolve_neg()
+    return host
 
 
 def from_host(ctx: BackendContext, host: torch.Tensor) -> torch.Tensor:
