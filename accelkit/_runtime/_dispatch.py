@@ -347,51 +347,81 @@ class Pipeline:
     def _plan(self, op: OpOverload) -> Callable:
         if is_view_op(op) or is_inplace_view_op(op):
             return _run_meta
+        functional, kind = functional_of(op)
+        if kind == "out" and functional in self.ctx.decompositions:
+            # Preferred over the op's own ``out=`` decomposition: PyTorch wraps some of those
+            # in an opmath cast (pw_cast_for_opmath) that casts ``out`` too, so in bfloat16 they
+            # write a float32 copy and leave ``out`` unwritten.
+            return self._decomposed_out(functional)
         decomposition = self.ctx.decompositions.get(op)
         if decomposition is not None:
             return self._decomposed(decomposition)
-        functional, kind = functional_of(op)
-        if functional is not None and functional in self.ctx.decompositions:
-            return self._decomposed_variant(functional, kind)
+        if kind == "inplace" and functional in self.ctx.decompositions:
+            return self._decomposed_inplace(functional)
         return self.cpu_fallback
 
     def _decomposed(self, decomposition: Callable) -> Callable:
         def run(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
-            active = self._active_decompositions()
-            if op not in active:
-                active.add(op)
-                try:
-                    with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST):
-                        result = decomposition(*args, **kwargs)
-                finally:
-                    active.discard(op)
-                if result is not NotImplemented:
-                    self.ctx.counters.count(str(op), "decomposed")
-                    return result
-            return self.cpu_fallback(op, *args, **kwargs)
+            result = self._decompose(op, decomposition, args, kwargs)
+            if result is NotImplemented:
+                return self.cpu_fallback(op, *args, **kwargs)
+            self.ctx.counters.count(str(op), "decomposed")
+            return result
 
         return run
 
-    def _decomposed_variant(self, functional: OpOverload, kind: str) -> Callable:
-        """Run an in-place / ``out=`` overload as its functional op, then store the result."""
+    def _decompose(self, op: OpOverload, decomposition: Callable, args: tuple, kwargs: dict) -> Any:
+        """``decomposition(*args, **kwargs)``, or NotImplemented when ``op`` is already being
+        decomposed on this thread (a decomposition that re-enters its own op)."""
+        active = self._active_decompositions()
+        if op in active:
+            return NotImplemented
+        active.add(op)
+        try:
+            with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST):
+                return decomposition(*args, **kwargs)
+        finally:
+            active.discard(op)
+
+    def _decomposed_out(self, functional: OpOverload) -> Callable:
+        """Run an ``out=`` overload as ``functional``'s decomposition, then store the results.
+
+        The decomposition is called directly, not through the dispatcher: the functional
+        overload of a structured op (``upsample_nearest1d``) is itself implemented on
+        PrivateUse1 as ``empty`` + the ``out=`` overload, which would re-enter this plan. A
+        functional op with a device kernel (the backend chose not to derive its ``out=``) is
+        dispatched instead, so the kernel runs.
+        """
+        ctx = self.ctx
+        decomposition = ctx.decompositions[functional]
+        if torch._C._dispatch_has_kernel_for_dispatch_key(functional.name(), "PrivateUse1"):
+            decomposition = functional
 
         def run(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
-            if kind == "out":
-                names = out_arg_names(op)
-                outs = [kwargs.pop(n) for n in names]
-                _dtype_from_out(op, kwargs, outs)
-                result = functional(*args, **kwargs)
-                results = result if isinstance(result, tuple) else (result,)
-                if any(r.dtype != out.dtype for out, r in zip(outs, results)):
-                    check_out_dtypes(op, args, kwargs, outs, [r.dtype for r in results])
-                for out, r in zip(outs, results):
-                    prepare_out(self.ctx, out, tuple(r.shape), r.dtype)
-                for out, r in zip(outs, results):
-                    out.copy_(r)
-                self.ctx.counters.count(str(op), "decomposed")
-                return outs[0] if len(outs) == 1 else tuple(outs)
-            self_, rest = args[0], args[1:]
-            result = functional(self_, *rest, **kwargs)
+            names = out_arg_names(op)
+            outs = [kwargs.pop(n) for n in names]
+            _dtype_from_out(op, kwargs, outs)
+            result = self._decompose(op, decomposition, args, kwargs)
+            if result is NotImplemented:
+                kwargs.update(zip(names, outs))
+                return self.cpu_fallback(op, *args, **kwargs)
+            results = result if isinstance(result, tuple) else (result,)
+            if any(r.dtype != out.dtype for out, r in zip(outs, results)):
+                check_out_dtypes(op, args, kwargs, outs, [r.dtype for r in results])
+            for out, r in zip(outs, results):
+                prepare_out(ctx, out, tuple(r.shape), r.dtype)
+            for out, r in zip(outs, results):
+                out.copy_(r)
+            ctx.counters.count(str(op), "decomposed")
+            return outs[0] if len(outs) == 1 else tuple(outs)
+
+        return run
+
+    def _decomposed_inplace(self, functional: OpOverload) -> Callable:
+        """Run an in-place overload as its functional op, then store the result in ``self``."""
+
+        def run(op: OpOverload, self_: _Tensor, *args: Any, **kwargs: Any) -> Any:
+            result = functional(self_, *args, **kwargs)
             check_inplace(self_, tuple(result.shape), result.dtype)
             self_.copy_(result)
             self.ctx.counters.count(str(op), "decomposed")
