@@ -151,3 +151,46 @@ def test_stft_backward_matches_cpu(dev):
 
     assert_close(grad_of(fn, to(dev, x))[0], grad_of(fn, x)[0], rtol=1e-4, atol=1e-5)
 
+
+# -- inputs the runtime keeps away from a decomposition ------------------------------------------
+
+LINSPACES = [(4.3, -3, 50), (0, 49, 50), (-5.5, 103.2, 33), (46.78, -14.2, 29), (7, 7, 5), (2, 9, 1), (1, 2, 0)]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.int8])
+@pytest.mark.parametrize("start, end, steps", LINSPACES)
+def test_integer_linspace_matches_cpu_exactly(dev, start, end, steps, dtype):
+    if dtype == torch.uint8:
+        start, end = abs(start), abs(end)
+    expected = torch.linspace(start, end, steps, dtype=dtype)
+    assert torch.equal(torch.linspace(start, end, steps, dtype=dtype, device=dev).cpu(), expected)
+    from_tensors = torch.linspace(torch.tensor(start, device=dev), torch.tensor(end), steps, dtype=dtype, device=dev)
+    assert torch.equal(from_tensors.cpu(), torch.linspace(torch.tensor(start), torch.tensor(end), steps, dtype=dtype))
+    out = torch.empty(0, dtype=dtype, device=dev)
+    torch.linspace(start, end, steps, out=out)
+    assert torch.equal(out.cpu(), expected)
+
+
+def test_float_linspace_still_decomposes(dev):
+    accelkit.reset_stats()
+    assert_close(torch.linspace(-2, 3, 11, device=dev), torch.linspace(-2, 3, 11))
+    assert counts("aten.linspace.out") == {"native": 0, "decomposed": 1, "fallback": 0}
+
+
+@pytest.mark.parametrize("shape", [(0, 6), (0, 6, 3), (2, 6, 0), (0, 6, 0), (2, 6, 0, 4)])
+@pytest.mark.parametrize("affine", [True, False])
+def test_group_norm_of_an_empty_input_matches_cpu_forward_and_backward(dev, shape, affine):
+    x = torch.randn(shape, requires_grad=True)
+    weight = torch.randn(6, requires_grad=True) if affine else None
+    bias = torch.randn(6, requires_grad=True) if affine else None
+
+    def run(*tensors):
+        inputs = [t for t in tensors if t is not None]
+        out = F.group_norm(tensors[0], 3, *tensors[1:])
+        grads = torch.autograd.grad(out.sum(), inputs)
+        return [out, *grads]
+
+    got = run(*(to(dev, t) if t is not None else None for t in (x, weight, bias)))
+    for g, e in zip(got, run(x, weight, bias), strict=True):
+        assert_close(g, e, equal_nan=True)
+

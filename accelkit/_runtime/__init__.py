@@ -21,6 +21,7 @@ from accelkit._runtime import _tensors
 from accelkit._runtime._autocast import install_autocast
 from accelkit._runtime._context import BackendContext, policy_from_env
 from accelkit._runtime._core_ops import core_ops
+from accelkit._runtime._decomp_guards import guard_decompositions
 from accelkit._runtime._device_module import DeviceModule
 from accelkit._runtime._dispatch import CPU_EQUIVALENTS, Pipeline, is_inplace_op, variants_of
 from accelkit._runtime._rnn import RNN_DECOMPOSITIONS
@@ -104,10 +105,10 @@ def _build_context(record: BackendRecord, probe: Any, registry: Registry) -> Bac
         model=model,
         allocator=allocator,
         kernels=hook.accelkit_kernels(name=name) or KernelTable(name),
-        decompositions={
+        decompositions=guard_decompositions({
             **RNN_DECOMPOSITIONS,  # no CPU kernel to fall back to: a backend may only replace them
             **(default_decompositions() if decompositions is None else decompositions),
-        },
+        }),
         dtype_rules=hook.accelkit_dtype_rules(name=name),
         autocast=hook.accelkit_autocast_policy(name=name) or CUDA_LIKE_AUTOCAST,
         fallback_policy=policy_from_env(record.info.default_fallback),
