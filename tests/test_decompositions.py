@@ -194,3 +194,15 @@ def test_group_norm_of_an_empty_input_matches_cpu_forward_and_backward(dev, shap
     for g, e in zip(got, run(x, weight, bias), strict=True):
         assert_close(g, e, equal_nan=True)
 
+
+@pytest.mark.parametrize("dtype", [None, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("memory_format", [torch.preserve_format, torch.channels_last])
+def test_gradient_of_a_device_to_host_copy_reaches_the_device_input(dev, dtype, memory_format):
+    x = torch.randn(2, 3, 4, 5, requires_grad=True)
+    weights = torch.randn(2, 3, 4, 5, dtype=dtype or torch.float32)
+    expected = torch.autograd.grad((x.to("cpu", dtype, memory_format=memory_format) * weights).sum(), x)[0]
+    xd = to(dev, x)
+    moved = xd.to("cpu", dtype, memory_format=memory_format)
+    assert moved.device.type == "cpu"
+    (grad,) = torch.autograd.grad((moved * weights).sum(), xd)
+    assert_close(grad, expected)

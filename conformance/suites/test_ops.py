@@ -66,12 +66,19 @@ def _describe(i: int, sample) -> str:
 
 
 def _on_cpu(sample):
-    """The CPU twin of a device sample: tensors copied, a ``device=`` argument pointed at the CPU."""
+    """The CPU twin of a device sample: tensors copied, device arguments (``device=`` or
+    positional, as in ``x.to(device, dtype)``) pointed at the CPU."""
     cpu = sample.transform(lambda t: to_cpu_leaf(t) if isinstance(t, torch.Tensor) else t)
-    device = cpu.kwargs.get("device")
-    if device is not None and torch.device(device).type == SETTINGS.device.type:
-        cpu.kwargs["device"] = "cpu"
+    cpu.args = tuple(_cpu_if_device(a) for a in cpu.args)
+    if "device" in cpu.kwargs:
+        cpu.kwargs["device"] = _cpu_if_device(torch.device(cpu.kwargs["device"]))
     return cpu
+
+
+def _cpu_if_device(value):
+    if isinstance(value, torch.device) and value.type == SETTINGS.device.type:
+        return torch.device("cpu")
+    return value
 
 
 def _call(op, sample):
