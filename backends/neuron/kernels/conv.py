@@ -2,8 +2,8 @@
 
 ``F.conv1d``/``conv2d`` and ``conv_transpose1d/2d`` reach a PrivateUse1 device as
 ``convolution_overrideable`` (``convolution_backward_overrideable`` under autograd). The
-im2col matrix is never written to HBM: an input plane is loaded once into SBUF, zero-padded
-``[channels, Hp, Wp]`` with channels on partitions, and for each kernel tap ``(i, j)`` the strided
+im2col matrix is never written to HBM: a band of input rows is loaded once into SBUF,
+zero-padded ``[channels, rows, Wp]`` with channels on partitions, and for each kernel tap ``(i, j)`` the strided
 window of that tile *is* the im2col block of that tap: ``out[o, pos] += w[o, c, i, j] * window[c,
 pos]`` is a matmul contracting the channels, accumulated over taps and channel tiles in one PSUM
 bank. The three programs:
@@ -17,8 +17,9 @@ bank. The three programs:
 
 Accumulation is fp32 (PSUM, and SBUF for col2im and the weight gradient), rounded once into the
 result's dtype. Supported: 1-d and 2-d, stride, padding, dilation, groups, transposed with
-output_padding. A 3-d convolution raises ``NotImplementedError``. An input plane must fit SBUF
-(e.g. 128 channels of 96×96 fp32 per partition budget); larger images would need row bands.
+output_padding. A 3-d convolution raises ``NotImplementedError``. Images are processed in bands
+of rows of at most :data:`BAND_BYTES` per partition (output rows for the forward and the weight
+gradient, input rows for col2im), so a 224×224 image fits even trn1's SBUF.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ aten = torch.ops.aten
 
 #: Free elements per partition when streaming an output gradient for the bias sum.
 FMAX = 2048
+#: SBUF bytes per partition of one input (or col2im) row band: large images are processed in
+#: bands of rows, so a plane never has to fit SBUF whole.
+BAND_BYTES = 24 * 1024
 
 Block = tuple[int, int, int, int]  # output rows oh0:oh1, columns ow0:ow1
 
@@ -52,20 +56,37 @@ class Geometry:
     kernel: tuple[int, int]
     groups: int
 
-    def padded(self, h: int, w: int, ho: int, wo: int) -> tuple[int, int]:
-        """The padded input tile: the padding, widened to what the last window reaches."""
-        reach = [(o - 1) * s + (kk - 1) * d + 1 for o, s, kk, d in
-                 zip((ho, wo), self.stride, self.kernel, self.dilation)]
-        return max(h + 2 * self.padding[0], reach[0]), max(w + 2 * self.padding[1], reach[1])
+    def padded_width(self, w: int, wo: int) -> int:
+        """Columns of an input tile: the padding, widened to what the last window reaches."""
+        sw, kw, dw = self.stride[1], self.kernel[1], self.dilation[1]
+        return max(w + 2 * self.padding[1], (wo - 1) * sw + (kw - 1) * dw + 1)
+
+    def reach(self, r0: int, r1: int) -> tuple[int, int]:
+        """The padded input rows output rows ``r0:r1`` read."""
+        sh, kh, dh = self.stride[0], self.kernel[0], self.dilation[0]
+        return r0 * sh, (r1 - 1) * sh + (kh - 1) * dh + 1
+
+    def output_rows_per_band(self, wp: int, itemsize: int) -> int:
+        """Output rows whose input band fits :data:`BAND_BYTES` per partition (at least one)."""
+        sh, kh, dh = self.stride[0], self.kernel[0], self.dilation[0]
+        rows = BAND_BYTES // (wp * itemsize)
+        return max(1, (rows - (kh - 1) * dh - 1) // sh + 1)
+
+    def tap_rows(self, i: int, q0: int, q1: int, ho: int) -> tuple[int, int]:
+        """Output rows whose tap-``i`` row lands in padded input rows ``q0:q1``."""
+        sh, dh = self.stride[0], self.dilation[0]
+        first, stop = -(-(q0 - i * dh) // sh), -(-(q1 - i * dh) // sh)
+        return max(0, first), min(ho, stop)
 
     def taps(self) -> list[tuple[int, int]]:
         return [(i, j) for i in range(self.kernel[0]) for j in range(self.kernel[1])]
 
-    def window(self, tile: Tile, i: int, j: int, block: Block) -> Tile:
-        """The input positions tap ``(i, j)`` reads for the outputs of ``block``."""
+    def window(self, tile: Tile, i: int, j: int, block: Block, origin: int = 0) -> Tile:
+        """The input positions tap ``(i, j)`` reads for the outputs of ``block``, in a tile whose
+        first row is padded input row ``origin``."""
         oh0, oh1, ow0, ow1 = block
         (sh, sw), (dh, dw) = self.stride, self.dilation
-        r0, c0 = i * dh + oh0 * sh, j * dw + ow0 * sw
+        r0, c0 = i * dh + oh0 * sh - origin, j * dw + ow0 * sw
         return tile[:, r0 : r0 + (oh1 - oh0 - 1) * sh + 1 : sh, c0 : c0 + (ow1 - ow0 - 1) * sw + 1 : sw]
 
 
@@ -79,6 +100,11 @@ def _blocks(ho: int, wo: int, limit: int) -> list[Block]:
         rows = limit // wo
         return [(r, min(ho, r + rows), 0, wo) for r in range(0, ho, rows)]
     return [(r, r + 1, c, min(wo, c + limit)) for r in range(ho) for c in range(0, wo, limit)]
+
+
+def _blocks_in(r0: int, r1: int, wo: int, limit: int) -> list[Block]:
+    """:func:`_blocks` of output rows ``r0:r1``."""
+    return [(a + r0, b + r0, c, d) for a, b, c, d in _blocks(r1 - r0, wo, limit)] if r1 > r0 else []
 
 
 def _positions(block: Block) -> int:
@@ -97,12 +123,15 @@ def _flat_view(array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     return view
 
 
-def _load_padded(k: Kernel, plane: np.ndarray, hp: int, wp: int, pad: tuple[int, int], name: str) -> Tile:
-    """``plane [C, H, W]`` in a zeroed ``[C, hp, wp]`` tile at offset ``pad``."""
+def _load_band(k: Kernel, plane: np.ndarray, q0: int, q1: int, wp: int, pad: tuple[int, int],
+               name: str) -> Tile:
+    """Padded input rows ``q0:q1`` of ``plane [C, H, W]`` in a zeroed ``[C, q1 - q0, wp]`` tile."""
     c, h, w = plane.shape
-    tile = k.sbuf((c, hp, wp), chip_dtype(plane.dtype), name)
+    tile = k.sbuf((c, q1 - q0, wp), chip_dtype(plane.dtype), name)
     k.memset(tile, 0)
-    k.dma(tile[:, pad[0] : pad[0] + h, pad[1] : pad[1] + w], plane)
+    h0, h1 = max(0, q0 - pad[0]), min(h, q1 - pad[0])
+    if h1 > h0:
+        k.dma(tile[:, h0 + pad[0] - q0 : h1 + pad[0] - q0, pad[1] : pad[1] + w], plane[:, h0:h1])
     return tile
 
 
@@ -119,14 +148,14 @@ def _load(k: Kernel, view: np.ndarray, name: str) -> Tile:
 
 def forward(k: Kernel, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np.ndarray,
             geo: Geometry) -> None:
-    """``out = conv(x, w) + bias``."""
+    """``out = conv(x, w) + bias``, in bands of output rows."""
     batch, channels, h, wd = x.shape
     o_all, cg = w.shape[:2]
     og = o_all // geo.groups
     ho, wo = out.shape[2:]
-    hp, wp = geo.padded(h, wd, ho, wo)
+    wp = geo.padded_width(wd, wo)
     p = k.spec.partitions
-    blocks = _blocks(ho, wo, k.spec.gemm_moving_fmax)
+    band = geo.output_rows_per_band(wp, chip_dtype(x.dtype).itemsize)
     for g in range(geo.groups):
         c_tiles, o_tiles = _ranges(cg, p), _ranges(og, p)
         with k.scope():
@@ -134,21 +163,23 @@ def forward(k: Kernel, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, ou
                        for o0, o1 in o_tiles for c0, c1 in c_tiles}
             biases = {o0: _load(k, bias[g * og + o0 : g * og + o1].reshape(-1, 1), "bias")
                       for o0, o1 in o_tiles} if bias is not None else {}
+            steps = [(c0, i, j) for c0, _ in c_tiles for i, j in geo.taps()]
             for n in range(batch):
-                with k.scope():
-                    planes = {c0: _load_padded(k, x[n, g * cg + c0 : g * cg + c1], hp, wp, geo.padding, "x")
-                              for c0, c1 in c_tiles}
-                    for o0, o1 in o_tiles:
-                        for block in blocks:
-                            with k.scope():
-                                acc = k.psum((o1 - o0, _positions(block)), np.float32, "acc")
-                                steps = [(c0, i, j) for c0, _ in c_tiles for i, j in geo.taps()]
-                                for step, (c0, i, j) in enumerate(steps):
-                                    k.matmul(acc, weights[o0, c0][:, i : i + 1, j : j + 1, :],
-                                             geo.window(planes[c0], i, j, block), accumulate=step > 0)
-                                oh0, oh1, ow0, ow1 = block
-                                target = out[n, g * og + o0 : g * og + o1, oh0:oh1, ow0:ow1]
-                                _store(k, acc, _flat_view(target, acc.shape), biases.get(o0))
+                for r0, r1 in _ranges(ho, band):
+                    with k.scope():
+                        q0, q1 = geo.reach(r0, r1)
+                        planes = {c0: _load_band(k, x[n, g * cg + c0 : g * cg + c1], q0, q1, wp, geo.padding, "x")
+                                  for c0, c1 in c_tiles}
+                        for o0, o1 in o_tiles:
+                            for block in _blocks_in(r0, r1, wo, k.spec.gemm_moving_fmax):
+                                with k.scope():
+                                    acc = k.psum((o1 - o0, _positions(block)), np.float32, "acc")
+                                    for step, (c0, i, j) in enumerate(steps):
+                                        k.matmul(acc, weights[o0, c0][:, i : i + 1, j : j + 1, :],
+                                                 geo.window(planes[c0], i, j, block, q0), accumulate=step > 0)
+                                    oh0, oh1, ow0, ow1 = block
+                                    target = out[n, g * og + o0 : g * og + o1, oh0:oh1, ow0:ow1]
+                                    _store(k, acc, _flat_view(target, acc.shape), biases.get(o0))
 
 
 def _store(k: Kernel, acc: Tile, target: np.ndarray, bias: Tile | None) -> None:
@@ -163,15 +194,17 @@ def _store(k: Kernel, acc: Tile, target: np.ndarray, bias: Tile | None) -> None:
 
 def input_grad(k: Kernel, grad: np.ndarray, w: np.ndarray, out: np.ndarray, geo: Geometry,
                bias: np.ndarray | None = None) -> None:
-    """``out = conv_input_gradient(grad, w) (+ bias)``: ``out`` has the input's shape."""
+    """``out = conv_input_gradient(grad, w) (+ bias)``: ``out`` has the input's shape. Works in
+    bands of input rows; each tap adds the outputs whose window row falls in the band."""
     batch, _, ho, wo = grad.shape
     _, channels, h, wd = out.shape
     o_all, cg = w.shape[:2]
     og = o_all // geo.groups
-    hp, wp = geo.padded(h, wd, ho, wo)
+    wp = geo.padded_width(wd, wo)
     ph, pw = geo.padding
+    kh, dh, sh = geo.kernel[0], geo.dilation[0], geo.stride[0]
     p = k.spec.partitions
-    blocks = _blocks(ho, wo, k.spec.gemm_moving_fmax)
+    band = max(1, BAND_BYTES // (wp * 4))
     for g in range(geo.groups):
         c_tiles, o_tiles = _ranges(cg, p), _ranges(og, p)
         with k.scope():
@@ -180,30 +213,36 @@ def input_grad(k: Kernel, grad: np.ndarray, w: np.ndarray, out: np.ndarray, geo:
             biases = {c0: _load(k, bias[g * cg + c0 : g * cg + c1].reshape(-1, 1), "bias")
                       for c0, c1 in c_tiles} if bias is not None else {}
             for n in range(batch):
-                with k.scope():
-                    grads = {o0: _load(k, grad[n, g * og + o0 : g * og + o1], "grad") for o0, o1 in o_tiles}
-                    for c0, c1 in c_tiles:
-                        with k.scope():
-                            image = k.sbuf((c1 - c0, hp, wp), np.float32, "image")
-                            k.memset(image, 0)
-                            for i, j in geo.taps():
-                                for block in blocks:
-                                    with k.scope():
-                                        _add_tap(k, image, weights, grads, c0, o_tiles, geo, i, j, block)
-                            interior = _reshaped_copy(k, image[:, ph : ph + h, pw : pw + wd])
-                            target = out[n, g * cg + c0 : g * cg + c1]
-                            _store(k, interior, _flat_view(target, interior.shape), biases.get(c0))
+                for q0, q1 in ((a + ph, b + ph) for a, b in _ranges(h, band)):
+                    with k.scope():
+                        g0 = max(0, -(-(q0 - (kh - 1) * dh) // sh))
+                        g1 = max(g0, min(ho, -(-q1 // sh)))
+                        grads = {o0: _load(k, grad[n, g * og + o0 : g * og + o1, g0:g1], "grad")
+                                 for o0, o1 in o_tiles} if g1 > g0 else {}
+                        for c0, c1 in c_tiles:
+                            with k.scope():
+                                image = k.sbuf((c1 - c0, q1 - q0, wp), np.float32, "image")
+                                k.memset(image, 0)
+                                for i, j in geo.taps():
+                                    a, b = geo.tap_rows(i, q0, q1, ho)
+                                    for block in _blocks_in(a, b, wo, k.spec.gemm_moving_fmax):
+                                        with k.scope():
+                                            _add_tap(k, image, weights, grads, c0, o_tiles, geo, i, j, block, q0, g0)
+                                interior = _reshaped_copy(k, image[:, :, pw : pw + wd])
+                                target = out[n, g * cg + c0 : g * cg + c1, q0 - ph : q1 - ph]
+                                _store(k, interior, _flat_view(target, interior.shape), biases.get(c0))
 
 
 def _add_tap(k: Kernel, image: Tile, weights: dict, grads: dict, c0: int, o_tiles: list, geo: Geometry,
-             i: int, j: int, block: Block) -> None:
+             i: int, j: int, block: Block, origin: int, first_grad_row: int) -> None:
     """``image[window of tap (i, j)] += w[:, c, i, j]ᵀ @ grad[:, block]`` (col2im of one tap)."""
     oh0, oh1, ow0, ow1 = block
+    r0, r1 = oh0 - first_grad_row, oh1 - first_grad_row
     acc = k.psum((image.partitions, _positions(block)), np.float32, "acc")
     for step, (o0, _) in enumerate(o_tiles):
-        k.matmul(acc, weights[o0, c0][:, i : i + 1, j : j + 1, :], grads[o0][:, oh0:oh1, ow0:ow1],
+        k.matmul(acc, weights[o0, c0][:, i : i + 1, j : j + 1, :], grads[o0][:, r0:r1, ow0:ow1],
                  accumulate=step > 0)
-    window = geo.window(image, i, j, block)
+    window = geo.window(image, i, j, block, origin)
     k.tensor_tensor(window, window, _reshaped(acc, window.shape), "add")
 
 
@@ -215,14 +254,15 @@ def _reshaped_copy(k: Kernel, tile: Tile) -> Tile:
 
 
 def weight_grad(k: Kernel, x: np.ndarray, grad: np.ndarray, out: np.ndarray, geo: Geometry) -> None:
-    """``out[o, c, i, j] = sum over images and positions of grad[o] * window_ij(x)[c]``."""
+    """``out[o, c, i, j] = sum over images and positions of grad[o] * window_ij(x)[c]``, in bands
+    of output rows."""
     batch, _, h, wd = x.shape
     _, _, ho, wo = grad.shape
     o_all, cg = out.shape[:2]
     og = o_all // geo.groups
-    hp, wp = geo.padded(h, wd, ho, wo)
+    wp = geo.padded_width(wd, wo)
     p = k.spec.partitions
-    blocks = _blocks(ho, wo, p)
+    band = geo.output_rows_per_band(wp, chip_dtype(x.dtype).itemsize)
     for g in range(geo.groups):
         for c0, c1 in _ranges(cg, p):
             for o0, o1 in _ranges(og, k.spec.gemm_moving_fmax):
@@ -230,12 +270,15 @@ def weight_grad(k: Kernel, x: np.ndarray, grad: np.ndarray, out: np.ndarray, geo
                     total = k.sbuf((c1 - c0, *geo.kernel, o1 - o0), np.float32, "total")
                     k.memset(total, 0)
                     for n in range(batch):
-                        with k.scope():
-                            plane = _load_padded(k, x[n, g * cg + c0 : g * cg + c1], hp, wp, geo.padding, "x")
-                            grads = [_grad_transposed(k, grad[n, g * og + o0 : g * og + o1], b) for b in blocks]
-                            for i, j in geo.taps():
-                                with k.scope():
-                                    _accumulate_tap(k, total, plane, grads, blocks, geo, i, j)
+                        for r0, r1 in _ranges(ho, band):
+                            with k.scope():
+                                q0, q1 = geo.reach(r0, r1)
+                                plane = _load_band(k, x[n, g * cg + c0 : g * cg + c1], q0, q1, wp, geo.padding, "x")
+                                blocks = _blocks_in(r0, r1, wo, p)
+                                grads = [_grad_transposed(k, grad[n, g * og + o0 : g * og + o1], b) for b in blocks]
+                                for i, j in geo.taps():
+                                    with k.scope():
+                                        _accumulate_tap(k, total, plane, grads, blocks, geo, i, j, q0)
                     result = k.sbuf(total.shape, chip_dtype(out.dtype), "result")
                     k.tensor_copy(result, total)
                     k.dma(np.moveaxis(out[g * og + o0 : g * og + o1, c0:c1], 0, 3), result)
@@ -253,13 +296,13 @@ def _grad_transposed(k: Kernel, grad: np.ndarray, block: Block) -> Tile:
 
 
 def _accumulate_tap(k: Kernel, total: Tile, plane: Tile, grads: list[Tile], blocks: list[Block],
-                    geo: Geometry, i: int, j: int) -> None:
+                    geo: Geometry, i: int, j: int, origin: int) -> None:
     channels, outputs = plane.partitions, grads[0].free_size
     acc = k.psum((channels, outputs), np.float32, "acc")
     for step, (block, grad_t) in enumerate(zip(blocks, grads)):
         with k.scope():
             flipped = k.psum((_positions(block), channels), np.float32, "flipped")
-            k.transpose(flipped, geo.window(plane, i, j, block))
+            k.transpose(flipped, geo.window(plane, i, j, block, origin))
             window_t = k.sbuf(flipped.shape, plane.dtype, "windowT")
             k.tensor_copy(window_t, flipped)
             k.matmul(acc, window_t, grad_t, accumulate=step > 0)

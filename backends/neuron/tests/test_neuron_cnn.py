@@ -294,3 +294,14 @@ def test_adaptive_max_pool_matches_cpu(dev, x_shape, output_size):
     expected = F.adaptive_max_pool2d(x, output_size, return_indices=True)[1]
     assert torch.equal(F.adaptive_max_pool2d(x.to(dev), output_size, return_indices=True)[1].cpu(), expected)
     assert_native("aten.adaptive_max_pool2d.default", "aten.adaptive_max_pool2d_backward.default")
+
+
+def test_convolution_in_row_bands_matches_cpu(dev, monkeypatch):
+    """Large images are processed in bands of rows (so a plane never has to fit SBUF whole):
+    with a tiny band budget every band holds one output row, and the halos between bands
+    (stride 1, a 3-row kernel, padding) must still add up to the CPU's result."""
+    from accelkit_backends.neuron.kernels import conv
+
+    monkeypatch.setattr(conv, "BAND_BYTES", 256)
+    _grads_match(dev, F.conv2d, _r(2, 3, 9, 7), _r(4, 3, 3, 3, seed=1), _r(4, seed=2), padding=1)
+    _grads_match(dev, F.conv_transpose2d, _r(1, 4, 5, 5), _r(4, 2, 3, 3, seed=1), stride=2, padding=1)
