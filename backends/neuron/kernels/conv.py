@@ -3,8 +3,8 @@
 ``F.conv1d``/``conv2d`` and ``conv_transpose1d/2d`` reach a PrivateUse1 device as
 ``convolution_overrideable`` (``convolution_backward_overrideable`` under autograd). The
 im2col matrix is never written to HBM: a band of input rows is loaded once into SBUF,
-zero-padded ``[channels, rows, Wp]`` with channels on partitions, and for each kernel tap ``(i, j)`` the strided
-window of that tile *is* the im2col block of that tap: ``out[o, pos] += w[o, c, i, j] * window[c,
+zero-padded ``[channels, rows, Wp]`` with channels on partitions, and for each kernel tap
+``(i, j)`` the strided window of that tile *is* the im2col block of that tap: ``out[o, pos] += w[o, c, i, j] * window[c,
 pos]`` is a matmul contracting the channels, accumulated over taps and channel tiles in one PSUM
 bank. The three programs:
 

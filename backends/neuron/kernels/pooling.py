@@ -104,8 +104,15 @@ def _load_padded(k: Kernel, planes: np.ndarray, pool: Pool, fill_value: float, d
 
 def _base_index(k: Kernel, rows: int, pool: Pool) -> Tile:
     """``base[p, oh, ow] = (oh*sh - ph) * W + ow*sw - pw``: the flat input index of tap (0, 0)."""
+    base = k.sbuf((rows, pool.ho, pool.wo), np.int32, "base")
+    with k.scope():
+        _compute_base_index(k, base, pool)
+    return base
+
+
+def _compute_base_index(k: Kernel, base: Tile, pool: Pool) -> None:
     (sh, sw), (ph, pw) = pool.stride, pool.padding
-    position = k.sbuf((rows, pool.ho, pool.wo), np.int32, "position")
+    position = k.sbuf(base.shape, np.int32, "position")
     k.iota(position, base=0, partition_step=0, free_step=1)
     row = k.sbuf(position.shape, np.int32, "row")
     k.tensor_scalar(row, position, "floor_divide", pool.wo)
@@ -113,16 +120,15 @@ def _base_index(k: Kernel, rows: int, pool: Pool) -> Tile:
     k.tensor_scalar(column, position, "remainder", pool.wo)
     k.tensor_scalar(row, row, "multiply", sh * pool.w)
     k.tensor_scalar(column, column, "multiply", sw)
-    base = k.sbuf(position.shape, np.int32, "base")
     k.tensor_tensor(base, row, column, "add")
     k.tensor_scalar(base, base, "subtract", ph * pool.w + pw)
-    return base
 
 
-def _ones_inside(k: Kernel, rows: int, pool: Pool, region: tuple[int, int, int, int]) -> Tile:
+def _ones_inside(k: Kernel, rows: int, pool: Pool, region: tuple[int, int, int, int],
+                 dtype: Any = np.float32) -> Tile:
     """A ``[rows, Hp, Wp]`` tile of ones on ``region`` (r0, r1, c0, c1), zeros elsewhere."""
     r0, r1, c0, c1 = region
-    tile = k.sbuf((rows, *pool.padded), np.float32, "ones")
+    tile = k.sbuf((rows, *pool.padded), dtype, "ones")
     k.memset(tile, 0)
     k.memset(tile[:, r0:r1, c0:c1], 1)
     return tile
@@ -149,7 +155,7 @@ def max_pool2d_with_indices(k: Kernel, out: list[OutSpec], x: np.ndarray, kernel
         with k.scope():
             rows = b - a
             tile = _load_padded(k, planes[a:b], pool, lowest, dtype, "x")
-            valid = _ones_inside(k, rows, pool, (ph, ph + pool.h, pw, pw + pool.w))
+            valid = _ones_inside(k, rows, pool, (ph, ph + pool.h, pw, pw + pool.w), np.bool_)
             base = _base_index(k, rows, pool)
             best = k.sbuf((rows, pool.ho, pool.wo), dtype, "best")
             k.memset(best, lowest)
