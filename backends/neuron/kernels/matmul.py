@@ -84,6 +84,8 @@ def matmul_2d(k: Kernel, a: np.ndarray, b: np.ndarray, out: np.ndarray,
     banks = (spec.psum_banks - (0 if spec.transpose_in_dma else 1)) // 2
     rows_per_block = max(1, min(ROW_TILES_PER_BLOCK, banks, PANEL_BUDGET // max(panel_bytes, 1))) * p
     resident = panel_bytes <= PANEL_BUDGET
+    if m > rows_per_block and _column_major(b) and not spec.transpose_in_dma:
+        b = _row_major_copy(k, b)  # transpose once instead of once per row block
     moving_pool = k.pool(MOVING_BUFFERS)
     streamed_pool = k.pool(MOVING_BUFFERS)
     pending: list[tuple] = []  # stores waiting for the next block's loads to be issued
@@ -124,6 +126,31 @@ def matmul_2d(k: Kernel, a: np.ndarray, b: np.ndarray, out: np.ndarray,
         panel = upcoming if resident and index + 1 < len(blocks) else {}
     flush()
     return out
+
+
+def _column_major(view: np.ndarray) -> bool:
+    return view.ndim == 2 and view.shape[1] > 1 and view.strides[0] == view.dtype.itemsize \
+        and view.strides[1] != view.dtype.itemsize
+
+
+def _row_major_copy(k: Kernel, view: np.ndarray) -> np.ndarray:
+    """A row-major HBM copy of a column-major ``view``, made by Tensor-engine transposes (the
+    way NeuronCore-v2 transposes). The scratch is kernel-internal, like the compiler's."""
+    rows, cols = view.shape
+    scratch = np.empty((rows, cols), view.dtype)
+    sources, accumulators, results = k.pool(6), k.pool(2, "psum"), k.pool(6)
+    p = k.spec.partitions
+    for (r0, r1), (c0, c1) in ((r, c) for r in _tiles(rows, p) for c in _tiles(cols, p)):
+        source = sources.tile((c1 - c0, r1 - r0), chip_dtype(view.dtype), "colsT")
+        k.dma(source, view.T[c0:c1, r0:r1])
+        flipped = accumulators.tile((r1 - r0, c1 - c0), np.float32, "t")
+        k.transpose(flipped, source)
+        staged = results.tile((r1 - r0, c1 - c0), chip_dtype(view.dtype), "rows")
+        k.tensor_copy(staged, flipped)
+        k.dma(scratch[r0:r1, c0:c1], staged)
+    for pool in (sources, accumulators, results):
+        pool.release()
+    return scratch
 
 
 def _store_block(k: Kernel, acc: Tile, out: np.ndarray, m0: int, m1: int, n0: int, n1: int,

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from numpy.lib.array_utils import byte_bounds
 
 from accelkit_backends.neuron.device import CoreSpec
 from accelkit_backends.neuron.sim import cost
@@ -178,7 +179,7 @@ class Kernel:
         self._record = KernelRecord(name, start, start)
         self._engine_free = dict.fromkeys(ENGINES, start)
         self._dma_queues = [[] for _ in range(core.spec.dma_queues)]  # busy intervals, sorted
-        self._hbm_ready: dict[int, float] = {}
+        self._hbm_writes: dict[int, list[tuple[int, int, float]]] = {}  # base -> written byte ranges
         self._tensor_used = False
 
     # -- memory ---------------------------------------------------------------------------
@@ -239,7 +240,7 @@ class Kernel:
         for operand in reads:
             start = max(start, self._ready(operand))
         for operand in writes:
-            start = max(start, self._ready(operand), self._read_until(operand))
+            start = max(start, self._write_ready(operand))
         end = start + seconds
         for operand in reads:
             self._mark_read(operand, end)
@@ -255,13 +256,19 @@ class Kernel:
         return start, end
 
     def _ready(self, operand: Any) -> float:
+        """When ``operand``'s data is ready to read: after the last write to it (for HBM, the
+        last write to an overlapping byte range in this kernel)."""
         if isinstance(operand, Tile):
             return operand.base.ready_at if operand.base.ready_at else self.start
-        return self._hbm_ready.get(_hbm_key(operand), self.start)
+        low, high = byte_bounds(operand)
+        writes = self._hbm_writes.get(_hbm_key(operand), ())
+        return max((end for lo, hi, end in writes if lo < high and low < hi), default=self.start)
 
-    def _read_until(self, operand: Any) -> float:
+    def _write_ready(self, operand: Any) -> float:
+        """When ``operand`` may be overwritten: after its last write and read. Writes to HBM do
+        not wait for each other (a kernel writes each output element once)."""
         if isinstance(operand, Tile):
-            return operand.base.read_until
+            return max(self._ready(operand), operand.base.read_until)
         return self.start
 
     def _mark_read(self, operand: Any, end: float) -> None:
@@ -272,7 +279,8 @@ class Kernel:
         if isinstance(operand, Tile):
             operand.base.ready_at = end
         else:
-            self._hbm_ready[_hbm_key(operand)] = end
+            low, high = byte_bounds(operand)
+            self._hbm_writes.setdefault(_hbm_key(operand), []).append((low, high, end))
 
     def finish(self) -> KernelRecord:
         return self._record
@@ -381,7 +389,7 @@ class Kernel:
         for operand in reads:
             ready = max(ready, self._ready(operand))
         for operand in writes:
-            ready = max(ready, self._ready(operand), self._read_until(operand))
+            ready = max(ready, self._write_ready(operand))
         parts = min(spec.dma_queues, max(1, nbytes // cost.DMA_MIN_TRANSFER_BYTES))
         busy = cost.dma_queue_seconds(spec, -(-nbytes // parts), run, transpose)
         if via_hbm:
@@ -490,10 +498,11 @@ class Kernel:
         fn = _lookup(ACTIVATIONS, func, "activation")
         self._same_partitions(dst, src)
         x = _fp32(src.data)
-        if not (isinstance(scale, (int, float)) and scale == 1.0):
-            x = x * self._per_partition(scale, x.ndim)
-        if bias is not None:
-            x = x + self._per_partition(bias, x.ndim)
+        with np.errstate(all="ignore"):  # inf and NaN propagate as IEEE says, silently
+            if not (isinstance(scale, (int, float)) and scale == 1.0):
+                x = x * self._per_partition(scale, x.ndim)
+            if bias is not None:
+                x = x + self._per_partition(bias, x.ndim)
         result = fn(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).numpy()
         self._store(dst, result)
         reads: tuple = (src,) + tuple(t for t in (scale, bias) if isinstance(t, Tile))
@@ -652,6 +661,11 @@ class TilePool:
         self._bufs = bufs
         self._allocate = kernel.sbuf if memory == "sbuf" else kernel.psum
         self._live: list[Tile] = []
+
+    def release(self) -> None:
+        """Free every tile of the pool (reuse of their memory waits for their last use)."""
+        self._kernel.free(*self._live)
+        self._live.clear()
 
     def tile(self, shape: tuple[int, ...], dtype: Any, name: str = "t") -> Tile:
         if len(self._live) >= self._bufs:
