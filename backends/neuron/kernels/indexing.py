@@ -35,6 +35,8 @@ aten = torch.ops.aten
 ROW_FMAX = 2048
 #: Columns of element offsets per chunk in gather/scatter (one indirect DMA each).
 COLUMN_FMAX = 64
+#: Largest table whose embedding gradient is a one-hot matmul (16 partition tiles of rows).
+ONE_HOT_MAX_VOCAB = 2048
 
 
 def _flat_values(array: np.ndarray) -> np.ndarray:
@@ -250,15 +252,22 @@ def index_select(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: 
 @tile_kernel(aten.embedding_dense_backward.default)
 def embedding_dense_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, indices: np.ndarray,
                              num_weights: int, padding_idx: int, scale_grad_by_freq: bool) -> np.ndarray:
-    """``grad_weight[v] = sum of grad rows whose index is v`` as ``onehot.T @ grad`` on the
-    Tensor engine (tokens on partitions, accumulated in PSUM over token tiles); the padding
-    row is zeroed, and with ``scale_grad_by_freq`` each row is divided by its index count."""
-    result = hbm_empty(out[0])
+    """``grad_weight[v] = sum of grad rows whose index is v``; the padding row is zeroed, and
+    with ``scale_grad_by_freq`` each row is divided by its index count.
+
+    Up to :data:`ONE_HOT_MAX_VOCAB` rows this is ``onehot.T @ grad`` on the Tensor engine
+    (tokens on partitions, accumulated in PSUM over token tiles). A larger table would make the
+    one-hot work grow with the vocabulary, so there the gradient rows are added into a zeroed
+    fp32 table by the indirect DMA's read-modify-write add instead (work grows with the tokens).
+    """
     values = _flat_values(indices)
-    width = result.shape[1] if result.ndim == 2 else 1
-    if values.size == 0 or result.size == 0:
-        return fill(k, out[0], 0) if result.size else result
+    width = math.prod(out[0].shape[1:])
+    if values.size == 0 or out[0].shape[0] * width == 0:
+        return fill(k, out[0], 0)
     rows = grad.reshape(values.size, width)
+    if num_weights > ONE_HOT_MAX_VOCAB:
+        return _scatter_add_rows(k, out[0], rows, values, padding_idx, scale_grad_by_freq)
+    result = hbm_empty(out[0])
     p, n_max = k.spec.partitions, k.spec.gemm_moving_fmax
     dtype = chip_dtype(grad.dtype)
     token_tiles = [(t, min(values.size, t + p)) for t in range(0, values.size, p)]
@@ -281,6 +290,53 @@ def embedding_dense_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, in
                             k.matmul(counts, onehot, ones, accumulate=step > 0)
                 _store_grad_rows(k, acc, counts, result, v0, v1, d0, d1, padding_idx)
     return result
+
+
+def _scatter_add_rows(k: Kernel, out: OutSpec, rows: np.ndarray, values: np.ndarray, padding_idx: int,
+                      scale_grad_by_freq: bool) -> np.ndarray:
+    """The embedding gradient by indirect-DMA scatter-add into an fp32 table (then rounded
+    once into the result's dtype)."""
+    p = k.spec.partitions
+    table = fill(k, OutSpec(out.shape[:1] + (rows.shape[1],), torch.float32), 0)
+    counts = fill(k, OutSpec((out.shape[0], 1), torch.float32), 0) if scale_grad_by_freq else None
+    for t0 in range(0, values.size, p):
+        t1 = min(values.size, t0 + p)
+        with k.scope():
+            idx = _load_index(k, values, t0, t1 - t0, 1)
+            g = k.sbuf((t1 - t0, rows.shape[1]), np.float32, "grad")
+            loaded = k.sbuf(g.shape, chip_dtype(rows.dtype), "grad_in")
+            k.dma(loaded, rows[t0:t1])
+            k.tensor_copy(g, loaded)
+            k.scatter_rows(table, g, idx, accumulate=True)
+            if counts is not None:
+                ones = k.sbuf((t1 - t0, 1), np.float32, "ones")
+                k.memset(ones, 1)
+                k.scatter_rows(counts, ones, idx, accumulate=True)
+    if counts is not None:
+        _divide_rows(k, table, counts)
+    if 0 <= padding_idx < out.shape[0]:
+        with k.scope():
+            zeros = k.sbuf((1, rows.shape[1]), np.float32, "zeros")
+            k.memset(zeros, 0)
+            k.dma(table[padding_idx : padding_idx + 1], zeros)
+    result = hbm_empty(out)
+    copy_view(k, result.reshape(table.shape), table)
+    return result
+
+
+def _divide_rows(k: Kernel, table: np.ndarray, counts: np.ndarray) -> None:
+    """``table[v] /= max(counts[v], 1)``, 128 rows at a time."""
+    p = k.spec.partitions
+    for v0 in range(0, table.shape[0], p):
+        v1 = min(table.shape[0], v0 + p)
+        with k.scope():
+            divisor = k.sbuf((v1 - v0, 1), np.float32, "divisor")
+            k.dma(divisor, counts[v0:v1])
+            k.tensor_scalar(divisor, divisor, "maximum", 1.0)
+            block = k.sbuf((v1 - v0, table.shape[1]), np.float32, "rows")
+            k.dma(block, table[v0:v1])
+            k.tensor_scalar(block, block, "divide", divisor)
+            k.dma(table[v0:v1], block)
 
 
 def _one_hot(k: Kernel, values: np.ndarray, t0: int, t1: int, v0: int, v1: int, dtype: Any) -> Tile:

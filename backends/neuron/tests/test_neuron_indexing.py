@@ -252,3 +252,22 @@ def test_masked_and_broadcast_assignment(dev):
     on_device[on_device < 0] = 0.0
     on_device[torch.tensor([1, 3]).to(dev), 1] = torch.tensor([7.0, 8.0]).to(dev)
     assert torch.equal(on_device.cpu(), expected)
+
+
+@pytest.mark.parametrize("padding_idx, scale_grad_by_freq", [(None, False), (3, True)])
+def test_embedding_backward_of_a_large_table_matches_cpu(dev, padding_idx, scale_grad_by_freq):
+    """Over ONE_HOT_MAX_VOCAB rows the gradient is an indirect-DMA scatter-add, not a matmul."""
+    from accelkit_backends.neuron.kernels.indexing import ONE_HOT_MAX_VOCAB
+
+    g = _generator()
+    vocab = ONE_HOT_MAX_VOCAB + 500
+    index = torch.randint(0, 40, (300,), generator=g)
+    index[:3] = torch.tensor([3, 1, vocab - 1])
+    weight, grad = torch.randn(vocab, 6, generator=g), torch.randn(300, 6, generator=g)
+    cpu_weight = weight.clone().requires_grad_()
+    F.embedding(index, cpu_weight, padding_idx=padding_idx, scale_grad_by_freq=scale_grad_by_freq).backward(grad)
+    neuron_weight = weight.to(dev).requires_grad_()
+    F.embedding(index.to(dev), neuron_weight, padding_idx=padding_idx,
+                scale_grad_by_freq=scale_grad_by_freq).backward(grad.to(dev))
+    torch.testing.assert_close(neuron_weight.grad.cpu(), cpu_weight.grad, **SUMS)
+    assert accelkit.stats()["neuron"]["estimate"]["per_op"]["embedding_dense_backward.default"]["flops"] == 0
