@@ -22,13 +22,11 @@ variance, as PyTorch does — and the runtime stores them; ``None`` leaves them 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
-
 from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels.shape import free_blocks
+from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.core import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
@@ -156,9 +154,7 @@ def native_batch_norm(k: Kernel, out: list[OutSpec], x: np.ndarray, weight: np.n
 
 
 def _torch_dtype(array: np.ndarray) -> torch.dtype:
-    from accelkit_backends.neuron.sim.numerics import torch_dtype
-
-    return torch_dtype(array.dtype)
+    return nx.torch_dtype(array.dtype)
 
 
 def _blend(k: Kernel, old: np.ndarray, batch: Tile, c0: int, c1: int, momentum: float) -> Tile:

@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels.convert import fill
 from accelkit_backends.neuron.sim.core import Kernel
@@ -149,7 +148,7 @@ def _load(k: Kernel, view: np.ndarray, name: str) -> Tile:
 def forward(k: Kernel, x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, out: np.ndarray,
             geo: Geometry) -> None:
     """``out = conv(x, w) + bias``, in bands of output rows."""
-    batch, channels, h, wd = x.shape
+    batch, _, _, wd = x.shape
     o_all, cg = w.shape[:2]
     og = o_all // geo.groups
     ho, wo = out.shape[2:]
@@ -197,7 +196,7 @@ def input_grad(k: Kernel, grad: np.ndarray, w: np.ndarray, out: np.ndarray, geo:
     """``out = conv_input_gradient(grad, w) (+ bias)``: ``out`` has the input's shape. Works in
     bands of input rows; each tap adds the outputs whose window row falls in the band."""
     batch, _, ho, wo = grad.shape
-    _, channels, h, wd = out.shape
+    _, _, h, wd = out.shape
     o_all, cg = w.shape[:2]
     og = o_all // geo.groups
     wp = geo.padded_width(wd, wo)
@@ -256,7 +255,7 @@ def _reshaped_copy(k: Kernel, tile: Tile) -> Tile:
 def weight_grad(k: Kernel, x: np.ndarray, grad: np.ndarray, out: np.ndarray, geo: Geometry) -> None:
     """``out[o, c, i, j] = sum over images and positions of grad[o] * window_ij(x)[c]``, in bands
     of output rows."""
-    batch, _, h, wd = x.shape
+    batch, _, _, wd = x.shape
     _, _, ho, wo = grad.shape
     o_all, cg = out.shape[:2]
     og = o_all // geo.groups
@@ -343,7 +342,7 @@ def _as_2d(spatial: int, *arrays: np.ndarray | None) -> list[np.ndarray | None]:
     raise NotImplementedError(f"neuron convolution supports 1-d and 2-d, not {spatial}-d")
 
 
-def _geometry(w: np.ndarray, stride: Any, padding: Any, dilation: Any, groups: int, transposed: bool) -> Geometry:
+def _geometry(w: np.ndarray, stride: Any, padding: Any, dilation: Any, groups: int) -> Geometry:
     def pair(values: Any, fill_value: int) -> tuple[int, int]:
         values = tuple(values)
         return values if len(values) == 2 else (fill_value, *values)
@@ -360,7 +359,7 @@ def convolution(k: Kernel, out: list[OutSpec], x: np.ndarray, w: np.ndarray, bia
     if result.size == 0:
         return result
     x4, w4, r4 = _as_2d(spatial, x, w, result)
-    geo = _geometry(w4, stride, padding, dilation, groups, transposed)
+    geo = _geometry(w4, stride, padding, dilation, groups)
     if x4.size == 0 or w4.shape[1] == 0:
         return fill(k, out[0], 0) if bias is None else _bias_only(k, result, bias)
     if transposed:
@@ -387,7 +386,7 @@ def convolution_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, x: np.
     results = [hbm_empty(spec) if wanted and spec is not None else None for spec, wanted in zip(out, output_mask)]
     grad_input, grad_weight, grad_bias = results
     g4, x4, w4, gi4, gw4 = _as_2d(spatial, grad, x, w, grad_input, grad_weight)
-    geo = _geometry(w4, stride, padding, dilation, groups, transposed)
+    geo = _geometry(w4, stride, padding, dilation, groups)
     empty = grad.size == 0 or x.size == 0
     if grad_input is not None and grad_input.size:
         if empty or w.size == 0:

@@ -22,10 +22,9 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from accelkit_backends.neuron.kernels._launch import OutSpec, _launcher, chip_dtype, hbm_empty, kernels, tile_kernel
 from accelkit_backends.neuron.kernels.convert import fill
-from accelkit_backends.neuron.kernels.shape import copy_view
+from accelkit_backends.neuron.kernels.shape import copy_view, free_blocks
 from accelkit_backends.neuron.sim.core import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
@@ -210,8 +209,6 @@ def scatter_add(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: n
 def _gather_rows_into(k: Kernel, out_rows: np.ndarray, table: np.ndarray, values: np.ndarray) -> None:
     """``out_rows[i] = table[values[i]]`` for each i: rows on partitions, each row cut into
     blocks of at most :data:`ROW_FMAX` elements."""
-    from accelkit_backends.neuron.kernels.shape import free_blocks
-
     p = k.spec.partitions
     for r0 in range(0, values.size, p):
         r1 = min(values.size, r0 + p)

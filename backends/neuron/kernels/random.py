@@ -22,7 +22,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels._tiling import flat_chunks
 from accelkit_backends.neuron.sim.core import Kernel

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
 from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels.convert import fill
 from accelkit_backends.neuron.sim.core import Kernel
@@ -65,8 +64,8 @@ def _merged(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _folded(dst: np.ndarray, src: np.ndarray, partitions: int) -> tuple[np.ndarray, np.ndarray]:
-    """1-d views refolded as [rows, cols] (whole rows only) plus nothing else; the caller copies
-    the tail. Puts a long vector on many partitions instead of one."""
+    """The leading whole rows of 1-d views refolded as ``[rows, cols]``, so a long vector spreads
+    over many partitions instead of one; the caller copies the remaining tail."""
     n = dst.shape[0]
     cols = max(1, math.ceil(n / partitions))
     rows = n // cols

@@ -28,11 +28,10 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_native
 from torch import nn
 
 import accelkit
-
-from conftest import assert_native
 
 STEPS = 4
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}

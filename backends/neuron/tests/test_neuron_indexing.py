@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_native
 
 import accelkit
-from conftest import assert_native
 
 SUMS = {"rtol": 1e-5, "atol": 1e-5}
 

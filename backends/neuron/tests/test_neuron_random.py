@@ -13,7 +13,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-
 from conftest import assert_native
 
 N = 20_000

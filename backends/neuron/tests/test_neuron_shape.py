@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import assert_native
 
 import accelkit
-from conftest import assert_native
 
 
 def _randn(*shape: int, seed: int = 0) -> torch.Tensor:
