@@ -6,7 +6,10 @@
   each position into an element offset (``iota``, then integer divide/modulo per dim, the index
   replacing the coordinate along ``dim``) and the DMA gathers or scatters through those offsets
   over the tensor's HBM span, one ``[P, 1]`` column per instruction. ``scatter_add`` uses the
-  DMA's read-modify-write add.
+  DMA's read-modify-write add; ``scatter_reduce``'s other reductions gather, combine on the
+  engines and scatter back (one partition at a time where a column names an element twice).
+- ``index.Tensor`` / ``index_put_`` (advanced indexing) use the same element offsets, with one
+  index array per indexed dim read broadcast over the result.
 - ``embedding_dense_backward`` sums gradient rows per index as a Tensor-engine matmul: a one-hot
   matrix built from ``iota == index`` contracts the tokens (on partitions) into a PSUM
   accumulator, the standard Trainium formulation of a scatter-add into a small table.
@@ -25,6 +28,7 @@ import torch
 from accelkit_backends.neuron.kernels._launch import OutSpec, _launcher, chip_dtype, hbm_empty, kernels, tile_kernel
 from accelkit_backends.neuron.kernels.convert import fill
 from accelkit_backends.neuron.kernels.shape import copy_view, free_blocks
+from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.core import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
@@ -147,10 +151,18 @@ def gather(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: np.nda
     return result
 
 
-def _scatter(k: Kernel, out: OutSpec, x: np.ndarray, dim: int, index: np.ndarray, src: Any,
-             accumulate: bool, what: str) -> np.ndarray:
+#: ``scatter_reduce``'s reductions: the engine op combining a target with an update, and the
+#: identity a target starts from when ``include_self`` is False.
+_REDUCTIONS = {"sum": ("add", 0), "mean": ("add", 0), "prod": ("multiply", 1),
+               "amax": ("maximum", -math.inf), "amin": ("minimum", math.inf)}
+
+
+def _scatter(k: Kernel, out: OutSpec, x: np.ndarray, dim: int, index: np.ndarray, src: Any, what: str,
+             reduce: str | None = None, include_self: bool = True) -> np.ndarray:
     """``x`` copied to a fresh output, then ``src`` (an array, or a number for every position)
-    stored — or added — at the positions ``index`` names along ``dim``."""
+    stored at the positions ``index`` names along ``dim`` — or, with ``reduce`` (a key of
+    :data:`_REDUCTIONS`), combined with what is there. Sums use the DMA's read-modify-write add;
+    the other reductions gather, combine on the engines and scatter back."""
     result = hbm_empty(out)
     copy_view(k, result, x)
     if index.size == 0:
@@ -160,45 +172,126 @@ def _scatter(k: Kernel, out: OutSpec, x: np.ndarray, dim: int, index: np.ndarray
     values = _flat_values(index1)
     _check_range(values, result1.shape[dim], dim, what)
     table = _element_span(result1)
-    src_flat = None
-    if isinstance(src, np.ndarray):
-        src1 = _as_1d(src)
-        src_flat = _flat_values(src1[tuple(slice(0, n) for n in index1.shape)])
-    tile_dtype = chip_dtype(result.dtype)
+    src_flat = _flat_values(_as_1d(src)[tuple(slice(0, n) for n in index1.shape)]) if isinstance(src, np.ndarray) else None
+    geometry = (values, index1.shape, dim, _strides(result1))
+    if reduce is None:
+        for offsets, update in _scatter_columns(k, geometry, src_flat, src, result.dtype):
+            k.scatter_rows(table, update, offsets)
+        return result
+    op, identity = _REDUCTIONS[reduce]
+    if not include_self:
+        start = _identity(identity, result.dtype)
+        for offsets, update in _scatter_columns(k, geometry, None, start, result.dtype):
+            k.scatter_rows(table, update, offsets)
+    for offsets, update in _scatter_columns(k, geometry, src_flat, src, result.dtype):
+        if op == "add":
+            k.scatter_rows(table, update, offsets, accumulate=True)
+        else:
+            _combine_column(k, table, update, offsets, op)
+    if reduce == "mean":
+        _divide_by_counts(k, result, table, geometry, include_self)
+    return result
+
+
+def _identity(value: float, dtype: np.dtype) -> float:
+    """``value`` within an integer dtype's 32-bit datapath (infinities become its extremes)."""
+    if nx.is_float(dtype) or math.isfinite(value):
+        return value
+    info = np.iinfo(np.int32) if np.dtype(dtype).itemsize >= 4 else np.iinfo(dtype)
+    return info.min if value < 0 else info.max
+
+
+def _scatter_columns(k: Kernel, geometry: tuple, src_flat: np.ndarray | None, scalar: Any, dtype: np.dtype):
+    """Yield ``(offsets, update)`` ``[P, 1]`` column tiles covering every index position."""
+    values, shape, dim, strides = geometry
+    tile_dtype = chip_dtype(dtype)
     for start, rows, cols in _chunks(values.size, k.spec.partitions):
         with k.scope():
             idx = _load_index(k, values, start, rows, cols)
-            offsets = _element_offsets(k, idx, start, index1.shape, dim, _strides(result1))
+            offsets = _element_offsets(k, idx, start, shape, dim, strides)
             update = k.sbuf((rows, cols), tile_dtype, "update")
             if src_flat is None:
-                k.memset(update, src)
+                k.memset(update, scalar)
             else:
                 loaded = _load_index(k, src_flat, start, rows, cols, "src")
-                if loaded.dtype != tile_dtype:
-                    k.tensor_copy(update, loaded)
-                else:
-                    update = loaded
+                k.tensor_copy(update, loaded)
             for c in range(cols):
-                k.scatter_rows(table, update[:, c : c + 1], offsets[:, c : c + 1], accumulate=accumulate)
-    return result
+                yield offsets[:, c : c + 1], update[:, c : c + 1]
+
+
+def _combine_column(k: Kernel, table: np.ndarray, update: Tile, offsets: Tile, op: str) -> None:
+    """``table[offsets] = table[offsets] <op> update``: gather, combine, scatter. Partitions
+    naming the same element would race, so such a column goes one partition at a time (the
+    synchronisation the compiler inserts for duplicate DMA offsets)."""
+    rows = offsets.partitions
+    targets = offsets.data.reshape(-1)
+    groups = [(0, rows)] if np.unique(targets).size == rows else [(p, p + 1) for p in range(rows)]
+    for a, b in groups:
+        with k.scope():
+            current = k.sbuf((b - a, 1), update.dtype, "current")
+            k.gather_rows(current, table, offsets[a:b])
+            k.tensor_tensor(current, current, update[a:b], op)
+            k.scatter_rows(table, current, offsets[a:b])
+
+
+def _divide_by_counts(k: Kernel, result: np.ndarray, table: np.ndarray, geometry: tuple, include_self: bool) -> None:
+    """``scatter_reduce``'s mean: each element's sum divided by how many values it holds
+    (counted by a DMA scatter-add of ones; integers divide with floor, as on the CPU)."""
+    counts = fill(k, OutSpec((table.shape[0], 1), torch.float32), 0)
+    for offsets, ones in _scatter_columns(k, geometry, None, 1.0, np.dtype(np.float32)):
+        k.scatter_rows(counts, ones, offsets, accumulate=True)
+    op = "divide" if nx.is_float(result.dtype) else "floor_divide"
+    for start, rows, cols in _chunks(table.shape[0], k.spec.partitions):
+        with k.scope():
+            part = slice(start, start + rows * cols)
+            divisor = k.sbuf((rows, cols), np.float32, "divisor")
+            k.dma(divisor, counts[part, 0].reshape(rows, cols))
+            k.tensor_scalar(divisor, divisor, "add", 1.0 if include_self else 0.0)
+            k.tensor_scalar(divisor, divisor, "maximum", 1.0)
+            total = k.sbuf((rows, cols), chip_dtype(result.dtype), "total")
+            k.dma(total, table[part, 0].reshape(rows, cols))
+            quotient = k.sbuf((rows, cols), chip_dtype(result.dtype), "quotient")
+            k.tensor_tensor(quotient, total, divisor, op)
+            k.dma(table[part, 0].reshape(rows, cols), quotient)
 
 
 @tile_kernel(aten.scatter.src)
 def scatter_src(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: np.ndarray,
                 src: np.ndarray) -> np.ndarray:
-    return _scatter(k, out[0], x, dim, index, src, False, "scatter")
+    return _scatter(k, out[0], x, dim, index, src, "scatter")
 
 
 @tile_kernel(aten.scatter.value)
 def scatter_value(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: np.ndarray,
                   value: Any) -> np.ndarray:
-    return _scatter(k, out[0], x, dim, index, value, False, "scatter")
+    return _scatter(k, out[0], x, dim, index, value, "scatter")
 
 
 @tile_kernel(aten.scatter_add.default)
 def scatter_add(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: np.ndarray,
                 src: np.ndarray) -> np.ndarray:
-    return _scatter(k, out[0], x, dim, index, src, True, "scatter_add")
+    return _scatter(k, out[0], x, dim, index, src, "scatter_add", reduce="sum")
+
+
+@tile_kernel(aten.scatter_reduce.two)
+def scatter_reduce(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: np.ndarray, src: np.ndarray,
+                   reduce: str, *, include_self: bool = True) -> np.ndarray:
+    return _scatter(k, out[0], x, dim, index, src, "scatter_reduce", reduce=reduce, include_self=include_self)
+
+
+_SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}
+
+
+@tile_kernel(aten.scatter.reduce)
+def scatter_reduce_src(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: np.ndarray,
+                       src: np.ndarray, *, reduce: str) -> np.ndarray:
+    return _scatter(k, out[0], x, dim, index, src, "scatter", reduce=_SCATTER_REDUCE[reduce])
+
+
+@tile_kernel(aten.scatter.value_reduce)
+def scatter_reduce_value(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: np.ndarray,
+                         value: Any, *, reduce: str) -> np.ndarray:
+    return _scatter(k, out[0], x, dim, index, value, "scatter", reduce=_SCATTER_REDUCE[reduce])
 
 
 # ---------------------------------------------------------------------------------------------

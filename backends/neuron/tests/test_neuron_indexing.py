@@ -271,3 +271,32 @@ def test_embedding_backward_of_a_large_table_matches_cpu(dev, padding_idx, scale
                 scale_grad_by_freq=scale_grad_by_freq).backward(grad.to(dev))
     torch.testing.assert_close(neuron_weight.grad.cpu(), cpu_weight.grad, **SUMS)
     assert accelkit.stats()["neuron"]["estimate"]["per_op"]["embedding_dense_backward.default"]["flops"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_matches_cpu(dev, dtype, reduce, include_self):
+    """Duplicated targets (9 updates into 5 rows) exercise the serialised read-modify-write."""
+    g = _generator()
+    x = (torch.randn(5, 4, generator=g) * 10).to(dtype)
+    index = torch.randint(0, 5, (9, 4), generator=g)
+    src = (torch.randn(9, 4, generator=g) * 10).to(dtype)
+    expected = x.scatter_reduce(0, index, src, reduce, include_self=include_self)
+    got = x.to(dev).scatter_reduce(0, index.to(dev), src.to(dev), reduce, include_self=include_self)
+    torch.testing.assert_close(got.cpu(), expected, **SUMS)
+    assert_native("aten.scatter_reduce.two")
+
+
+@pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
+@pytest.mark.parametrize("reduce", ["add", "multiply"])
+def test_scatter_with_reduce_argument(dev, reduce):
+    g = _generator()
+    x, src = torch.randn(4, 3, generator=g), torch.randn(6, 3, generator=g)
+    index = torch.randint(0, 4, (6, 3), generator=g)
+    expected = x.scatter(0, index, src, reduce=reduce)  # deprecated (a warning, once) but supported
+    got = x.to(dev).scatter(0, index.to(dev), src.to(dev), reduce=reduce)
+    torch.testing.assert_close(got.cpu(), expected, **SUMS)
+    torch.testing.assert_close(x.to(dev).scatter(0, index.to(dev), 2.0, reduce=reduce).cpu(),
+                               x.scatter(0, index, 2.0, reduce=reduce), **SUMS)
+    assert_native("aten.scatter.reduce", "aten.scatter.value_reduce")
