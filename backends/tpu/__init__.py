@@ -110,3 +110,13 @@ def register_jax_kernel(op, fn):
     from accelkit_backends.tpu.custom_ops import register_jax_kernel as _register
 
     return _register(op, fn)
+
+
+@hookimpl
+def accelkit_conformance_expectations(name):
+    if name == NAME:
+        from pathlib import Path
+
+        from accelkit.sdk import Expectations
+
+        return Expectations.from_toml(Path(__file__).with_name("conformance.toml"))
