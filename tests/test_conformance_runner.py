@@ -12,6 +12,8 @@ exactly as an installed third-party backend is. Its kernels misbehave on purpose
 ``exp``   returns wrong values
 ``neg``   is correct, but declared as an expected failure (so it is an xpass)
 ``abs``   is declared unsupported (a declared skip)
+``sqrt``  needs float64 internally, which fake declares it does not hold (a declared skip)
+``rsqrt`` needs float16 internally, which fake does not declare (an error)
 ========  =======================================================================
 """
 
@@ -74,6 +76,20 @@ def neg(x):
     return torch.neg(x)
 
 
+@kernels.kernel(aten.sqrt.default)
+def sqrt(x):
+    from accelkit.sdk import UnsupportedDtypeError
+
+    raise UnsupportedDtypeError("torch.float64 is not supported on fake:0", torch.float64)
+
+
+@kernels.kernel(aten.rsqrt.default)
+def rsqrt(x):
+    from accelkit.sdk import UnsupportedDtypeError
+
+    raise UnsupportedDtypeError("torch.float16 is not supported on fake:0", torch.float16)
+
+
 @hookimpl
 def accelkit_register_backend():
     return BackendInfo(name=NAME, description="misbehaving test backend", default_fallback="allow")
@@ -121,6 +137,9 @@ FAKE_EXPECTATIONS = '''
 
 [known_failures]
 "ops/neg" = "neg is believed broken on fake"
+
+[unsupported_dtypes]
+float64 = "fake holds no float64"
 '''
 
 
@@ -171,7 +190,7 @@ def misbehaving_run(fake_site, tmp_path_factory):
     started = time.monotonic()
     proc = run_cli(
         "--backend", "fake", "--suite", "ops", "--jobs", "2", "--out", str(out), "--timeout", "2",
-        "-k", _select(*(f"{op}-float32-forward" for op in ("sin", "cos", "tan", "exp", "neg", "abs", "add", "mul"))),
+        "-k", _select(*(f"{op}-float32-forward" for op in ("sin", "cos", "tan", "exp", "neg", "abs", "sqrt", "rsqrt", "add", "mul"))),
         "--", "--accelkit-hard-timeout", "5",
         site=fake_site,
     )
@@ -188,7 +207,7 @@ def test_a_segfaulting_kernel_costs_one_test_recorded_as_crash(misbehaving_run):
     assert "Segmentation fault" in crash["reason"]
     assert "string_at" in crash["reason"]  # the innermost frame, from the faulthandler log
     # the run went on after the crash: every other test has its own outcome
-    assert len(doc["results"]) == 8
+    assert len(doc["results"]) == 10
     assert records["add-forward"]["outcome"] == records["mul-forward"]["outcome"] == "pass"
 
 
@@ -210,6 +229,17 @@ def test_declared_unsupported_op_is_a_declared_skip_with_its_reason(misbehaving_
     assert record["paths"] is None  # never ran
 
 
+def test_a_test_needing_a_declared_unsupported_dtype_is_a_declared_skip(misbehaving_run):
+    _, out, _ = misbehaving_run
+    records = _by_op(json.loads((out / "results.json").read_text()))
+    needs_float64, needs_float16 = records["sqrt-forward"], records["rsqrt-forward"]
+    assert needs_float64["outcome"] == "skip-declared"
+    assert needs_float64["reason"] == "needs float64, which the backend does not hold: fake holds no float64"
+    assert needs_float64["expectation"] == 'unsupported_dtypes "float64"'
+    assert needs_float16["outcome"] == "error"  # not declared: an error like any other
+    assert "float16" in needs_float16["reason"]
+
+
 def test_expected_failure_that_passes_is_an_xpass_naming_the_entry_to_remove(misbehaving_run):
     _, out, _ = misbehaving_run
     record = _by_op(json.loads((out / "results.json").read_text()))["neg-forward"]
@@ -229,7 +259,7 @@ def test_results_follow_the_schema_and_the_jsonl_matches_the_json(misbehaving_ru
     assert env["torch"] and env["python"] and env["accelkit"] and env["finished"]
     lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert lines[0] == {"schema": schema.SCHEMA, "environment": {k: v for k, v in env.items() if k != "finished"}}
-    assert lines[1] == {"event": "collected", "total": 8}
+    assert lines[1] == {"event": "collected", "total": 10}
     assert lines[-1]["event"] == "finished" and lines[-1]["complete"] is True
     assert [line for line in lines if "id" in line] == doc["results"]
     for record in doc["results"]:

@@ -102,7 +102,14 @@ class DeviceModel:
 
 
 class UnsupportedDtypeError(TypeError):
-    """A dtype the device cannot hold was asked for; the message names it and the way out."""
+    """A dtype the device cannot hold was asked for; the message names it and the way out.
+
+    :ivar dtype: the refused dtype, when known.
+    """
+
+    def __init__(self, message: str, dtype: torch.dtype | None = None):
+        super().__init__(message)
+        self.dtype = dtype
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,7 @@ class DtypeRules:
     def check(self, dtype: torch.dtype, device: str) -> None:
         """Raise :class:`UnsupportedDtypeError` unless ``dtype`` is supported on ``device``."""
         if dtype not in self.supported:
-            raise UnsupportedDtypeError(f"{dtype} is not supported on {device}. {self.hint}".rstrip())
+            raise UnsupportedDtypeError(f"{dtype} is not supported on {device}. {self.hint}".rstrip(), dtype)
 
 
 EXPECTATION_SUITES = ("ops", "modules", "contract", "dynamic")
