@@ -175,3 +175,9 @@ def test_stochastic_rounding_switch_changes_bf16_results(dev):
     assert torch.all(nearest == 1.0)
     assert set(stochastic.unique().tolist()) == {1.0, 1.0 + 2.0**-7}
     assert abs(stochastic.mean().item() - (1 + step)) < 1e-3
+
+
+def test_autograd_zero_tensors_reach_the_device(dev):
+    x = torch.randn(4, requires_grad=True)
+    torch.sgn(x.to(dev)).sum().backward()  # sgn's gradient is a symbolic ZeroTensor
+    assert torch.equal(x.grad, torch.zeros(4))
