@@ -236,6 +236,10 @@ class Pipeline:
 
     def _to_array(self, value: Any) -> Any:
         if isinstance(value, _Tensor):
+            # Only device storages carry a payload; asking the storage is much cheaper than
+            # building ``value.device``, which is left for the rare tensors that have none.
+            if not value.is_cpu and hasattr(value.untyped_storage(), "payload"):
+                return T.read(self.ctx, value)
             if value.device.type == self.ctx.name:
                 return T.read(self.ctx, value)
             return self.ctx.allocator.from_host(value)

@@ -8,6 +8,7 @@ StorageImpl — and with it the payload — exactly as on CPU.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,7 @@ from accelkit.sdk import Buffer, ViewSpec
 
 META = DispatchKeySet(DispatchKey.Meta)
 _set_storage = torch.ops.aten.set_.source_Storage_storage_offset
+_set_storage_meta = functools.partial(_set_storage._handle.redispatch_boxed, META)
 _create_empty = torch._C._acc.create_empty_tensor
 
 
@@ -28,6 +30,12 @@ def contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
         strides.append(acc)
         acc *= max(s, 1)
     return tuple(reversed(strides))
+
+
+@functools.lru_cache(maxsize=1024)
+def _dense_strides(size: tuple[int, ...]) -> tuple[int, ...]:
+    """:func:`contiguous_strides` of a hashable shape, remembered (kernel results repeat shapes)."""
+    return contiguous_strides(size)
 
 
 def storage_bytes(size: Sequence[int], stride: Sequence[int], offset: int, itemsize: int) -> int:
@@ -115,7 +123,7 @@ def from_array(ctx: BackendContext, array: Any) -> torch.Tensor:
         tensor = _create_empty(shape, dtype)
         storage = tensor.untyped_storage()
         storage.payload = payload
-        _set_storage.redispatch(META, tensor, storage, 0, shape, contiguous_strides(shape))
+        _set_storage_meta(tensor, storage, 0, shape, _dense_strides(shape))
         return tensor
     tensor = new_tensor(ctx, shape, dtype)
     if tensor.numel():
