@@ -54,6 +54,34 @@ def normal(x, mean=0.0, std=1.0, *, generator=None):
     return noise * std + mean
 
 
+@lowering(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor)
+def normal_tensor(mean, std=1.0, *, generator=None):
+    """Normal samples with elementwise ``mean`` and ``std`` (either may be a tensor; broadcast)."""
+    shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
+    tensors = [v for v in (mean, std) if isinstance(v, jax.Array) and not jax.typeof(v).weak_type]
+    noise = jax.random.normal(_key(generator), shape, _sample_dtype(tensors[0]))
+    return noise * std + mean
+
+
+@lowering(aten.log_normal_.default, derive_variants=False)
+def log_normal(x, mean=1.0, std=2.0, *, generator=None):
+    """``exp`` of normal samples with ``mean`` and ``std``."""
+    return jnp.exp(jax.random.normal(_key(generator), x.shape, _sample_dtype(x)) * std + mean)
+
+
+@lowering(aten.cauchy_.default, derive_variants=False)
+def cauchy(x, median=0.0, sigma=1.0, *, generator=None):
+    return jax.random.cauchy(_key(generator), x.shape, _sample_dtype(x)) * sigma + median
+
+
+@lowering(aten.geometric_.default, derive_variants=False, static=("p",))  # Meta checks p
+def geometric(x, p, *, generator=None):
+    """The number of Bernoulli(``p``) trials up to the first success (1, 2, ...)."""
+    dtype = _sample_dtype(x) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
+    u = jax.random.uniform(_key(generator), x.shape, dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
+    return jnp.ceil(jnp.log(u) / jnp.log1p(-jnp.asarray(p, dtype)))
+
+
 @lowering(aten.uniform.default)
 def uniform(x, from_=0.0, to=1.0, *, generator=None, **kwargs):
     low = kwargs.get("from", from_)  # the schema's name is the Python keyword ``from``
