@@ -688,6 +688,8 @@ _DMA_LOOKBACK = 32
 
 def _earliest_gap(intervals: list[tuple[float, float]], ready: float, duration: float) -> float:
     """The earliest start >= ``ready`` where ``duration`` fits between a queue's busy intervals."""
+    if not intervals or ready >= intervals[-1][1]:
+        return ready  # the common case: the queue is idle by then
     start = ready
     first = max(0, len(intervals) - _DMA_LOOKBACK)
     if first:
