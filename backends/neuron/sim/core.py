@@ -235,7 +235,9 @@ class Kernel:
     # -- scheduling -----------------------------------------------------------------------
 
     def _schedule(self, name: str, engine: str, seconds: float, reads: tuple = (), writes: tuple = (),
-                  detail: str = "", earliest: float | None = None) -> tuple[float, float]:
+                  detail: str = "", earliest: float | None = None, busy: float | None = None) -> tuple[float, float]:
+        """Place an instruction after its engine and operands are free; ``busy`` is the engine
+        time it accounts for, when that differs from its span (DMA: queue time, not latency)."""
         start = self._engine_free[engine] if earliest is None else earliest
         for operand in reads:
             start = max(start, self._ready(operand))
@@ -248,7 +250,7 @@ class Kernel:
             self._mark_written(operand, end)
         if earliest is None:
             self._engine_free[engine] = end
-        self._record.busy[engine] += seconds
+        self._record.busy[engine] += seconds if busy is None else busy
         self._record.instructions += 1
         self._record.end = max(self._record.end, end)
         if self.core.record_instructions:
@@ -401,7 +403,9 @@ class Kernel:
             _occupy(self._dma_queues[queue], slot, slot + busy)
         first = min(slot for slot, _ in slots)
         finish = max(slot for slot, _ in slots) + busy + spec.dma_fixed_latency_s
-        self._schedule(name, "dma", finish - first, reads, writes, f"{nbytes} B", earliest=first)
+        # DMA busy time: the queues' occupancy spread over all queues (latency overlaps).
+        occupancy = busy * len(slots) / spec.dma_queues
+        self._schedule(name, "dma", finish - first, reads, writes, f"{nbytes} B", earliest=first, busy=occupancy)
 
     # -- Tensor engine --------------------------------------------------------------------
 
