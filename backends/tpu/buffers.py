@@ -45,7 +45,8 @@ def jax_dtype(dtype: torch.dtype) -> Any:
 
 
 def torch_dtype(dtype: Any) -> torch.dtype:
-    return JAX_TO_TORCH[np.dtype(dtype)]
+    found = JAX_TO_TORCH.get(dtype)  # an array's dtype is already a numpy dtype: no conversion
+    return found if found is not None else JAX_TO_TORCH[np.dtype(dtype)]
 
 
 class Holder:
@@ -213,9 +214,11 @@ class TpuAllocator(DeviceAllocator):
         return Holder(nbytes)
 
     def _block_from_array(self, array: Any) -> tuple[Holder, int] | None:
-        if isinstance(array, JaxView):
+        if type(array) is JaxView:
             return None
-        nbytes = array.size * array.dtype.itemsize
+        nbytes = array.dtype.itemsize
+        for size in array.shape:
+            nbytes *= size
         self._last = array
         return Holder(nbytes, array), nbytes
 
@@ -228,7 +231,8 @@ class TpuAllocator(DeviceAllocator):
     # -- views -------------------------------------------------------------------------------
 
     def read(self, block: Holder, view: ViewSpec) -> JaxView:
-        return JaxView(self._storage(block, view.dtype), view)
+        array = block.array
+        return JaxView(array if array is not None else self._storage(block, view.dtype), view)
 
     def write(self, block: Holder, view: ViewSpec, array: Any) -> None:
         if isinstance(array, JaxView):
@@ -269,9 +273,9 @@ class TpuAllocator(DeviceAllocator):
         return jax.device_put(host, self.jax_device)
 
     def array_meta(self, array: Any) -> tuple[tuple[int, ...], torch.dtype]:
-        if isinstance(array, JaxView):
+        if type(array) is JaxView:
             return array.spec.size, array.spec.dtype
-        return tuple(array.shape), torch_dtype(array.dtype)
+        return array.shape, torch_dtype(array.dtype)
 
     def cast(self, array: Any, dtype: torch.dtype) -> jax.Array:
         if isinstance(array, JaxView):

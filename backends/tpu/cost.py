@@ -46,13 +46,28 @@ class ProgramCost:
         return cost
 
 
+class Tally:
+    """Executions of one compiled program (of one op) since the ledger was last reset."""
+
+    __slots__ = ("op", "cost", "calls")
+
+    def __init__(self, op: str, cost: ProgramCost):
+        self.op = op
+        self.cost = cost
+        self.calls = 0
+
+
 @dataclass
 class CostLedger:
-    """Per-op totals of executed programs and their estimated device time."""
+    """Per-op totals of executed programs and their estimated device time.
+
+    Each compiled program gets a :class:`Tally` once (:meth:`tally`); running it only counts a
+    call (:meth:`record`), and the totals are multiplied out when read (:meth:`summary`).
+    """
 
     model: DeviceModel | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _ops: dict[str, list[float]] = field(default_factory=dict)  # op -> [calls, flops, bytes, seconds]
+    _tallies: list[Tally] = field(default_factory=list)
 
     def seconds(self, cost: ProgramCost) -> float:
         if self.model is None:
@@ -63,25 +78,36 @@ class CostLedger:
         memory = cost.bytes_accessed / self.model.memory_bandwidth if self.model.memory_bandwidth else 0.0
         return max(compute, memory)
 
-    def record(self, op: str, cost: ProgramCost) -> None:
-        seconds = cost.seconds if cost.seconds is not None else self.seconds(cost)
+    def tally(self, op: str, cost: ProgramCost) -> Tally:
+        """A new counter for one compiled program of ``op``, included in every summary."""
+        tally = Tally(op, cost)
         with self._lock:
-            row = self._ops.get(op)
-            if row is None:
-                row = self._ops[op] = [0, 0.0, 0.0, 0.0]
-            row[0] += 1
-            row[1] += cost.flops
-            row[2] += cost.bytes_accessed
-            row[3] += seconds
+            self._tallies.append(tally)
+        return tally
+
+    def record(self, tally: Tally) -> None:
+        """Count one execution of ``tally``'s program."""
+        with self._lock:
+            tally.calls += 1
 
     def reset(self) -> None:
         with self._lock:
-            self._ops.clear()
+            for tally in self._tallies:
+                tally.calls = 0
 
     def summary(self) -> dict[str, Any]:
         with self._lock:
-            ops = {op: {"calls": int(c), "flops": f, "bytes": b, "estimated_seconds": s}
-                   for op, (c, f, b, s) in sorted(self._ops.items())}
+            ran = [(t.op, t.calls, t.cost) for t in self._tallies if t.calls]
+        totals: dict[str, list[float]] = {}  # op -> [calls, flops, bytes, seconds]
+        for op, calls, cost in ran:
+            seconds = cost.seconds if cost.seconds is not None else self.seconds(cost)
+            row = totals.setdefault(op, [0, 0.0, 0.0, 0.0])
+            row[0] += calls
+            row[1] += calls * cost.flops
+            row[2] += calls * cost.bytes_accessed
+            row[3] += calls * seconds
+        ops = {op: {"calls": int(c), "flops": f, "bytes": b, "estimated_seconds": s}
+               for op, (c, f, b, s) in sorted(totals.items())}
         return {
             "note": "estimate: XLA cost analysis (flops, bytes accessed) against the target's "
                     "published peak FLOP/s and HBM bandwidth; not a measurement",

@@ -19,7 +19,8 @@ and the machinery here does the rest, identically for every op:
   ints, bools, shapes and dtypes are static;
 - **random ops** receive ``key`` — a JAX PRNG key seeded from the device generator — in place
   of their ``generator`` argument;
-- **cost**: XLA's cost analysis of each program (flops, bytes accessed), accumulated per call.
+- **cost**: XLA's cost analysis of each program (flops, bytes accessed), made once per compiled
+  program; a call only counts itself.
 """
 
 from __future__ import annotations
@@ -36,11 +37,28 @@ from torch._ops import OpOverload, OpOverloadPacket
 from accelkit.sdk import KernelTable
 from accelkit_backends.tpu import modes
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize, torch_dtype
-from accelkit_backends.tpu.cost import COSTS, ProgramCost
+from accelkit_backends.tpu.cost import COSTS, ProgramCost, Tally
 
 kernels = KernelTable("tpu")
 
 _VIEW, _ARRAY, _SCALAR, _STATIC, _SEQ, _KEY = "v", "a", "f", "s", "l", "k"
+
+
+class _Signature:
+    """One static structure of arguments: its jitted program, and the cost tally of each
+    program XLA compiled for it (one per storage shape and dtype of the array inputs)."""
+
+    __slots__ = ("jitted", "seen", "tallies", "only")
+
+    def __init__(self, jitted: Any):
+        self.jitted = jitted
+        self.seen = 0  # programs jax had compiled for it when last looked
+        self.tallies: dict[Any, Tally] = {}  # input shapes and dtypes -> tally
+        self.only: Tally | None = None  # the tally when there is exactly one
+
+
+#: Argument types encoded without looking further (the common case, checked by exact type).
+_PLAIN = frozenset({int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
 
 
 class Lowering:
@@ -56,17 +74,18 @@ class Lowering:
         self._static_positions = frozenset(i for i, n in enumerate(names) if n in static)
         self._static_names = frozenset(static)
         self.compiles = 0
-        self._jitted: dict[Any, Any] = {}  # static structure -> jax.jit function
-        self._seen: dict[Any, int] = {}  # static structure -> programs compiled for it
-        self._costs: dict[Any, dict[Any, ProgramCost]] = {}  # structure -> input shapes -> cost
+        self._signatures: dict[Any, _Signature] = {}  # static structure -> its programs
         self._lock = threading.Lock()
 
     # -- encoding arguments into (static structure, dynamic inputs) -------------------------
 
     def _encode(self, value: Any, arrays: list, scalars: list) -> Any:
-        if isinstance(value, JaxView):
+        kind = type(value)
+        if kind is JaxView:
             arrays.append(value.array)
             return (_VIEW, len(arrays) - 1, value.spec)
+        if kind in _PLAIN:
+            return (_STATIC, value)
         if isinstance(value, jax.Array):
             arrays.append(value)
             return (_ARRAY, len(arrays) - 1)
@@ -79,6 +98,21 @@ class Lowering:
         if isinstance(value, list | tuple):
             return (_SEQ, tuple(self._encode(v, arrays, scalars) for v in value))
         return (_STATIC, value)
+
+    def _structure(self, args: tuple, kwargs: dict, arrays: list, scalars: list) -> Any:
+        """The hashable static structure of a call; fills ``arrays`` and ``scalars``."""
+        encode = self._encode
+        if self._static_positions or self._static_names:
+            return (
+                tuple([(_STATIC, a) if i in self._static_positions else encode(a, arrays, scalars)
+                       for i, a in enumerate(args)]),
+                tuple([(k, (_STATIC, v) if k in self._static_names else encode(v, arrays, scalars))
+                       for k, v in kwargs.items()]),
+            )
+        return (
+            tuple([encode(a, arrays, scalars) for a in args]),
+            tuple([(k, encode(v, arrays, scalars)) for k, v in kwargs.items()]) if kwargs else (),
+        )
 
     @staticmethod
     def _decode(code: Any, arrays: Any, scalars: Any) -> Any:
@@ -117,44 +151,36 @@ class Lowering:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         arrays: list = []
         scalars: list = []
-        if self._static_positions or self._static_names:
-            structure = (
-                tuple([(_STATIC, a) if i in self._static_positions else self._encode(a, arrays, scalars)
-                       for i, a in enumerate(args)]),
-                tuple([(k, (_STATIC, v) if k in self._static_names else self._encode(v, arrays, scalars))
-                       for k, v in kwargs.items()]),
-            )
-        else:
-            structure = (
-                tuple([self._encode(a, arrays, scalars) for a in args]),
-                tuple([(k, self._encode(v, arrays, scalars)) for k, v in kwargs.items()]),
-            )
-        jitted = self._jitted.get(structure)
-        if jitted is None:
-            jitted = self._jitted.setdefault(structure, jax.jit(self._program(structure)))
+        structure = self._structure(args, kwargs, arrays, scalars)
+        signature = self._signatures.get(structure)
+        if signature is None:
+            signature = self._signatures.setdefault(structure, _Signature(jax.jit(self._program(structure))))
+        jitted = signature.jitted
         if modes.current() == "debug":
             out = modes.run_checked(self.name, args, jitted, arrays, scalars)
         else:
             out = jitted(arrays, scalars)
-        COSTS.record(self.name, self._cost(structure, jitted, arrays, scalars))
+        tally = signature.only
+        if tally is None or jitted._cache_size() != signature.seen:
+            tally = self._tally(signature, arrays, scalars)
+        COSTS.record(tally)
         return out
 
-    def _cost(self, structure: Any, jitted: Any, arrays: list, scalars: list) -> ProgramCost:
-        """The cost of the program just run; analysed once, when it is first compiled."""
-        costs = self._costs.get(structure)
-        compiled = jitted._cache_size()
-        if costs is not None and compiled == self._seen.get(structure):
-            if len(costs) == 1:
-                return next(iter(costs.values()))
-            cost = costs.get(tuple(a.shape for a in arrays))
-            if cost is not None:
-                return cost
+    def _tally(self, signature: _Signature, arrays: list, scalars: list) -> Tally:
+        """The cost tally of the program just run; its cost is analysed once, when it is first
+        compiled, and the compile counted then."""
+        shapes = tuple((a.shape, a.dtype) for a in arrays)
         with self._lock:
-            self.compiles += compiled - self._seen.get(structure, 0)
-            self._seen[structure] = compiled
-            cost = ProgramCost.of(jitted.lower(arrays, scalars), arrays)
-            self._costs.setdefault(structure, {})[tuple(a.shape for a in arrays)] = cost
-        return cost
+            compiled = signature.jitted._cache_size()
+            tally = signature.tallies.get(shapes)
+            if tally is None or compiled != signature.seen:
+                self.compiles += max(compiled - signature.seen, 0)
+                signature.seen = compiled
+                if tally is None:
+                    cost = ProgramCost.of(signature.jitted.lower(arrays, scalars), arrays)
+                    tally = signature.tallies[shapes] = COSTS.tally(self.name, cost)
+            signature.only = tally if len(signature.tallies) == 1 else None
+        return tally
 
     def _program(self, structure: Any) -> Callable[..., Any]:
         """The traceable program for one static structure of arguments.
