@@ -184,6 +184,11 @@ def _cast(array: jax.Array, dtype: Any) -> jax.Array:
     return array.astype(dtype)
 
 
+def data_movement_programs() -> int:
+    """Programs compiled so far for reading views, scattering into them and casting."""
+    return sum(program._cache_size() for program in (_read, _scatter, _cast))
+
+
 def _covers(spec: ViewSpec, nbytes: int) -> bool:
     """The view is the whole storage in row-major order."""
     if spec.offset or spec.numel * spec.dtype.itemsize != nbytes:

@@ -1,0 +1,36 @@
+"""The tpu backend's statistics where backend-neutral readers look for them."""
+
+from __future__ import annotations
+
+import torch
+
+import accelkit
+from accelkit_conformance.recording import _sample
+
+
+def _compiles() -> int:
+    value = accelkit.stats()["compiles"]
+    assert isinstance(value, int) and not isinstance(value, bool)
+    return value
+
+
+def test_compiles_is_the_running_total_of_programs_and_counts_new_shapes_only(dev):
+    tpu = accelkit.stats()["tpu"]
+    assert _compiles() == tpu["compiled_programs_total"] + tpu["data_movement_programs"]
+    x, y = torch.randn(3, 37).to(dev), torch.randn(5, 37).to(dev)  # host copies compile nothing
+    x + x
+    before = _compiles()
+    x + x
+    assert _compiles() == before, "a repeated shape must not compile"
+    y + y
+    assert _compiles() == before + 1
+    accelkit.reset_stats()
+    assert _compiles() == before + 1, "compile caches are not statistics: reset keeps the total"
+
+
+def test_the_conformance_recorder_reads_tpu_compiles(dev):
+    z = torch.randn(41, 2).to(dev)
+    _, before = _sample()
+    z * z
+    _, after = _sample()
+    assert isinstance(before, int) and after == before + 1
