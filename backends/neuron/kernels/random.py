@@ -11,6 +11,7 @@ PyTorch's CPU stream: they agree with it in distribution, not element by element
 - ``normal_``: Box–Muller, ``sqrt(-2 ln u1) * cos(2π u2)`` on the Scalar engine (``u1`` in
   ``(0, 1]`` so the logarithm is finite);
 - ``bernoulli``: ``u < p`` (``p`` a number or a tensor of probabilities);
+- ``random_`` (``randint``): 31 random bits modulo the range, within the 32-bit datapath;
 - ``native_dropout``: mask ``u < 1 - p``, output ``x * mask / (1 - p)`` (``p == 1`` drops all);
   its schema has no generator, so it draws from the device generator, as the CPU fallback does.
 """
@@ -25,6 +26,7 @@ import torch
 from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels._tiling import flat_chunks
 from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.errors import NeuronDtypeError
 from accelkit_backends.neuron.sim.memory import Tile
 
 aten = torch.ops.aten
@@ -191,3 +193,53 @@ def native_dropout_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, mas
             k.tensor_scalar(scaled, scaled, "multiply", scale)
             k.dma(flat_out[part].reshape(rows, cols), scaled)
     return result
+
+
+def _random_integers(k: Kernel, out: OutSpec, low: int, high: int, generator: Any) -> np.ndarray:
+    """Integers uniform in ``[low, high)``: 31 random bits modulo the range (a bias below
+    ``range / 2^31``), shifted by ``low``, in the 32-bit datapath."""
+    span = high - low
+    if span <= 0:
+        raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+    if span > 2**31 or not (-(2**31) <= low and high <= 2**31):
+        raise NeuronDtypeError(f"random_: the range [{low}, {high}) does not fit the NeuronCore's 32-bit "
+                               "integer datapath; draw a narrower range or on the CPU")
+
+    def sample(k: Kernel, shape: tuple[int, int]) -> Tile:
+        bits = k.sbuf(shape, np.uint32, "bits")
+        k.rng(bits)
+        value = k.sbuf(shape, np.int32, "value")
+        k.tensor_scalar(value, bits, "right_shift", 1)
+        k.tensor_scalar(value, value, "remainder", span)
+        k.tensor_scalar(value, value, "add", low)
+        return value
+
+    return _generate(k, out, generator, sample)
+
+
+_MANTISSA_DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
+
+
+def _default_high(dtype: torch.dtype) -> int:
+    """``random_``'s exclusive upper bound without ``to``: every integer the dtype holds exactly."""
+    if dtype.is_floating_point:
+        return 2 ** _MANTISSA_DIGITS.get(dtype, 24) + 1
+    if dtype == torch.bool:
+        return 2
+    return min(torch.iinfo(dtype).max, 2**31 - 1) + 1
+
+
+@tile_kernel(getattr(aten.random_, "from"), derive_variants=False)  # "from" is a Python keyword
+def random_from(k: Kernel, out: list[OutSpec], x: np.ndarray, from_: int, to: int | None = None, *,
+                generator: Any = None) -> np.ndarray:
+    return _random_integers(k, out[0], from_, _default_high(out[0].dtype) if to is None else to, generator)
+
+
+@tile_kernel(aten.random_.to, derive_variants=False)
+def random_to(k: Kernel, out: list[OutSpec], x: np.ndarray, to: int, *, generator: Any = None) -> np.ndarray:
+    return _random_integers(k, out[0], 0, to, generator)
+
+
+@tile_kernel(aten.random_.default, derive_variants=False)
+def random_default(k: Kernel, out: list[OutSpec], x: np.ndarray, *, generator: Any = None) -> np.ndarray:
+    return _random_integers(k, out[0], 0, _default_high(out[0].dtype), generator)

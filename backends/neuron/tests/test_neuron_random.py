@@ -93,3 +93,23 @@ def test_manual_seed_repeats_and_the_generator_advances(dev):
     assert not torch.equal(first, second)  # each call draws new numbers
     torch.manual_seed(124)
     assert not torch.equal(torch.rand(8, device=dev).cpu(), first)
+
+
+def test_randint_is_uniform_over_its_range(dev):
+    x = torch.randint(-5, 5, (N,), device=dev).cpu()
+    assert x.dtype == torch.int64
+    assert x.min().item() == -5 and x.max().item() == 4
+    counts = torch.bincount(x + 5, minlength=10).float()
+    assert (counts - N / 10).abs().max().item() < 6 * math.sqrt(N * 0.1 * 0.9)
+    assert_native("aten.random_.from")
+
+
+def test_random_without_bounds_covers_the_exact_integers(dev):
+    x = torch.empty(N, device=dev, dtype=torch.bfloat16).random_().cpu().float()
+    assert x.min().item() >= 0 and x.max().item() <= 256  # bf16 holds integers exactly up to 2^8
+    assert torch.equal(x, x.round())
+    flags = torch.empty(N, device=dev, dtype=torch.bool).random_().cpu().float()
+    _close(flags.mean().item(), 0.5, 0.5)
+    y = torch.empty(N, device=dev).random_(3).cpu()
+    assert set(y.unique().tolist()) == {0.0, 1.0, 2.0}
+    assert_native("aten.random_.default", "aten.random_.to")
