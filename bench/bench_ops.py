@@ -69,8 +69,11 @@ def cases(device: torch.device | str) -> dict[str, tuple[Callable[[], object], i
     }
 
 
-def measure(device: torch.device | str, sync: Callable[[], None], number: int, repeat: int) -> dict[str, float]:
-    return {name: per_call_us(fn, sync, max(number // weight, 5), repeat) for name, (fn, weight) in cases(device).items()}
+def measure(device: torch.device | str, sync: Callable[[], None], number: int, repeat: int,
+            table: dict[str, tuple[Callable[[], object], int]] | None = None) -> dict[str, float]:
+    """Median µs per call of each case (``table``, default :func:`cases` on ``device``)."""
+    table = cases(device) if table is None else table
+    return {name: per_call_us(fn, sync, max(number // weight, 5), repeat) for name, (fn, weight) in table.items()}
 
 
 def torchax_figures(number: int, repeat: int) -> dict[str, float] | str:
@@ -115,6 +118,8 @@ def main() -> None:
         print(line)
     if isinstance(peer, dict):
         print("torchax ratios are against the CPU measured in torchax's own process (same machine, same run)")
+        if peer.get("note"):
+            print(peer["note"])
     elif isinstance(peer, str):
         print(peer)
     if device.type != "cpu":
