@@ -26,6 +26,7 @@ from torch._C import DispatchKey, DispatchKeySet
 from torch._ops import OpOverload
 
 from accelkit._runtime import _tensors as T
+from accelkit.sdk._kernels import KernelDeclined
 from accelkit._runtime._context import BackendContext
 
 META = T.META
@@ -275,14 +276,23 @@ class Pipeline:
         return fn(*arrays, **array_kwargs)
 
     def native(self, op: OpOverload, fn: Callable) -> Callable:
-        """Wrap a functional backend kernel as a PrivateUse1 kernel for ``op``."""
+        """Wrap a functional backend kernel as a PrivateUse1 kernel for ``op``.
+
+        A kernel that raises :class:`~accelkit.sdk.KernelDeclined` hands these arguments to the
+        CPU fallback (under the fallback policy, counted as a fallback), as do the derived
+        in-place and ``out=`` variants.
+        """
         ctx, name, call, wrap = self.ctx, str(op), self._call, self._wrap
+        cpu_fallback = self.cpu_fallback
         gen = _generator_slot(op)
         store = _undeclared_writer(ctx, op)  # None for almost every op
 
         def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                result = call(fn, gen, args, kwargs)
+            except KernelDeclined:
+                return cpu_fallback(op, *args, **kwargs)
             ctx.counters.count(name, "native")
-            result = call(fn, gen, args, kwargs)
             if store is not None:
                 result = store(args, kwargs, result)
             return wrap(result)
@@ -300,8 +310,11 @@ class Pipeline:
                 # Several elements share one location (an expanded view). Whether writing it is
                 # allowed depends on the op (fill_/zero_ yes, arithmetic no): the CPU kernel decides.
                 return cpu_fallback(op, self_, *args, **kwargs)
+            try:
+                result = call(fn, gen, (self_, *args), kwargs)
+            except KernelDeclined:
+                return cpu_fallback(op, self_, *args, **kwargs)
             ctx.counters.count(name, "native")
-            result = call(fn, gen, (self_, *args), kwargs)
             shape, dtype = meta(result)
             check_inplace(self_, shape, dtype)
             if dtype != self_.dtype:
@@ -314,15 +327,20 @@ class Pipeline:
     def native_out(self, op: OpOverload, fn: Callable) -> Callable:
         """Derive ``op`` (an ``out=`` overload) from the functional kernel ``fn``."""
         ctx, name, call, meta = self.ctx, str(op), self._call, self._meta
+        cpu_fallback = self.cpu_fallback
         out_names = out_arg_names(op)
         store = _undeclared_writer(ctx, op)
         gen = _generator_slot(op)
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            ctx.counters.count(name, "native")
+            given = dict(kwargs)
             outs = [kwargs.pop(n) for n in out_names]
             _dtype_from_out(op, kwargs, outs)
-            result = call(fn, gen, args, kwargs)
+            try:
+                result = call(fn, gen, args, kwargs)
+            except KernelDeclined:
+                return cpu_fallback(op, *args, **given)
+            ctx.counters.count(name, "native")
             if store is not None:
                 result = store(args, kwargs, result)
             results = result if isinstance(result, tuple) else (result,)

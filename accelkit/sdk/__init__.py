@@ -9,6 +9,7 @@ from accelkit.sdk._allocator import Buffer, DeviceAllocator, ViewSpec, format_by
 from accelkit.sdk._kernels import (
     CUDA_LIKE_AUTOCAST,
     AutocastPolicy,
+    KernelDeclined,
     KernelEntry,
     KernelTable,
     default_decompositions,
@@ -38,6 +39,7 @@ __all__ = [
     "DtypeRules",
     "ExpectationRule",
     "Expectations",
+    "KernelDeclined",
     "KernelEntry",
     "KernelTable",
     "Tolerance",

@@ -10,6 +10,15 @@ import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
 
+class KernelDeclined(Exception):
+    """Raised by a kernel for arguments it does not handle (a 3-d convolution in a 2-d kernel).
+
+    The runtime then runs the op through the CPU fallback, under the fallback policy and counted
+    as a fallback, so a kernel can cover the common case without failing the rest. Raise it
+    before writing anything. The message says what was declined.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class KernelEntry:
     """One native kernel.
