@@ -17,7 +17,7 @@ bank. The three programs:
 
 Accumulation is fp32 (PSUM, and SBUF for col2im and the weight gradient), rounded once into the
 result's dtype. Supported: 1-d and 2-d, stride, padding, dilation, groups, transposed with
-output_padding. A 3-d convolution raises ``NotImplementedError``. Images are processed in bands
+output_padding. A 3-d convolution is declined (``KernelDeclined``): it takes the CPU fallback. Images are processed in bands
 of rows of at most :data:`BAND_BYTES` per partition (output rows for the forward and the weight
 gradient, input rows for col2im), so a 224×224 image fits even trn1's SBUF.
 """
@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from accelkit.sdk import KernelDeclined
 from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels.convert import fill
 from accelkit_backends.neuron.sim.core import Kernel
@@ -346,7 +347,7 @@ def _as_2d(spatial: int, *arrays: np.ndarray | None) -> list[np.ndarray | None]:
         return list(arrays)
     if spatial == 1:
         return [None if a is None else a[:, :, None, :] for a in arrays]
-    raise NotImplementedError(f"neuron convolution supports 1-d and 2-d, not {spatial}-d")
+    raise KernelDeclined(f"neuron convolution supports 1-d and 2-d, not {spatial}-d")
 
 
 def _geometry(w: np.ndarray, stride: Any, padding: Any, dilation: Any, groups: int) -> Geometry:

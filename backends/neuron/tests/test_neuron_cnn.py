@@ -322,3 +322,14 @@ def test_convolution_in_row_bands_matches_cpu(dev, monkeypatch):
     monkeypatch.setattr(conv, "BAND_BYTES", 256)
     _grads_match(dev, F.conv2d, _r(2, 3, 9, 7), _r(4, 3, 3, 3, seed=1), _r(4, seed=2), padding=1)
     _grads_match(dev, F.conv_transpose2d, _r(1, 4, 5, 5), _r(4, 2, 3, 3, seed=1), stride=2, padding=1)
+
+
+def test_a_3d_convolution_is_declined_to_the_cpu_fallback(dev):
+    x, w = torch.randn(1, 2, 4, 4, 4), torch.randn(3, 2, 2, 2, 2)
+    with accelkit.fallback_policy("allow"):
+        out = torch.nn.functional.conv3d(x.to(dev), w.to(dev)).cpu()
+    torch.testing.assert_close(out, torch.nn.functional.conv3d(x, w), rtol=1e-5, atol=1e-5)
+    counts = accelkit.stats()["ops"]["aten.convolution_overrideable.default"]
+    assert counts["fallback"] == 1 and counts["native"] == 0
+    with accelkit.fallback_policy("deny"), pytest.raises(accelkit.FallbackDeniedError, match="convolution"):
+        torch.nn.functional.conv3d(x.to(dev), w.to(dev))
