@@ -103,7 +103,9 @@ def _output_specs(op: OpOverload, key: tuple, args: tuple, kwargs: dict) -> list
         # Device-hook ops (convolution_overrideable) have no Meta kernel; the CPU op the
         # runtime runs in their place computes the same geometry.
         meta_op = CPU_EQUIVALENTS.get(op, op)
-        result = meta_op(*_to_meta(args), **{k: _to_meta(v) for k, v in kwargs.items()})
+        # Factories name their device: ask Meta for the geometry, not this backend again.
+        meta_kwargs = {k: "meta" if k == "device" else _to_meta(v) for k, v in kwargs.items()}
+        result = meta_op(*_to_meta(args), **meta_kwargs)
         results = result if isinstance(result, (tuple, list)) else (result,)
         specs = [OutSpec(tuple(r.shape), r.dtype) if isinstance(r, torch.Tensor) else None for r in results]
         if len(_SPECS) > 65536:

@@ -1,4 +1,4 @@
-"""Dtype conversion, fill and zero: the data-movement programs the runtime's copies use."""
+"""Dtype conversion, fill, zero and arange: the programs that make or convert whole tensors."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from accelkit_backends.neuron import runtime
 from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
-from accelkit_backends.neuron.kernels._tiling import map_flat
+from accelkit_backends.neuron.kernels._tiling import flat_chunks, map_flat
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.core import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
@@ -38,8 +38,6 @@ def _copy_into(k: Kernel, dst: Tile, src: Tile) -> None:
 def fill(k: Kernel, out: OutSpec, value: Any) -> np.ndarray:
     result = hbm_empty(out)
     flat = result.reshape(-1)
-    from accelkit_backends.neuron.kernels._tiling import flat_chunks
-
     tile_dtype = chip_dtype(result.dtype)
     tile = None
     for start, rows, cols in flat_chunks(result.size, k.spec.partitions):
@@ -64,3 +62,21 @@ def fill_tensor(k: Kernel, out: list[OutSpec], x: np.ndarray, value: np.ndarray)
 @tile_kernel(aten.zero.default)
 def zero(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
     return fill(k, out[0], 0)
+
+
+@tile_kernel(aten.arange.start_step)
+def arange(k: Kernel, out: list[OutSpec], start: Any, end: Any, step: Any = 1, **_options: Any) -> np.ndarray:
+    """``start + i * step`` for each position ``i``: indices from GpSimd's iota, scaled and
+    offset on the Vector engine (fp32 for floating results, exact integers otherwise)."""
+    result = hbm_empty(out[0])
+    flat = result.reshape(-1)
+    floating = result.dtype.kind == "f" or nx.is_float(result.dtype)
+    for first, rows, cols in flat_chunks(result.size, k.spec.partitions):
+        with k.scope():
+            index = k.sbuf((rows, cols), np.int64 if not floating else np.int32, "i")
+            k.iota(index, base=first, partition_step=cols, free_step=1)
+            values = k.sbuf((rows, cols), chip_dtype(result.dtype), "v")
+            k.tensor_scalar(values, index, "multiply", step)
+            k.tensor_scalar(values, values, "add", start)
+            k.dma(flat[first : first + rows * cols].reshape(rows, cols), values)
+    return result

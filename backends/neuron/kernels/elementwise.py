@@ -262,6 +262,12 @@ def where(k: Kernel, out: list[OutSpec], cond: np.ndarray, x: Any, y: Any) -> np
     return map_flat(k, result, arrays, compute)
 
 
+@tile_kernel(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(k: Kernel, out: list[OutSpec], x: np.ndarray, mask: np.ndarray, value: Any) -> np.ndarray:
+    """``where(mask, value, x)`` (VectorE select); the in-place form is derived from it."""
+    return where(k, out, mask, value, x)
+
+
 def _full(k: Kernel, tile: Tile, like: Tile) -> Tile:
     """A per-partition scalar tile widened to ``like``'s free size (a Vector-engine copy)."""
     if tile.shape == like.shape:

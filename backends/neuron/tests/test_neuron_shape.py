@@ -93,3 +93,30 @@ def test_flip_matches_cpu(dev, dims):
     assert torch.equal(torch.flip(x.to(dev), dims).cpu(), torch.flip(x, dims))
     assert torch.equal(torch.flip(x.to(dev).transpose(1, 3), dims).cpu(), torch.flip(x.transpose(1, 3), dims))
     assert_native("aten.flip.default")
+
+
+@pytest.mark.parametrize("args, options", [
+    ((10,), {}), ((2, 20, 3), {}), ((-5, 300), {"dtype": torch.float32}), ((0, 70000), {}),
+    ((1.5, 7.2, 0.7), {"dtype": torch.bfloat16}), ((0.0, 1.0, 0.1), {}), ((5, -7, -2), {"dtype": torch.int32}),
+])
+def test_arange_is_a_native_tile_program(dev, args, options):
+    with accelkit.fallback_policy("deny"):
+        got = torch.arange(*args, device=dev, **options).cpu()
+    expected = torch.arange(*args, **options)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    # fp32 multiply-add on the Vector engine; CPU steps in double: at most one float32 ulp apart
+    torch.testing.assert_close(got, expected, rtol=2e-7, atol=1e-7)
+    ops = accelkit.stats()["ops"]  # the functional kernel, or the out= variant derived from it
+    assert sum(ops.get(f"aten.arange.{o}", {}).get("native", 0) for o in ("start_step", "start_out")) == 1
+
+
+def test_masked_fill_in_place_and_with_a_tensor_value(dev):
+    x = torch.randn(130, 7)
+    mask = x > 0.5
+    on_device = x.to(dev)
+    with accelkit.fallback_policy("deny"):
+        on_device.masked_fill_(mask.to(dev), -1.0)
+        ints = torch.arange(12).reshape(3, 4).to(dev).masked_fill(mask[:3, :4].to(dev), torch.tensor(7))
+    assert torch.equal(on_device.cpu(), x.masked_fill(mask, -1.0))
+    assert torch.equal(ints.cpu(), torch.arange(12).reshape(3, 4).masked_fill(mask[:3, :4], 7))
+    assert_native("aten.masked_fill_.Scalar", "aten.masked_fill.Tensor")
