@@ -21,7 +21,6 @@ LAPACK routines as PyTorch's and agree, on a TPU they may differ by those signs.
 from __future__ import annotations
 
 import functools
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -283,6 +282,8 @@ def _hermitian_pivots(a, upper):
         return m, pivots
 
     real_dtype = jnp.real(full).dtype
+    if n == 0:  # the loop body is traced even when it never runs
+        return jnp.zeros(a.shape[:-1], real_dtype)
     _, pivots = jax.lax.fori_loop(0, n, step, (full, jnp.zeros(a.shape[:-1], real_dtype)))
     return pivots
 

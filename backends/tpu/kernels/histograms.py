@@ -11,7 +11,7 @@ aten = torch.ops.aten
 
 
 @lowering(aten.histc.default)
-def histc(x, bins=100, min=0, max=0):  # noqa: A002 - the schema's names
+def histc(x, bins=100, min=0, max=0):
     """Counts of ``x`` in ``bins`` equal bins over ``[min, max]``; elements outside are ignored,
     ``max`` falls in the last bin. ``min == max`` means the data's range (widened by 1 each way
     if that is a single value too), as PyTorch does."""

@@ -236,3 +236,11 @@ def test_matrix_exp(dev):
     a = matrix(2, 4, 4) / 3
     same(torch.linalg.matrix_exp(a.to(dev)), torch.linalg.matrix_exp(a))
     assert_native("aten.linalg_matrix_exp.default")
+
+
+def test_factorizations_of_empty_matrices(dev):
+    empty = torch.empty(2, 0, 0)
+    assert torch.linalg.cholesky_ex(empty.to(dev)).L.shape == (2, 0, 0)
+    assert torch.linalg.cholesky_ex(empty.to(dev)).info.cpu().tolist() == [0, 0]
+    assert torch.linalg.inv(empty.to(dev)).shape == (2, 0, 0)
+    same(torch.linalg.det(empty.to(dev)), torch.linalg.det(empty))
