@@ -44,6 +44,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_ops.py
+	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_neuron.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis conformance-results

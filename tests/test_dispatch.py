@@ -507,3 +507,11 @@ FACTORY_CASES = [
 def test_factory_functions_with_device_match_cpu(dev, make, exact):
     assert_same(make(dev), make("cpu"), exact=exact)
     assert_same(make("ref"), make("cpu"), exact=exact)
+
+
+def test_autograd_zero_tensors_cross_to_the_device(dev):
+    # sgn's gradient is a symbolic ZeroTensor (no memory): the fallback and the kernels both
+    # receive it, and it must arrive as real zeros.
+    x = torch.randn(4, requires_grad=True)
+    torch.sgn(x.to(dev)).sum().backward()
+    assert torch.equal(x.grad, torch.zeros(4))

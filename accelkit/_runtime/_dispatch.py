@@ -243,6 +243,8 @@ class Pipeline:
                 return T.read(self.ctx, value)
             if value.device.type == self.ctx.name:
                 return T.read(self.ctx, value)
+            if value._is_zerotensor():
+                value = _values(value)
             return self.ctx.allocator.from_host(value)
         if isinstance(value, (list, tuple)) and value and any(isinstance(v, _Tensor) for v in value):
             return type(value)(self._to_array(v) if v is not None else None for v in value)
@@ -725,5 +727,8 @@ class _HostCall:
 
 
 def _values(host: _Tensor) -> _Tensor:
-    """A CPU tensor's values, without conjugate or negative bits."""
+    """A CPU tensor's values, without conjugate or negative bits; autograd's symbolic zero
+    tensors (which have no memory) become real zeros."""
+    if host._is_zerotensor():
+        return torch.zeros(host.shape, dtype=host.dtype)
     return host.resolve_conj().resolve_neg()
