@@ -243,8 +243,8 @@ class Pipeline:
                 return T.read(self.ctx, value)
             if value.device.type == self.ctx.name:
                 return T.read(self.ctx, value)
-            if value._is_zerotensor():
-                value = _values(value)
+            if value._is_zerotensor():  # conj/neg bits were resolved by _call already
+                value = T.host_values(value)
             return self.ctx.allocator.from_host(value)
         if isinstance(value, (list, tuple)) and value and any(isinstance(v, _Tensor) for v in value):
             return type(value)(self._to_array(v) if v is not None else None for v in value)
@@ -697,7 +697,7 @@ class _HostCall:
             # to match and store the new contents.
             T.set_geometry(ctx, device, host.shape, host.stride(), host.storage_offset())
             if host.numel():
-                T.write_values(ctx, device, ctx.allocator.from_host(_values(host).contiguous()))
+                T.write_values(ctx, device, ctx.allocator.from_host(T.host_values(host).contiguous()))
         for key in dirty:
             buf, host_bytes = self.hosts[key]
             ctx.allocator.write_bytes(buf.block, host_bytes)
@@ -722,13 +722,6 @@ class _HostCall:
         stride = host.stride() if dense else None
         device = T.new_tensor(ctx, host.shape, host.dtype, stride)
         if host.numel():
-            T.write(ctx, device, ctx.allocator.from_host(_values(host)))
+            T.write(ctx, device, ctx.allocator.from_host(T.host_values(host)))
         return device
 
-
-def _values(host: _Tensor) -> _Tensor:
-    """A CPU tensor's values, without conjugate or negative bits; autograd's symbolic zero
-    tensors (which have no memory) become real zeros."""
-    if host._is_zerotensor():
-        return torch.zeros(host.shape, dtype=host.dtype)
-    return host.resolve_conj().resolve_neg()

@@ -175,9 +175,17 @@ def to_host(ctx: BackendContext, tensor: torch.Tensor) -> torch.Tensor:
     return host
 
 
+def host_values(host: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor's values as a backend's ``from_host`` may read them: no conjugate or
+    negative bit, and autograd's symbolic zero tensors (which have no memory) as real zeros."""
+    if host._is_zerotensor():
+        return torch.zeros(host.shape, dtype=host.dtype)
+    return host.resolve_conj().resolve_neg()
+
+
 def from_host(ctx: BackendContext, host: torch.Tensor) -> torch.Tensor:
     """A new device tensor with the values of a CPU tensor."""
     tensor = new_tensor(ctx, host.shape, host.dtype)
     if tensor.numel():
-        write(ctx, tensor, ctx.allocator.from_host(host.contiguous()))
+        write(ctx, tensor, ctx.allocator.from_host(host_values(host).contiguous()))
     return tensor

@@ -68,10 +68,7 @@ def to_torch(array: np.ndarray) -> torch.Tensor:
 
 def from_torch(tensor: torch.Tensor) -> np.ndarray:
     """A numpy array with a CPU tensor's values (a copy, same dtype)."""
-    tensor = tensor.detach()
-    if tensor._is_zerotensor():  # autograd's symbolic zeros have no memory to read
-        return np.zeros(tensor.shape, numpy_dtype(tensor.dtype))
-    tensor = tensor.resolve_conj().resolve_neg().contiguous()
+    tensor = tensor.detach().contiguous()
     target = numpy_dtype(tensor.dtype)
     carrier = HOST_CARRIER.get(target)
     if carrier is None:
