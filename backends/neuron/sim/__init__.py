@@ -4,7 +4,8 @@ Nothing here knows about PyTorch's dispatcher: tile programs (``kernels/``) driv
 arrays, and it can be used on its own to write and time a kernel.
 """
 
-from accelkit_backends.neuron.sim.core import ACTIVATIONS, BINARY_OPS, Kernel, KernelRecord, NeuronCore
+from accelkit_backends.neuron.sim.alu import ACTIVATIONS, BINARY_OPS
+from accelkit_backends.neuron.sim.core import Kernel, KernelRecord, NeuronCore
 from accelkit_backends.neuron.sim.errors import (
     NeuronDtypeError,
     NeuronKernelError,

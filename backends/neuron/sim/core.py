@@ -32,6 +32,7 @@ from numpy.lib.array_utils import byte_bounds
 
 from accelkit_backends.neuron.device import CoreSpec
 from accelkit_backends.neuron.sim import cost
+from accelkit_backends.neuron.sim.alu import ACTIVATIONS, BINARY_OPS, REDUCE_OPS, check_int32, fp32
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.errors import NeuronDtypeError, NeuronKernelError, TileShapeError
 from accelkit_backends.neuron.sim.memory import OnChipMemory, Tile
@@ -42,7 +43,6 @@ _ON_CHIP_DTYPES = frozenset(np.dtype(d) for d in (
     nx.TORCH_TO_NUMPY[torch.float8_e5m2], np.int8, np.uint8, np.int16, np.uint16, np.int32,
     np.uint32, np.bool_,
 ))
-_INT32 = np.iinfo(np.int32)
 
 
 @dataclass
@@ -72,64 +72,6 @@ class KernelRecord:
     @property
     def latency(self) -> float:
         return self.end - self.start
-
-
-# ---------------------------------------------------------------------------------------------
-# Engine arithmetic (what the ALUs and the activation tables compute)
-# ---------------------------------------------------------------------------------------------
-
-BINARY_OPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.true_divide,
-    "maximum": np.maximum, "minimum": np.minimum, "pow": np.power,
-    "equal": np.equal, "not_equal": np.not_equal, "less": np.less, "less_equal": np.less_equal,
-    "greater": np.greater, "greater_equal": np.greater_equal,
-    "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,
-    "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or, "bitwise_xor": np.bitwise_xor,
-    "left_shift": np.left_shift, "right_shift": np.right_shift,
-    "fmod": np.fmod, "remainder": np.remainder, "atan2": np.arctan2,
-    "floor_divide": np.floor_divide, "trunc_divide": lambda a, b: np.trunc(np.true_divide(a, b)), "copysign": np.copysign, "hypot": np.hypot,
-    "nextafter": np.nextafter, "logaddexp": np.logaddexp,
-}
-REDUCE_OPS = {"add": np.add, "max": np.maximum, "min": np.minimum, "multiply": np.multiply,
-              "logical_and": np.logical_and, "logical_or": np.logical_or}
-
-
-def _activation_table() -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
-    F = torch.nn.functional
-    table = {name: getattr(torch, name) for name in (
-        "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "tanh", "sigmoid", "sqrt", "rsqrt",
-        "reciprocal", "abs", "neg", "sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh",
-        "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "sign", "floor", "ceil", "round",
-        "trunc", "frac", "square", "relu", "lgamma", "digamma", "sinc", "deg2rad", "rad2deg",
-    )}
-    table.update(
-        identity=lambda x: x, gelu=F.gelu, gelu_tanh=lambda x: F.gelu(x, approximate="tanh"),
-        silu=F.silu, mish=F.mish, softplus=F.softplus, elu=F.elu, selu=F.selu, celu=F.celu,
-        hardsigmoid=F.hardsigmoid, hardswish=F.hardswish, hardtanh=F.hardtanh,
-        logsigmoid=F.logsigmoid, relu6=F.relu6, isnan=torch.isnan, isinf=torch.isinf,
-        isfinite=torch.isfinite, logical_not=torch.logical_not, signbit=torch.signbit,
-        i0=torch.i0, erfcx=torch.special.erfcx, ndtri=torch.special.ndtri,
-    )
-    return table
-
-
-ACTIVATIONS = _activation_table()
-
-
-def _fp32(array: np.ndarray) -> np.ndarray:
-    return array if array.dtype == np.float32 else array.astype(np.float32)
-
-
-def _check_int32(values: np.ndarray, where: str) -> None:
-    if values.dtype.kind in "iu" and values.size:
-        low, high = values.min(), values.max()
-        if low < _INT32.min or high > _INT32.max:
-            bad = low if low < _INT32.min else high
-            raise NeuronDtypeError(
-                f"{where}: integer value {int(bad)} does not fit the NeuronCore's 32-bit integer "
-                "datapath (int64 is stored at full width but computed as int32, as neuronx-cc "
-                "does by default). Keep integer values within int32, or compute this on the CPU."
-            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,7 +298,7 @@ class Kernel:
             touched, slot = np.unique(rows, return_inverse=True)
             updated = table[touched].astype(work)
             np.add.at(updated, slot.reshape(-1), src.data.astype(work))
-            _check_int32(updated, self.name)
+            check_int32(updated, self.name)
             table[touched] = nx.round_to(updated, table.dtype)
         else:
             values = self._dma_convert(src.data, table.dtype)
@@ -371,7 +313,7 @@ class Kernel:
         if values.dtype == dtype:
             return values
         if values.dtype == np.int64 or dtype == np.int64:
-            _check_int32(values, self.name)  # int64 data on the 32-bit datapath
+            check_int32(values, self.name)  # int64 data on the 32-bit datapath
             return values.astype(dtype)
         if values.dtype == np.float64 and dtype == np.float32 or values.dtype == np.float32 and dtype == np.float64:
             return values.astype(dtype)
@@ -433,7 +375,7 @@ class Kernel:
         fp32_inputs = (stationary.dtype == np.float32) + (moving.dtype == np.float32)
         if fp32_inputs == 1:
             raise NeuronKernelError(f"{self.name}: matmul with one fp32 input needs both in fp32 (N-mm)")
-        product = _fp32(stationary.data.reshape(k, m)).T @ _fp32(moving.data.reshape(k, n))
+        product = fp32(stationary.data.reshape(k, m)).T @ fp32(moving.data.reshape(k, n))
         if accumulate:
             dst.data += product
         else:
@@ -455,7 +397,7 @@ class Kernel:
             raise TileShapeError(f"{self.name}: transpose of free size {f} > {self.spec.partitions}")
         if dst.shape != (f, p):
             raise TileShapeError(f"{self.name}: transpose of [{p}, {f}] into {dst.shape}")
-        dst.data[...] = nx.round_to(_fp32(src.data.reshape(p, f)).T.copy(), dst.dtype)
+        dst.data[...] = nx.round_to(fp32(src.data.reshape(p, f)).T.copy(), dst.dtype)
         idle = not self._tensor_used or self._engine_free["tensor"] < self._ready(src)
         self._tensor_used = True
         seconds = cost.matmul_seconds(self.spec, p, f, nx.torch_dtype(src.dtype), idle)
@@ -501,7 +443,7 @@ class Kernel:
         """
         fn = _lookup(ACTIVATIONS, func, "activation")
         self._same_partitions(dst, src)
-        x = _fp32(src.data)
+        x = fp32(src.data)
         with np.errstate(all="ignore"):  # inf and NaN propagate as IEEE says, silently
             if not (isinstance(scale, (int, float)) and scale == 1.0):
                 x = x * self._per_partition(scale, x.ndim)
@@ -618,7 +560,7 @@ class Kernel:
 
     def _store(self, dst: Tile, values: np.ndarray) -> None:
         if dst.checked and np.asarray(values).dtype.kind in "iu":
-            _check_int32(np.asarray(values), self.name)
+            check_int32(np.asarray(values), self.name)
         dst.data[...] = nx.round_to(np.broadcast_to(values, dst.shape), dst.dtype)
 
     def _elementwise(self, name: str, dst: Tile, inputs: tuple, work: np.dtype, engine: str | None = None,
@@ -651,7 +593,7 @@ class Kernel:
     @staticmethod
     def _per_partition(value: float | Tile, ndim: int) -> Any:
         if isinstance(value, Tile):
-            return _fp32(value.data).reshape((value.partitions,) + (1,) * (ndim - 1))
+            return fp32(value.data).reshape((value.partitions,) + (1,) * (ndim - 1))
         return np.float32(value)
 
 
