@@ -280,6 +280,34 @@ def signbit(x):
     return jnp.signbit(x) if _is_float_dtype(x.dtype) else x < 0
 
 
+@lowering(aten.frexp.Tensor)
+def frexp(x):
+    """(mantissa, exponent) with ``x == mantissa * 2 ** exponent``, ``0.5 <= |mantissa| < 1``;
+    zeros, infinities and NaN give themselves and exponent 0. Subnormals are decomposed from
+    their bits: XLA's CPU platform flushes them to zero in arithmetic (``jnp.frexp`` alone
+    returns exponent -149 for every float32 subnormal)."""
+    info = jnp.finfo(x.dtype)
+    mantissa, exponent = jnp.frexp(x)
+    bits = jax.lax.bitcast_convert_type(x, jnp.dtype(f"uint{info.bits}"))
+    fraction = bits & ((1 << info.nmant) - 1)
+    compute = jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+    # A subnormal is fraction * 2 ** (minexp - nmant); fraction converts to float exactly.
+    sub_mantissa, sub_exponent = jnp.frexp(fraction.astype(compute))
+    subnormal = (jnp.abs(x) < info.tiny) & (fraction != 0)
+    mantissa = jnp.where(subnormal, jnp.where(jnp.signbit(x), -sub_mantissa, sub_mantissa).astype(x.dtype),
+                         mantissa)
+    exponent = jnp.where(subnormal, sub_exponent + (info.minexp - info.nmant), exponent)
+    return mantissa, exponent.astype(jnp.int32)
+
+
+@lowering(aten.nextafter.default)
+def nextafter(x, y):
+    """The next representable value after ``x`` towards ``y`` (subnormals included), stepping
+    in the operands' own dtype: a bfloat16 step is a bfloat16 ulp, so no float32 opmath here."""
+    dtype = jnp.promote_types(x.dtype, y.dtype)
+    return jnp.nextafter(x.astype(dtype), y.astype(dtype))
+
+
 # Rounding is exact in any float dtype, and the identity on integers.
 
 

@@ -121,7 +121,10 @@ class _BatchNormUpdatingRunningStats:
             x, weight, bias, running_mean, running_var, training, momentum, eps
         )
         if not training:
-            new_mean = new_var = None  # eval mode leaves the running statistics alone
+            # Eval mode leaves the running statistics alone, and saves no statistics: PyTorch's
+            # CPU kernel returns empty ones here (its Meta kernel says channel-shaped).
+            new_mean = new_var = None
+            mean, invstd = mean[:0], invstd[:0]
         return out, mean, invstd, new_mean, new_var
 
 
@@ -207,11 +210,14 @@ def layer_norm_backward(grad, x, normalized_shape, mean, rstd, weight, bias, out
 @lowering(aten.native_group_norm.default)
 def group_norm(x, weight, bias, N, C, HxW, group, eps):
     """(output, mean (N, group), rstd (N, group))."""
-    grouped = _f32(x).reshape(N, group, -1)
+    # Explicit sizes: with N == 0 a -1 in the reshape would be ambiguous.
+    grouped = _f32(x).reshape(N, group, (C // group) * HxW)
     mean = jnp.mean(grouped, axis=2, keepdims=True)
+    if not grouped.shape[2]:
+        mean = jnp.zeros_like(mean)  # PyTorch's mean of an empty group is 0 (its rstd is NaN)
     var = jnp.mean(jnp.square(grouped - mean), axis=2, keepdims=True)
     rstd = jax.lax.rsqrt(var + eps)
-    out = ((grouped - mean) * rstd).reshape(N, C, -1)
+    out = ((grouped - mean) * rstd).reshape(N, C, HxW)
     if weight is not None:
         out = out * _f32(weight)[:, None]
     if bias is not None:
@@ -221,8 +227,8 @@ def group_norm(x, weight, bias, N, C, HxW, group, eps):
 
 @lowering(aten.native_group_norm_backward.default)
 def group_norm_backward(grad, x, mean, rstd, weight, N, C, HxW, group, output_mask):
-    gf = _f32(grad).reshape(N, group, C // group, -1)
-    xf = _f32(x).reshape(N, group, C // group, -1)
+    gf = _f32(grad).reshape(N, group, C // group, HxW)
+    xf = _f32(x).reshape(N, group, C // group, HxW)
     mean4 = _f32(mean)[:, :, None, None]
     rstd4 = _f32(rstd)[:, :, None, None]
     xhat = (xf - mean4) * rstd4
