@@ -168,9 +168,10 @@ def test_printing_works_under_deny_and_counts_no_op(dev):
         assert after_printing["totals"] == {"native": 0, "decomposed": 0, "fallback": 0}
         assert after_printing["ops"] == {}
         # The exemption ends with the print: a real fallback is still denied.
-        # airy_ai: an op no in-tree backend implements, so it can only take the fallback.
+        # rrelu in training (rrelu_with_noise): an op no in-tree backend implements (ref, tpu
+        # and neuron checked), so it can only take the fallback.
         with pytest.raises(accelkit.FallbackDeniedError):
-            torch.special.airy_ai(on_device[0])
+            torch.nn.functional.rrelu(on_device[0], training=True)
 
 
 def test_printing_under_warn_policy_emits_no_fallback_warning(dev):
