@@ -1,4 +1,4 @@
-"""Pooling lowerings: max (with indices), average and adaptive average, 2-d and 3-d.
+"""Pooling lowerings: max (with indices), average, adaptive average and adaptive max, 2-d and 3-d.
 
 Windows are read as strided slices of the (padded) input, one slice per kernel offset, so a
 window reduction is an elementwise max/sum over ``prod(kernel_size)`` arrays: no gather, and the
@@ -6,7 +6,8 @@ output-size, ``ceil_mode`` and divisor rules are PyTorch's, computed statically 
 Max pooling returns PyTorch's indices (flat positions within each input plane, first maximum
 wins, NaN propagates); its backward scatters the gradient to them. Average pooling's backward is
 the ``jax.vjp`` of its window sum. Adaptive average pooling is a pair of 0/1 matrices (which
-inputs each output window covers), so forward and backward are matmuls.
+inputs each output window covers), so forward and backward are matmuls. Adaptive max pooling
+reads its unequal windows as the longest one, masked, and shares max pooling's backward.
 
 Low-precision inputs are summed in float32, as on CPU; results are cast back by the machinery.
 """
@@ -286,3 +287,66 @@ def adaptive_avg_pool2d_backward(grad, x):
 @lowering(aten._adaptive_avg_pool3d_backward.default)
 def adaptive_avg_pool3d_backward(grad, x):
     return _adaptive_avg_pool_backward(grad, x, 3)
+
+
+# -- adaptive max pooling ---------------------------------------------------------------------
+
+
+def _adaptive_max_pool(x, output_size):
+    """(max, flat index within the input plane) over PyTorch's adaptive windows
+    ``[floor(i * size / out), ceil((i + 1) * size / out))``: windows of unequal length are
+    read as the longest one, masked; first maximum wins and NaN propagates, as on CPU."""
+    spatial = len(output_size)
+    axes = range(x.ndim - spatial, x.ndim)
+    starts, lengths = [], []
+    for axis, o in zip(axes, output_size):
+        size = x.shape[axis]
+        start = (np.arange(o) * size) // o
+        end = -((-(np.arange(o) + 1) * size) // o)
+        starts.append(start)
+        lengths.append(end - start)
+    strides = [math.prod(x.shape[axis + 1:]) for axis in axes]  # within one input plane
+    shape = x.shape[:-spatial] + tuple(output_size)
+    best = jnp.full(shape, _lowest(x.dtype), x.dtype)
+    first = np.zeros(tuple(output_size), np.int64)  # a window of -inf reports its first element
+    for dim in range(spatial):
+        view = [1] * spatial
+        view[dim] = -1
+        first = first + (starts[dim] * strides[dim]).reshape(view)
+    index = jnp.broadcast_to(jnp.asarray(first), shape)
+    floating = jnp.issubdtype(x.dtype, jnp.floating)
+    longest = [int(length.max(initial=1)) for length in lengths]
+    for offset in itertools.product(*(range(n) for n in longest)):
+        value, position, inside = x, np.zeros(tuple(output_size), np.int64), np.ones(tuple(output_size), bool)
+        for dim, (axis, j) in enumerate(zip(axes, offset)):
+            along = np.minimum(starts[dim] + j, max(x.shape[axis] - 1, 0))
+            value = jnp.take(value, jnp.asarray(along), axis=axis)
+            view = [1] * spatial
+            view[dim] = -1
+            position = position + (along * strides[dim]).reshape(view)
+            inside = inside & (j < lengths[dim]).reshape(view)
+        take = (value > best) | jnp.isnan(value) if floating else value > best
+        take = take & jnp.asarray(inside)
+        best = jnp.where(take, value, best)
+        index = jnp.where(take, jnp.asarray(position), index)
+    return best, index
+
+
+@lowering(aten.adaptive_max_pool2d.default)
+def adaptive_max_pool2d(x, output_size):
+    return _adaptive_max_pool(x, tuple(output_size))
+
+
+@lowering(aten.adaptive_max_pool3d.default)
+def adaptive_max_pool3d(x, output_size):
+    return _adaptive_max_pool(x, tuple(output_size))
+
+
+@lowering(aten.adaptive_max_pool2d_backward.default)
+def adaptive_max_pool2d_backward(grad, x, indices):
+    return _max_pool_backward(grad, x, 2, indices)
+
+
+@lowering(aten.adaptive_max_pool3d_backward.default)
+def adaptive_max_pool3d_backward(grad, x, indices):
+    return _max_pool_backward(grad, x, 3, indices)
