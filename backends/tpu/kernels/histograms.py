@@ -1,4 +1,4 @@
-"""Histogram lowerings: ``histc``."""
+"""Histogram lowerings: ``histc`` and ``histogram`` (bin count or bin edges, weights, density)."""
 
 from __future__ import annotations
 
@@ -28,3 +28,54 @@ def histc(x, bins=100, min=0, max=0):
     position = jnp.where(position == bins, bins - 1, position)
     inside = (x >= lo) & (x <= hi)
     return jnp.zeros(bins, compute).at[jnp.where(inside, position, 0)].add(inside.astype(compute))
+
+
+def _linspace(lo, hi, steps: int):
+    """PyTorch's ``linspace`` arithmetic (each half counted from its own end), so the bin edges
+    match CPU's to an ulp (XLA may fuse the multiply-add)."""
+    i = jnp.arange(steps, dtype=lo.dtype)
+    if steps == 1:
+        return lo[None]
+    step = (hi - lo) / (steps - 1)
+    return jnp.where(i < steps // 2, lo + i * step, hi - (steps - 1 - i) * step)
+
+
+def _histogram(x, edges, weight, density):
+    """Counts (or summed ``weight``) of ``x`` per bin ``[edges[i], edges[i + 1])``, the last
+    bin closed; elements outside the edges (and NaN) are ignored. ``density`` divides by the
+    total and the bin widths."""
+    bins = edges.shape[0] - 1
+    x = x.reshape(-1)
+    position = jnp.searchsorted(edges, x, side="right") - 1
+    position = jnp.where(x == edges[-1], bins - 1, position)
+    inside = (x >= edges[0]) & (x <= edges[-1])
+    amount = inside.astype(x.dtype) if weight is None else jnp.where(inside, weight.reshape(-1).astype(x.dtype), 0)
+    hist = jnp.zeros(bins, x.dtype).at[jnp.clip(position, 0, max(bins - 1, 0))].add(amount)
+    if density:
+        hist = hist / (jnp.sum(hist) * (edges[1:] - edges[:-1]))
+    return hist, edges
+
+
+@lowering(aten.histogram.bin_ct)
+def histogram_bin_count(x, bins=100, range=None, weight=None, density=False):
+    """``bins`` equal bins over ``range``, or over the data's ``[min, max]`` (widened by 0.5 each
+    way if that is one value; ``[0, 1]`` for empty input), as PyTorch does. Unlike CPU, a
+    non-finite data range (NaN or inf in ``x``) is not an error: it cannot be checked without
+    synchronising; the result is then meaningless."""
+    compute = x.dtype if x.dtype in (jnp.float32, jnp.float64) else jnp.float32
+    flat = x.reshape(-1).astype(compute)
+    if range is not None:
+        lo, hi = jnp.asarray(range[0], compute), jnp.asarray(range[1], compute)
+    elif flat.size:
+        lo, hi = flat.min(), flat.max()
+    else:
+        lo, hi = jnp.asarray(0, compute), jnp.asarray(1, compute)
+    same = lo == hi
+    lo, hi = jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi)
+    return _histogram(flat, _linspace(lo, hi, bins + 1), weight, density)
+
+
+@lowering(aten.histogram.bins_tensor)
+def histogram_bin_edges(x, bins, weight=None, density=False):
+    """Bins between consecutive given ``bins`` edges (increasing)."""
+    return _histogram(x.reshape(-1), bins.astype(x.dtype), weight, density)
