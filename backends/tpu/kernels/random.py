@@ -167,6 +167,32 @@ def random_(x, *, generator=None):
     return _integers(generator, x, 0, _default_high(x.dtype))
 
 
+@lowering(aten.multinomial.default)
+def multinomial(weights, num_samples, replacement=False, *, generator=None):
+    """``num_samples`` category indices per row of ``weights`` (1-d or 2-d, non-negative, not
+    necessarily normalised), drawn with probability proportional to the weights: with
+    replacement by ``jax.random.categorical``; without, as the ``num_samples`` largest
+    ``log(w) + Gumbel`` keys (the Gumbel-top-k trick), so each row's indices are distinct.
+
+    PyTorch's CPU checks of the weights (negative, infinite or all-zero rows; more samples than
+    non-zero weights without replacement) need the values on the host and are not made here: a
+    zero-weight category is then drawn only after every positive one.
+    """
+    rows = weights.reshape(-1, weights.shape[-1]).astype(_sample_dtype(weights))
+    logits = jnp.where(rows > 0, jnp.log(jnp.where(rows > 0, rows, 1)), -jnp.inf)
+    key = _key(generator)
+    if replacement:
+        drawn = jax.random.categorical(key, logits, axis=-1, shape=(num_samples, rows.shape[0])).T
+    else:
+        gumbel_key, tie_key = jax.random.split(key)
+        keys = logits + jax.random.gumbel(gumbel_key, logits.shape, logits.dtype)
+        # A zero weight gets a finite, very low key: ranked after every positive one, randomly.
+        lowest = jnp.finfo(keys.dtype).min / 2 + jax.random.uniform(tie_key, keys.shape, keys.dtype)
+        keys = jnp.where(rows > 0, keys, lowest)
+        drawn = jax.lax.top_k(keys, num_samples)[1]
+    return drawn.astype(jnp.int64).reshape(weights.shape[:-1] + (num_samples,))
+
+
 # ---------------------------------------------------------------------------------------------
 # Dropout
 # ---------------------------------------------------------------------------------------------
