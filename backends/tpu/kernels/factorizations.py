@@ -1,5 +1,5 @@
 """Matrix factorizations and solvers: LU (factor, unpack, solve, det, slogdet, inverse, solve_ex),
-Cholesky, QR, SVD, symmetric eigendecomposition, triangular solves, matrix exponential.
+Cholesky, QR (with Householder products and ormqr), SVD, symmetric eigendecomposition, triangular solves, matrix exponential.
 
 Conventions kept from PyTorch's CPU (LAPACK) kernels:
 
@@ -381,6 +381,32 @@ def householder_product(v, tau):
         projection = jnp.einsum("...m,...mn->...n", jnp.conj(col), q, precision=jax.lax.Precision.HIGHEST)
         q = q - tau[..., i, None, None] * col[..., :, None] * projection[..., None, :]
     return q
+
+
+@lowering(aten.ormqr.default)
+def ormqr(v, tau, c, left=True, transpose=False):
+    """``op(Q) C`` (``left``) or ``C op(Q)``, ``Q = H_1 ... H_k`` from geqrf's Householder
+    vectors (columns of ``v`` below the diagonal, 1 on it) and ``op`` the conjugate transpose
+    if ``transpose`` (LAPACK ormqr): the reflections are applied to ``C`` one at a time, never
+    forming ``Q``."""
+    rows = jnp.arange(v.shape[-2])
+    steps = list(range(tau.shape[-1]))
+    # Q C applies H_k first; Q^H C applies H_1^H first; C Q applies H_1 first; C Q^H, H_k^H first.
+    if left != transpose:
+        steps.reverse()
+    hp = jax.lax.Precision.HIGHEST
+    for i in steps:
+        col = jnp.where(rows > i, v[..., :, i], jnp.where(rows == i, 1, 0).astype(v.dtype))
+        t = tau[..., i, None, None]
+        if transpose:
+            t = jnp.conj(t)
+        if left:  # H C = C - tau v (v^H C)
+            projection = jnp.einsum("...m,...mn->...n", jnp.conj(col), c, precision=hp)
+            c = c - t * col[..., :, None] * projection[..., None, :]
+        else:  # C H = C - tau (C v) v^H
+            projection = jnp.einsum("...mn,...n->...m", c, col, precision=hp)
+            c = c - t * projection[..., :, None] * jnp.conj(col)[..., None, :]
+    return c
 
 
 @lowering(aten._linalg_svd.default)
