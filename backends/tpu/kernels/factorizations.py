@@ -1,5 +1,6 @@
 """Matrix factorizations and solvers: LU (factor, unpack, solve, det, slogdet, inverse, solve_ex),
-Cholesky, QR (with Householder products and ormqr), SVD, symmetric eigendecomposition, triangular solves, matrix exponential.
+Cholesky, QR (with Householder products and ormqr), SVD, symmetric eigendecomposition,
+triangular solves, matrix exponential.
 
 Conventions kept from PyTorch's CPU (LAPACK) kernels:
 
