@@ -20,9 +20,10 @@ class OpCounters:
         self._lock = threading.Lock()
         self._counts: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(KINDS, 0))
         self._paused = threading.local()
+        self._pausing = 0  # threads inside paused(): the thread-local is read only when some are
 
     def count(self, op: str, kind: str) -> None:
-        if getattr(self._paused, "depth", 0):
+        if self._pausing and getattr(self._paused, "depth", 0):
             return
         with self._lock:
             self._counts[op][kind] += 1
@@ -38,11 +39,15 @@ class OpCounters:
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """Count nothing on the current thread inside the block (e.g. while formatting)."""
+        with self._lock:
+            self._pausing += 1
         self._paused.depth = getattr(self._paused, "depth", 0) + 1
         try:
             yield
         finally:
             self._paused.depth -= 1
+            with self._lock:
+                self._pausing -= 1
 
     def reset(self) -> None:
         with self._lock:

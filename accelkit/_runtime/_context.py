@@ -71,8 +71,9 @@ class BackendContext:
     def check_dtype(self, dtype: torch.dtype) -> None:
         # Formatting for print computes display statistics in float64; that is not the
         # program's data, so the device's dtype rules do not apply to it.
-        if self.dtype_rules is not None and not getattr(self._local, "formatting", 0):
-            self.dtype_rules.check(dtype, f"{self.name}:0")
+        rules = self.dtype_rules
+        if rules is not None and dtype not in rules.supported and not getattr(self._local, "formatting", 0):
+            rules.check(dtype, f"{self.name}:0")
 
     # -- fallback policy -------------------------------------------------------------------
 

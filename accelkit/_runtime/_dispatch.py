@@ -26,6 +26,7 @@ from torch._C import DispatchKey, DispatchKeySet
 from torch._ops import OpOverload
 
 from accelkit._runtime import _tensors as T
+from accelkit.sdk._allocator import ViewSpec
 from accelkit.sdk._kernels import KernelDeclined
 from accelkit._runtime._context import BackendContext
 
@@ -230,24 +231,37 @@ class Pipeline:
 
     def __init__(self, ctx: BackendContext):
         self.ctx = ctx
+        self._read = ctx.allocator.read
         self._plans: dict[OpOverload, Callable] = {}
         self._decomposing = threading.local()
 
     # -- arrays in, tensors out ------------------------------------------------------------
 
-    def _to_array(self, value: Any) -> Any:
+    def _to_array(self, value: Any, held: list) -> Any:
+        """A kernel argument as the backend sees it: device tensors as arrays (host tensors are
+        copied over), other values unchanged.
+
+        Kernels get values, not stored elements: a conjugate or negative view (which reaches
+        mm and the like unresolved) is resolved into a temporary, appended to ``held`` so that
+        it lives until the kernel returns.
+        """
         if isinstance(value, _Tensor):
             # Only device storages carry a payload; asking the storage is much cheaper than
             # building ``value.device``, which is left for the rare tensors that have none.
-            if not value.is_cpu and hasattr(value.untyped_storage(), "payload"):
-                return T.read(self.ctx, value)
-            if value.device.type == self.ctx.name:
-                return T.read(self.ctx, value)
-            if value._is_zerotensor():  # conj/neg bits were resolved by _call already
-                value = T.host_values(value)
-            return self.ctx.allocator.from_host(value)
+            payload = getattr(value.untyped_storage(), "payload", None)
+            if payload is None and value.device.type != self.ctx.name:
+                if value._is_zerotensor() or value.is_conj() or value.is_neg():
+                    value = T.host_values(value)
+                return self.ctx.allocator.from_host(value)
+            if value.is_conj() or value.is_neg():
+                value = value.resolve_conj().resolve_neg()
+                held.append(value)
+                payload = T.buffer_of(value)
+            elif payload is None:
+                payload = T.buffer_of(value)  # raises the clear error
+            return self._read(payload.block, ViewSpec.of(value))
         if isinstance(value, (list, tuple)) and value and any(isinstance(v, _Tensor) for v in value):
-            return type(value)(self._to_array(v) if v is not None else None for v in value)
+            return type(value)(self._to_array(v, held) if v is not None else None for v in value)
         return value
 
     def _wrap(self, result: Any) -> Any:
@@ -266,13 +280,9 @@ class Pipeline:
 
     def _call(self, fn: Callable, gen: tuple[int, str] | None, args: Any, kwargs: dict) -> Any:
         """Call a kernel with device tensors as arrays and the device generator filled in."""
-        to_array = self._to_array
-        # Kernels get values, not stored elements: conjugate/negative views (which reach mm and
-        # the like unresolved) are resolved into temporaries, alive until the kernel returns.
-        args = [_resolved(a) for a in args]
-        kwargs = {k: _resolved(v) for k, v in kwargs.items()}
-        arrays = [to_array(a) for a in args]
-        array_kwargs = {k: to_array(v) for k, v in kwargs.items()}
+        to_array, held = self._to_array, []
+        arrays = [to_array(a, held) for a in args]
+        array_kwargs = {k: to_array(v, held) for k, v in kwargs.items()} if kwargs else {}
         if gen is not None:
             _fill_generator(self.ctx, gen, arrays, array_kwargs)
         return fn(*arrays, **array_kwargs)
@@ -467,12 +477,6 @@ class Pipeline:
         if ctx.admit_fallback(op):
             ctx.counters.count(str(op), "fallback")
         return _HostCall(ctx, op).run(args, kwargs)
-
-
-def _resolved(value: Any) -> Any:
-    if isinstance(value, _Tensor) and T.has_math_bits(value):
-        return value.resolve_conj().resolve_neg()
-    return value
 
 
 def _run_meta(op: OpOverload, *args: Any, **kwargs: Any) -> Any:

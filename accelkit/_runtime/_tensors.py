@@ -116,13 +116,16 @@ def write(ctx: BackendContext, tensor: torch.Tensor, array: Any) -> None:
 def from_array(ctx: BackendContext, array: Any) -> torch.Tensor:
     """A new contiguous device tensor holding a backend array (adopted without a copy if the
     backend can)."""
-    shape, dtype = ctx.allocator.array_meta(array)
+    allocator = ctx.allocator
+    shape, dtype = allocator.array_meta(array)
     ctx.check_dtype(dtype)
-    payload = ctx.allocator.adopt(array)
+    payload = allocator.adopt(array)
     if payload is not None:
         tensor = _create_empty(shape, dtype)
         storage = tensor.untyped_storage()
         storage.payload = payload
+        # The new tensor's sizes and strides are already right; set_ gives its storage the
+        # byte size that views of it are checked against.
         _set_storage_meta(tensor, storage, 0, shape, _dense_strides(shape))
         return tensor
     tensor = new_tensor(ctx, shape, dtype)

@@ -39,17 +39,22 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+_new_tuple = tuple.__new__
+
+
 class ViewSpec(NamedTuple):
     """How a tensor reads its storage: dtype, sizes, strides and offset (in elements)."""
 
     dtype: torch.dtype
-    size: tuple[int, ...]
+    size: tuple[int, ...]  # a torch.Size (a tuple) when taken from a tensor
     stride: tuple[int, ...]
     offset: int
 
     @classmethod
     def of(cls, tensor: torch.Tensor) -> ViewSpec:
-        return cls(tensor.dtype, tuple(tensor.shape), tensor.stride(), tensor.storage_offset())
+        # tuple.__new__ skips NamedTuple's generated __new__: this runs for every tensor
+        # argument of every op.
+        return _new_tuple(cls, (tensor.dtype, tensor.shape, tensor.stride(), tensor.storage_offset()))
 
     @classmethod
     def contiguous(cls, dtype: torch.dtype, size: tuple[int, ...]) -> ViewSpec:
@@ -211,7 +216,20 @@ class DeviceAllocator:
         if adopted is None:
             return None
         block, nbytes = adopted
-        self._reserve(nbytes, nbytes, use_cache=False)
+        with self._lock:
+            # The common case inline (a kernel result on every op); a result that needs the
+            # cache emptied, or does not fit, takes the general path.
+            allocated = self._allocated + nbytes
+            if allocated + self._cached_bytes > self.capacity:
+                self._reserve(nbytes, nbytes, use_cache=False)
+            else:
+                self._allocated = allocated
+                self._requested += nbytes
+                self._counts["allocations"] += 1
+                if allocated > self._peak_allocated:
+                    self._peak_allocated = allocated
+                if allocated + self._cached_bytes > self._peak_reserved:
+                    self._peak_reserved = allocated + self._cached_bytes
         return Buffer(self, block, nbytes, nbytes, cacheable=False)
 
     def _block_from_array(self, array: Any) -> tuple[Any, int] | None:
@@ -241,7 +259,6 @@ class DeviceAllocator:
             return block
 
     def _release(self, block: Any, block_bytes: int, nbytes: int, cacheable: bool = True) -> None:
-        drop = False
         with self._lock:
             self._allocated -= block_bytes
             self._requested -= nbytes
@@ -251,10 +268,8 @@ class DeviceAllocator:
             if cacheable and self._cached_bytes + block_bytes <= self.max_cached:
                 self._cache.setdefault(block_bytes, []).append(block)
                 self._cached_bytes += block_bytes
-            else:
-                drop = True
-        if drop:
-            self._free_block(block)
+                return
+        self._free_block(block)
 
     def _reserved(self) -> int:
         return self._allocated + self._cached_bytes

@@ -59,6 +59,9 @@ class Holder:
         self.array = array
 
 
+_new_tuple = tuple.__new__  # NamedTuple construction without its generated __new__ (hot path)
+
+
 class JaxView(NamedTuple):
     """A tensor argument as kernels receive it: the storage's array and the tensor's geometry."""
 
@@ -237,7 +240,7 @@ class TpuAllocator(DeviceAllocator):
 
     def read(self, block: Holder, view: ViewSpec) -> JaxView:
         array = block.array
-        return JaxView(array if array is not None else self._storage(block, view.dtype), view)
+        return _new_tuple(JaxView, (array if array is not None else self._storage(block, view.dtype), view))
 
     def write(self, block: Holder, view: ViewSpec, array: Any) -> None:
         if isinstance(array, JaxView):
