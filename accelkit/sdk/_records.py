@@ -118,15 +118,18 @@ class DtypeRules:
 
     :ivar supported: dtypes device memory may hold.
     :ivar hint: the fix to print when another dtype is asked for, e.g. "cast to float32 first".
+    :ivar hints: a more specific fix for particular dtypes (used instead of ``hint``).
     """
 
     supported: frozenset[torch.dtype]
     hint: str = ""
+    hints: Mapping[torch.dtype, str] = field(default_factory=dict, hash=False)
 
     def check(self, dtype: torch.dtype, device: str) -> None:
         """Raise :class:`UnsupportedDtypeError` unless ``dtype`` is supported on ``device``."""
         if dtype not in self.supported:
-            raise UnsupportedDtypeError(f"{dtype} is not supported on {device}. {self.hint}".rstrip(), dtype)
+            hint = self.hints.get(dtype, self.hint)
+            raise UnsupportedDtypeError(f"{dtype} is not supported on {device}. {hint}".rstrip(), dtype)
 
 
 EXPECTATION_SUITES = ("ops", "modules", "contract", "dynamic")

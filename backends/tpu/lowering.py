@@ -61,6 +61,28 @@ class _Signature:
 _PLAIN = frozenset({int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format})
 
 
+_DEVICE_SCALARS: dict[tuple[type, Any], jax.Array] = {}
+_DEVICE_SCALARS_LIMIT = 1024
+
+
+def _device_scalar(value: float | complex) -> Any:
+    """A Python float or complex as a program input: a weakly typed array kept on the device,
+    so that repeated scalars (``x * 0.5``, a learning rate) are not transferred on every call.
+
+    Zeros (whose sign a cache keyed by value would lose) and NaN stay Python numbers; the
+    program sees the same weakly typed input either way.
+    """
+    key = (type(value), value)
+    found = _DEVICE_SCALARS.get(key)
+    if found is None:
+        if not value or value != value:
+            return value
+        if len(_DEVICE_SCALARS) >= _DEVICE_SCALARS_LIMIT:
+            _DEVICE_SCALARS.clear()
+        found = _DEVICE_SCALARS[key] = jnp.asarray(value)
+    return found
+
+
 class Lowering:
     """One aten overload's JAX implementation with its compile cache (see the module docstring)."""
 
@@ -90,7 +112,7 @@ class Lowering:
             arrays.append(value)
             return (_ARRAY, len(arrays) - 1)
         if isinstance(value, float | complex):
-            scalars.append(value)
+            scalars.append(_device_scalar(value))
             return (_SCALAR, len(scalars) - 1, type(value))
         if isinstance(value, torch.Generator):
             scalars.append(int(torch.randint(0, 2**31 - 1, (), generator=value)))

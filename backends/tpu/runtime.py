@@ -41,17 +41,34 @@ def float64_policy() -> str:
     return value
 
 
-def dtype_rules() -> DtypeRules | None:
-    """float64/complex128: refused unless ``ACCELKIT_TPU_FLOAT64=emulate`` (never a silent downcast)."""
-    if float64_policy() == "emulate":
-        return None
-    supported = frozenset(d for d in vars(torch).values() if isinstance(d, torch.dtype)) - _WIDE
+def dtype_rules() -> DtypeRules:
+    """float64/complex128: refused unless ``ACCELKIT_TPU_FLOAT64=emulate`` (never a silent
+    downcast). Dtypes XLA has no type for (complex32, the sub-byte and most float8 types) are
+    refused under either policy."""
+    from accelkit_backends.tpu.buffers import TORCH_TO_JAX
+
+    emulate = float64_policy() == "emulate"
+    supported = frozenset(TORCH_TO_JAX) if emulate else frozenset(TORCH_TO_JAX) - _WIDE
+    without_xla_type = {
+        dtype: f"XLA has no {str(dtype).removeprefix('torch.')} type; convert to {_nearest_xla_type(dtype)} first."
+        for dtype in vars(torch).values()
+        if isinstance(dtype, torch.dtype) and dtype not in TORCH_TO_JAX
+    }
     return DtypeRules(
         supported=supported,
         hint=("TPUs have no 64-bit floating-point hardware. Cast to float32 (or bfloat16) before "
               f"moving to tpu, or set {FLOAT64_ENV}=emulate to accept XLA's slow, partial "
               "emulation on a TPU (exact float64 when simulated on the CPU)."),
+        hints=without_xla_type,
     )
+
+
+def _nearest_xla_type(dtype: torch.dtype) -> str:
+    if dtype.is_complex:
+        return "complex64"
+    if dtype.is_floating_point:
+        return "float8_e4m3fn or float8_e5m2" if dtype.itemsize == 1 else "float32"
+    return "uint8 or int8"
 
 
 def autocast_policy() -> AutocastPolicy:

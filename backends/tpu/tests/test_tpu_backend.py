@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -86,6 +87,23 @@ def test_float64_is_refused_with_the_reason_and_both_ways_out(dev):
     message = str(info.value)
     assert "float64" in message and "tpu:0" in message
     assert "float32" in message and "ACCELKIT_TPU_FLOAT64=emulate" in message
+
+
+@pytest.mark.parametrize(("dtype", "way_out"), [
+    (torch.complex32, "complex64"),
+    (torch.float8_e4m3fnuz, "float8_e4m3fn"),
+    (torch.uint4, "uint8"),
+])
+def test_a_dtype_xla_lacks_is_refused_naming_the_nearest_one_it_has(dev, dtype, way_out):
+    with pytest.warns(UserWarning) if dtype == torch.complex32 else contextlib.nullcontext():
+        source = torch.zeros(2, dtype=torch.uint8).view(dtype) if dtype.itemsize == 1 else torch.zeros(2, dtype=dtype)
+    before = torch.tpu.memory_allocated()
+    with pytest.raises(accelkit.sdk.UnsupportedDtypeError) as info:
+        source.to(dev)
+    assert info.value.dtype == dtype
+    assert f"XLA has no {str(dtype).removeprefix('torch.')} type" in str(info.value)
+    assert way_out in str(info.value)
+    assert torch.tpu.memory_allocated() == before
 
 
 def test_float64_runs_exactly_when_emulation_is_chosen():
