@@ -235,6 +235,19 @@ def test_a_changing_python_float_does_not_recompile(dev):
     assert accelkit.stats()["tpu"]["compiled_programs"]["aten.mul.Tensor"] == count
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32])
+def test_python_scalars_kept_on_the_device_act_as_weakly_typed_numbers(dev, dtype):
+    host = torch.tensor([1, -2, 3], dtype=dtype)
+    x = host.to(dev)
+    for scale in (0.5, 0.5, -0.0, 0.0, float("inf"), float("nan"), 3.0, 1e-30):
+        got, want = (x * scale).cpu(), host * scale
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(torch.signbit(got), torch.signbit(want)), scale  # -0.0 keeps its sign
+    complex_host = torch.tensor([1 + 1j, 2 - 1j], dtype=torch.complex64)
+    torch.testing.assert_close((complex_host.to(dev) * (0.5 - 2j)).cpu(), complex_host * (0.5 - 2j))
+
+
 def test_the_roofline_estimate_is_labelled_and_scales_with_work(dev):
     from accelkit_backends.tpu.cost import COSTS
 
