@@ -48,6 +48,7 @@ class TrainingStep:
 
 
 number, repeat = int(sys.argv[1]), int(sys.argv[2])
+torch.set_num_threads(1)  # the same single-threaded CPU baseline as bench_ops
 cpu = measure("cpu", lambda: None, number, repeat)
 env = torchax.default_env()
 with env:

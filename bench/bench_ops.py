@@ -7,6 +7,8 @@ Prints microseconds per call (median of several repeats) for a small elementwise
 matmul, an in-place update and one training step of a small MLP (forward, backward, SGD), with
 the ratio to the same work on the CPU. The device is synchronised before each clock reading.
 Figures are wall-clock on this machine: compare ratios, not absolute numbers, across machines.
+The CPU baseline runs single-threaded (``torch.set_num_threads(1)``), in this process and in
+torchax's.
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ def main() -> None:
 
     import accelkit
 
+    # The CPU baseline runs on one thread: these ops are too small to split across threads,
+    # and threaded kernels swing by an order of magnitude with the machine's load.
+    torch.set_num_threads(1)
     device = accelkit.select_device(args.device)
     module = torch.get_device_module(device.type) if device.type != "cpu" else None
     sync_device = module.synchronize if module is not None and hasattr(module, "synchronize") else (lambda: None)
@@ -105,7 +110,8 @@ def main() -> None:
     dev = measure(device, sync_device, args.number, args.repeat)
     peer = None if args.no_torchax or device.type != "tpu" else torchax_figures(args.number, args.repeat)
 
-    print(f"torch {torch.__version__}, device {device}, median µs per call of {args.repeat} repeats")
+    print(f"torch {torch.__version__}, device {device}, median µs per call of {args.repeat} repeats, "
+          f"CPU baseline on 1 thread, load average {os.getloadavg()[0]:.1f}")
     header = f"{'case':<22}{'cpu µs':>10}{str(device) + ' µs':>12}{'ratio':>8}"
     if isinstance(peer, dict):
         header += f"{'torchax µs':>12}{'ratio':>8}"
