@@ -1,6 +1,9 @@
-"""Histogram lowerings: ``histc`` and ``histogram`` (bin count or bin edges, weights, density)."""
+"""Histogram lowerings: ``histc``, ``histogram`` and ``histogramdd`` (bin counts or bin edges,
+weights, density)."""
 
 from __future__ import annotations
+
+import math
 
 import jax.numpy as jnp
 import torch
@@ -79,3 +82,71 @@ def histogram_bin_count(x, bins=100, range=None, weight=None, density=False):
 def histogram_bin_edges(x, bins, weight=None, density=False):
     """Bins between consecutive given ``bins`` edges (increasing)."""
     return _histogram(x.reshape(-1), bins.astype(x.dtype), weight, density)
+
+
+# -- histogramdd ----------------------------------------------------------------------------
+
+
+def _outer_edges(columns, bins, range):
+    """Each dimension's bin edges: ``bins[d] + 1`` equal steps over ``range[2d:2d+2]`` or over
+    the column's data range (widened by 0.5 each way if one value; ``[0, 1]`` when empty)."""
+    edges = []
+    for d, count in enumerate(bins):
+        column = columns[:, d]
+        if range is not None:
+            lo, hi = jnp.asarray(range[2 * d], columns.dtype), jnp.asarray(range[2 * d + 1], columns.dtype)
+        elif column.size:
+            lo, hi = column.min(), column.max()
+        else:
+            lo, hi = jnp.asarray(0, columns.dtype), jnp.asarray(1, columns.dtype)
+        same = lo == hi
+        edges.append(_linspace(jnp.where(same, lo - 0.5, lo), jnp.where(same, hi + 0.5, hi), count + 1))
+    return edges
+
+
+def _columns(x):
+    compute = x.dtype if x.dtype in (jnp.float32, jnp.float64) else jnp.float32
+    return x.reshape(-1, x.shape[-1]).astype(compute)
+
+
+def _histogramdd(columns, edges, weight, density):
+    """Counts (or summed ``weight``) per cell of the grid the per-dimension ``edges`` make; each
+    dimension's last bin is closed, points outside any dimension's edges are ignored."""
+    shape = tuple(e.shape[0] - 1 for e in edges)
+    flat = jnp.zeros(columns.shape[0], jnp.int64)
+    inside = jnp.ones(columns.shape[0], bool)
+    for d, e in enumerate(edges):
+        value, bins = columns[:, d], e.shape[0] - 1
+        position = jnp.searchsorted(e, value, side="right") - 1
+        position = jnp.clip(jnp.where(value == e[-1], bins - 1, position), 0, max(bins - 1, 0))
+        inside = inside & (value >= e[0]) & (value <= e[-1])
+        flat = flat * bins + position
+    amount = inside.astype(columns.dtype) if weight is None else jnp.where(
+        inside, weight.reshape(-1).astype(columns.dtype), 0)
+    hist = jnp.zeros(math.prod(shape), columns.dtype).at[flat].add(amount).reshape(shape)
+    if density:
+        volume = jnp.ones((), columns.dtype)
+        for d, e in enumerate(edges):
+            view = [1] * len(edges)
+            view[d] = -1
+            volume = volume * (e[1:] - e[:-1]).reshape(view)
+        hist = hist / (jnp.sum(hist) * volume)
+    return hist
+
+
+@lowering(aten._histogramdd_bin_edges.default)
+def histogramdd_bin_edges(x, bins, *, range=None, weight=None, density=False):
+    """``torch.histogramdd``'s edges for per-dimension bin counts (see :func:`_outer_edges`)."""
+    return _outer_edges(_columns(x), bins, range)
+
+
+@lowering(aten._histogramdd_from_bin_cts.default)
+def histogramdd_from_bin_counts(x, bins, *, range=None, weight=None, density=False):
+    columns = _columns(x)
+    return _histogramdd(columns, _outer_edges(columns, bins, range), weight, density)
+
+
+@lowering(aten._histogramdd_from_bin_tensors.default)
+def histogramdd_from_bin_tensors(x, bins, *, weight=None, density=False):
+    columns = _columns(x)
+    return _histogramdd(columns, [b.astype(columns.dtype) for b in bins], weight, density)

@@ -45,3 +45,32 @@ def test_histogram_given_bin_edges(dev):
     run(dev, x, edges)
     run(dev, x, edges, weight=torch.arange(9.0), density=True)
     assert_native("aten.histogram.bins_tensor")
+
+
+def run_dd(dev, x, bins, **kwargs):
+    want = torch.histogramdd(x, bins, **kwargs)
+    on_device = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+    device_bins = [b.to(dev) if isinstance(b, torch.Tensor) else b for b in bins]
+    with accelkit.fallback_policy("deny"):
+        got = torch.histogramdd(x.to(dev), device_bins, **on_device)
+    torch.testing.assert_close(got.hist.cpu(), want.hist, equal_nan=True)
+    assert len(got.bin_edges) == len(want.bin_edges)
+    for g, w in zip(got.bin_edges, want.bin_edges):
+        torch.testing.assert_close(g.cpu(), w)
+
+
+@pytest.mark.parametrize("density", [False, True])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_histogramdd_bin_counts_and_edges(dev, density, weighted):
+    x = torch.randn(50, 3, generator=torch.Generator().manual_seed(1))
+    weight = torch.rand(50) if weighted else None
+    run_dd(dev, x, [2, 3, 4], weight=weight, density=density)
+    run_dd(dev, x, [3, 1, 2], range=[-1.0, 1.0, 0.0, 2.0, -3.0, 0.5], weight=weight, density=density)
+    edges = [torch.tensor([-2.0, 0.0, 1.0]), torch.tensor([-1.0, -0.5, 0.5, 2.0]), torch.tensor([-9.0, 9.0])]
+    run_dd(dev, x, edges, weight=weight, density=density)
+    assert_native("aten._histogramdd_from_bin_tensors.default")
+
+
+def test_histogramdd_degenerate_and_empty(dev):
+    run_dd(dev, torch.tensor([[1.0, 2.0], [1.0, 3.0]]), [2, 2])  # one value in dimension 0
+    run_dd(dev, torch.empty(0, 2), [2, 3])
