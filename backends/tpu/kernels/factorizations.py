@@ -1,5 +1,5 @@
 """Matrix factorizations and solvers: LU (factor, unpack, solve, det, slogdet, inverse, solve_ex),
-Cholesky, QR (with Householder products and ormqr), SVD, symmetric eigendecomposition,
+Cholesky, QR (with Householder products and ormqr), SVD, least squares, symmetric eigendecomposition,
 triangular solves, matrix exponential.
 
 Conventions kept from PyTorch's CPU (LAPACK) kernels:
@@ -415,6 +415,52 @@ def linalg_svd(a, full_matrices=False, compute_uv=True, *, driver=None):
     if not compute_uv:
         return _empty(a.dtype), jnp.linalg.svd(a, compute_uv=False), _empty(a.dtype)
     return tuple(jnp.linalg.svd(a, full_matrices=full_matrices))
+
+
+@lowering(aten.linalg_lstsq.default)
+def linalg_lstsq(a, b, rcond=None, *, driver=None):
+    """(solution, residuals, rank, singular_values) of ``min |a x - b|``, shaped and typed as
+    PyTorch's CPU kernel returns them for ``driver`` (default ``gelsy``).
+
+    The solution is the minimum-norm one from the SVD, singular values at or below
+    ``rcond * s_max`` (default ``rcond``: eps * max(m, n)) treated as zero — what ``gelsd`` and
+    ``gelss`` compute, and for full-rank ``a`` what ``gelsy`` and ``gels`` compute too (``gels``
+    assumes full rank: no cutoff). ``rank`` counts the kept singular values (empty for
+    ``gels``); ``singular_values`` are returned for ``gelsd``/``gelss``; ``residuals`` (the
+    squared residual norms) for ``m > n`` except with ``gelsy``. One difference from CPU:
+    ``gelsd``/``gelss`` return no residuals when some matrix is rank-deficient, a
+    data-dependent shape a compiled program cannot have; here they are always returned.
+    """
+    driver = driver or "gelsy"
+    vector = b.ndim == a.ndim - 1
+    if vector:
+        b = b[..., None]
+    m, n = a.shape[-2:]
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = jnp.broadcast_to(a, batch + a.shape[-2:])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    real = jnp.finfo(a.dtype).dtype
+    hp = jax.lax.Precision.HIGHEST
+    u, s, vh = jnp.linalg.svd(a, full_matrices=False)
+    if driver == "gels":
+        keep = jnp.ones(s.shape, bool)
+    else:
+        cutoff = (jnp.finfo(real).eps * max(m, n) if rcond is None else rcond) * s.max(axis=-1, initial=0,
+                                                                                      keepdims=True)
+        keep = s > cutoff
+    inverse = jnp.where(keep, 1 / jnp.where(keep, s, 1), 0).astype(a.dtype)
+    projected = jnp.einsum("...mk,...mj->...kj", jnp.conj(u), b, precision=hp) * inverse[..., :, None]
+    solution = jnp.einsum("...kn,...kj->...nj", jnp.conj(vh), projected, precision=hp)
+    if m > n and driver != "gelsy":
+        error = jnp.einsum("...mn,...nj->...mj", a, solution, precision=hp) - b
+        residuals = jnp.sum(jnp.abs(error) ** 2, axis=-2).astype(real)
+    else:
+        residuals = jnp.zeros((0,), real)
+    rank = jnp.zeros((0,), jnp.int64) if driver == "gels" else jnp.sum(keep, axis=-1).astype(jnp.int64)
+    values = s.astype(real) if driver in ("gelsd", "gelss") else jnp.zeros((0,), real)
+    if vector:
+        solution = solution[..., 0]
+    return solution, residuals, rank, values
 
 
 @lowering(aten._linalg_eigh.default)
