@@ -1,4 +1,4 @@
-"""Embedding lookups, their dense gradient, and ``max_norm``'s renormalisation.
+"""Embedding lookups, their dense gradient, ``max_norm``'s renormalisation, and embedding bags.
 
 ``embedding`` is a row gather. XLA cannot raise from inside a program, so an index outside
 ``[0, num_embeddings)`` is not reported as on CPU (XLA clamps it) — validate indices on the host
@@ -58,3 +58,54 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
     named = jnp.zeros(weight.shape[0], bool).at[indices.reshape(-1)].set(True)
     scale = jnp.where(named & (norm > max_norm), max_norm / (norm + 1e-7), 1)
     return rows * scale[:, None].astype(dtype)
+
+
+_SUM, _MEAN, _MAX = 0, 1, 2
+
+
+@lowering(aten._embedding_bag_forward_only.default)
+def embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq=False, mode=_SUM, sparse=False,
+                               per_sample_weights=None, include_last_offset=False, padding_idx=-1):
+    """``F.embedding_bag`` without autograd: (output, offset2bag, bag_size, max_indices).
+
+    Bag ``j`` is ``indices[offsets[j]:offsets[j + 1]]`` (the last bag runs to the end, unless
+    ``include_last_offset`` makes the last offset its end: PyTorch requires it to be
+    ``len(indices)``; for other values CPU's modes disagree, here entries past it are left
+    out); entries equal to ``padding_idx``
+    are left out. ``output[j]`` is the sum (scaled by ``per_sample_weights``), mean or max of
+    the bag's rows, 0 for an empty bag. The auxiliary outputs (read only by the backward, which
+    is not lowered) have the Meta kernel's shapes, which differ from CPU's in places:
+    ``offset2bag`` is each entry's bag, ``bag_size`` the entries counted per offset,
+    ``max_indices`` (max mode; empty otherwise) the row that gave each maximum, first one on
+    ties, 0 for an empty bag.
+    """
+    bags = offsets.shape[0] - (1 if include_last_offset else 0)
+    count = indices.shape[0]
+    position = jnp.arange(count)
+    bag = jnp.searchsorted(offsets, position, side="right") - 1
+    member = (bag >= 0) & (bag < bags)
+    if include_last_offset and offsets.shape[0]:
+        member = member & (position < offsets[-1])
+    if padding_idx is not None and padding_idx >= 0:
+        member = member & (indices != padding_idx)
+    target = jnp.where(member, bag, 0)
+    dtype = jnp.float32 if jnp.dtype(weight.dtype).itemsize < 4 else weight.dtype
+    rows = jnp.take(weight, indices, axis=0, mode="clip").astype(dtype)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.astype(dtype)[:, None]
+    # Sized per offset, as PyTorch's Meta kernel has it (one more than the bags with
+    # include_last_offset, that entry 0).
+    sizes = jnp.zeros(offsets.shape[0], jnp.int64).at[target].add(member.astype(jnp.int64))
+    empty = jnp.zeros((0,), jnp.int64)
+    if mode == _MAX:
+        low = jnp.asarray(-jnp.inf, dtype)
+        best = jnp.full((bags, weight.shape[1]), low).at[target].max(jnp.where(member[:, None], rows, low))
+        hit = member[:, None] & (rows == best[target])
+        first = jnp.full(best.shape, count).at[target].min(jnp.where(hit, position[:, None], count))
+        max_indices = jnp.where(first < count, indices[jnp.clip(first, 0, max(count - 1, 0))], 0)
+        output = jnp.where(sizes[:bags, None] > 0, best, 0)
+        return output, bag.astype(jnp.int64), sizes, max_indices.astype(jnp.int64)
+    total = jnp.zeros((bags, weight.shape[1]), dtype).at[target].add(jnp.where(member[:, None], rows, 0))
+    if mode == _MEAN:
+        total = total / jnp.maximum(sizes[:bags], 1)[:, None].astype(dtype)
+    return total, bag.astype(jnp.int64), sizes, empty
