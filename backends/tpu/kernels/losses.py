@@ -1,4 +1,4 @@
-"""Loss lowerings: nll (1-d and 2-d targets), mse, smooth L1, Huber, binary cross-entropy.
+"""Loss lowerings: nll (1-d and 2-d targets), mse, smooth L1, Huber, binary cross-entropy, CTC.
 
 Each loss and its backward is one program. ``reduction`` follows ``torch.nn._reduction``:
 0 none, 1 mean, 2 sum. Low-precision inputs are computed in float32 (PyTorch's CPU kernels
@@ -177,3 +177,74 @@ def binary_cross_entropy_with_logits(x, target, weight=None, pos_weight=None, re
     if weight is not None:
         loss = loss * _f32(weight)
     return _reduce(loss, reduction)
+
+
+# -- CTC --------------------------------------------------------------------------------------
+
+
+@lowering(aten._ctc_loss.default)
+def ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """(negative log-likelihood per batch element, log_alpha (N, T, 2 * max target length + 1)).
+
+    The forward (alpha) recursion of CTC in log space over the extended label sequence
+    ``blank, l_1, blank, ..., l_S, blank``: a state is reached from itself, from the previous
+    state, and from two back when that skips a blank between two different labels. Each batch
+    element stops at its own input length (its later ``log_alpha`` rows are -inf, as are states
+    past its own sequence). ``targets`` is padded (N, S) or concatenated 1-d; lengths are
+    static lists. ``zero_infinity`` turns an impossible alignment's infinite loss into 0.
+    """
+    lp = _f32(log_probs)
+    if lp.ndim == 2:  # unbatched (T, C)
+        lp = lp[:, None]
+    steps, batch = lp.shape[0], lp.shape[1]
+    longest = max(target_lengths, default=0)
+    states = 2 * longest + 1
+    labels = []
+    start = 0
+    for n, length in enumerate(target_lengths):
+        row = targets[n, :length] if targets.ndim == 2 else targets[start:start + length]
+        start += length
+        labels.append(jnp.pad(row.astype(jnp.int32), (0, longest - length)))
+    labels = jnp.stack(labels) if labels else jnp.zeros((batch, 0), jnp.int32)
+    extended = jnp.full((batch, states), blank, jnp.int32).at[:, 1::2].set(labels)
+    lengths = jnp.asarray(target_lengths, jnp.int32)
+    valid = jnp.arange(states)[None, :] < (2 * lengths + 1)[:, None]
+    # A two-state skip is allowed into a label different from the one two states back.
+    skip = jnp.zeros((batch, states), bool).at[:, 2:].set(
+        (extended[:, 2:] != blank) & (extended[:, 2:] != extended[:, :-2]))
+    neg = jnp.asarray(-jnp.inf, lp.dtype)
+    emit = jnp.take_along_axis(lp, jnp.broadcast_to(extended[None], (steps, batch, states)), axis=2)
+    first = jnp.where(jnp.arange(states)[None, :] < 2, emit[0], neg)
+    first = jnp.where(valid, first, neg)
+    time_limit = jnp.asarray(input_lengths, jnp.int32)
+
+    def step(alpha, inputs):
+        t, emitted = inputs
+        one = jnp.concatenate([jnp.full((batch, 1), neg), alpha[:, :-1]], axis=1)
+        two = jnp.concatenate([jnp.full((batch, 2), neg), alpha[:, :-2]], axis=1)
+        two = jnp.where(skip, two, neg)
+        new = jnp.logaddexp(jnp.logaddexp(alpha, one), two) + emitted
+        new = jnp.where(valid, new, neg)
+        running = (t < time_limit)[:, None]
+        return jnp.where(running, new, alpha), jnp.where(running, new, neg)
+
+    if steps > 1:
+        last, rest = jax.lax.scan(step, first, (jnp.arange(1, steps), emit[1:]))
+        log_alpha = jnp.concatenate([first[None], rest], axis=0)
+    else:
+        last, log_alpha = first, first[None]
+    log_alpha = jnp.where((time_limit > 0)[None, :, None], log_alpha, neg)
+    end = 2 * lengths
+    final = jnp.take_along_axis(last, end[:, None], axis=1)[:, 0]
+    before = jnp.take_along_axis(last, jnp.maximum(end - 1, 0)[:, None], axis=1)[:, 0]
+    total = jnp.where(lengths > 0, jnp.logaddexp(final, before), final)
+    # No input steps: only the empty target is reachable, with probability 1.
+    total = jnp.where(time_limit > 0, total, jnp.where(lengths > 0, neg, 0))
+    loss = -total
+    if zero_infinity:
+        loss = jnp.where(jnp.isinf(loss), 0, loss)
+    loss = loss.astype(lp.dtype)
+    log_alpha = jnp.transpose(log_alpha, (1, 0, 2))
+    if log_probs.ndim == 2:
+        return loss[0], log_alpha[0]
+    return loss, log_alpha
