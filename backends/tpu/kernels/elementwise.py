@@ -205,6 +205,10 @@ def abs_(x):
 def sign(x):
     if x.dtype == jnp.bool_:
         return x
+    if jnp.iscomplexobj(x):
+        # sgn(z) = z / |z|, and 0 at 0 (comparisons would order complex values by real part).
+        magnitude = jnp.abs(x)
+        return jnp.where(magnitude == 0, jnp.zeros_like(x), x / magnitude.astype(x.dtype))
     # PyTorch's sign of NaN is 0 (jnp.sign keeps NaN).
     return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
 

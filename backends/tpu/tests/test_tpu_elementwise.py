@@ -757,3 +757,31 @@ def test_native_dropout_edge_probabilities_and_eval(dev):
     assert eval_mask.cpu().all()
     grad = aten.native_dropout_backward(torch.ones_like(x), kept_mask, 2.0)
     torch.testing.assert_close(grad.cpu(), torch.full((8, 9), 2.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Complex sign, and the gradient that uses it
+# ---------------------------------------------------------------------------------------------
+
+
+def test_sgn_of_complex_values_is_z_over_abs_z(dev):
+    host = torch.tensor([1.2 + 0.9j, 3 - 4j, 0j, -2j, 1e-30 + 1e-30j, complex(float("nan"), 0)],
+                        dtype=torch.complex64)
+    torch.testing.assert_close(torch.sgn(host.to(dev)).cpu(), torch.sgn(host), equal_nan=True)
+    assert_native("aten.sgn.default")
+
+
+def test_polar_gradient_matches_cpu(dev):
+    """polar's backward takes the magnitude's gradient through sgn of the complex result."""
+    g = torch.Generator().manual_seed(3)
+    magnitude, angle = torch.rand(6, generator=g) * 3, torch.randn(6, generator=g) * 3
+    upstream = torch.randn(6, dtype=torch.complex64, generator=g)
+
+    def gradients(device):
+        m, a = magnitude.to(device).requires_grad_(), angle.to(device).requires_grad_()
+        return [t.cpu() for t in torch.autograd.grad(torch.polar(m, a), (m, a), upstream.to(device))]
+
+    with accelkit.fallback_policy("deny"):
+        on_tpu = gradients(dev)
+    for got, want in zip(on_tpu, gradients("cpu")):
+        torch.testing.assert_close(got, want)
