@@ -26,6 +26,7 @@ from torch._C import DispatchKey, DispatchKeySet
 from torch._ops import OpOverload
 
 from accelkit._runtime import _tensors as T
+from accelkit._runtime._specialize import NO_LANE, Lane
 from accelkit.sdk._allocator import ViewSpec
 from accelkit.sdk._kernels import KernelDeclined
 from accelkit._runtime._context import BackendContext
@@ -233,6 +234,7 @@ class Pipeline:
         self.ctx = ctx
         self._read = ctx.allocator.read
         self._plans: dict[OpOverload, Callable] = {}
+        self._lanes: dict[int, Lane | None] = {}  # id(kernel) -> its lane
         self._decomposing = threading.local()
 
     # -- arrays in, tensors out ------------------------------------------------------------
@@ -287,6 +289,33 @@ class Pipeline:
             _fill_generator(self.ctx, gen, arrays, array_kwargs)
         return fn(*arrays, **array_kwargs)
 
+    def _lane(self, op: OpOverload, fn: Callable) -> Lane | None:
+        """The prepared-call lane of kernel ``fn`` (:mod:`._specialize`), shared by the op's
+        variants; None when ``fn`` offers none, or when ``op`` takes a generator."""
+        if _generator_slot(op) is not None:
+            return None
+        key = id(fn)  # kernels stay alive in the context's table
+        if key not in self._lanes:
+            self._lanes[key] = Lane.of(self.ctx, fn)
+        return self._lanes[key]
+
+    def _caller(self, op: OpOverload, fn: Callable) -> Callable[[tuple, dict], Any]:
+        """``call(args, kwargs)``: ``fn``'s result for these arguments, through its lane when
+        it has one, otherwise through :meth:`_call`."""
+        call, gen, lane = self._call, _generator_slot(op), self._lane(op, fn)
+        if lane is None:
+            return lambda args, kwargs: call(fn, gen, args, kwargs)
+        planned = lane.arrays
+
+        def call_planned(args: tuple, kwargs: dict) -> Any:
+            if not kwargs:
+                result = planned(args)
+                if result is not NO_LANE:
+                    return result
+            return call(fn, gen, args, kwargs)
+
+        return call_planned
+
     def native(self, op: OpOverload, fn: Callable) -> Callable:
         """Wrap a functional backend kernel as a PrivateUse1 kernel for ``op``.
 
@@ -294,17 +323,25 @@ class Pipeline:
         CPU fallback (under the fallback policy, counted as a fallback), as do the derived
         in-place and ``out=`` variants.
         """
-        ctx, name, call, wrap = self.ctx, str(op), self._call, self._wrap
+        ctx, name, call, wrap = self.ctx, str(op), self._caller(op, fn), self._wrap
         cpu_fallback = self.cpu_fallback
-        gen = _generator_slot(op)
         store = _undeclared_writer(ctx, op)  # None for almost every op
+        lane = self._lane(op, fn) if store is None else None
+        planned = lane.tensors if lane is not None else None
+        count = ctx.counters.count
 
         def run(*args: Any, **kwargs: Any) -> Any:
             try:
-                result = call(fn, gen, args, kwargs)
+                if planned is not None and not kwargs:
+                    # The common case: the lane makes the result tensors too.
+                    result = planned(args, wrap)
+                    if result is not NO_LANE:
+                        count(name, "native")
+                        return result
+                result = call(args, kwargs)
             except KernelDeclined:
                 return cpu_fallback(op, *args, **kwargs)
-            ctx.counters.count(name, "native")
+            count(name, "native")
             if store is not None:
                 result = store(args, kwargs, result)
             return wrap(result)
@@ -313,9 +350,8 @@ class Pipeline:
 
     def native_inplace(self, op: OpOverload, fn: Callable) -> Callable:
         """Derive ``op`` (an in-place overload) from the functional kernel ``fn``."""
-        ctx, name, call, meta = self.ctx, str(op), self._call, self._meta
+        ctx, name, call, meta = self.ctx, str(op), self._caller(op, fn), self._meta
         cpu_fallback = self.cpu_fallback
-        gen = _generator_slot(op)
 
         def run(self_: _Tensor, *args: Any, **kwargs: Any) -> _Tensor:
             if 0 in self_.stride() and _is_broadcast(self_):
@@ -323,7 +359,7 @@ class Pipeline:
                 # allowed depends on the op (fill_/zero_ yes, arithmetic no): the CPU kernel decides.
                 return cpu_fallback(op, self_, *args, **kwargs)
             try:
-                result = call(fn, gen, (self_, *args), kwargs)
+                result = call((self_, *args), kwargs)
             except KernelDeclined:
                 return cpu_fallback(op, self_, *args, **kwargs)
             ctx.counters.count(name, "native")
@@ -338,18 +374,17 @@ class Pipeline:
 
     def native_out(self, op: OpOverload, fn: Callable) -> Callable:
         """Derive ``op`` (an ``out=`` overload) from the functional kernel ``fn``."""
-        ctx, name, call, meta = self.ctx, str(op), self._call, self._meta
+        ctx, name, call, meta = self.ctx, str(op), self._caller(op, fn), self._meta
         cpu_fallback = self.cpu_fallback
         out_names = out_arg_names(op)
         store = _undeclared_writer(ctx, op)
-        gen = _generator_slot(op)
 
         def run(*args: Any, **kwargs: Any) -> Any:
             given = dict(kwargs)
             outs = [kwargs.pop(n) for n in out_names]
             _dtype_from_out(op, kwargs, outs)
             try:
-                result = call(fn, gen, args, kwargs)
+                result = call(args, kwargs)
             except KernelDeclined:
                 return cpu_fallback(op, *args, **given)
             ctx.counters.count(name, "native")

@@ -121,16 +121,24 @@ def from_array(ctx: BackendContext, array: Any) -> torch.Tensor:
     ctx.check_dtype(dtype)
     payload = allocator.adopt(array)
     if payload is not None:
-        tensor = _create_empty(shape, dtype)
-        storage = tensor.untyped_storage()
-        storage.payload = payload
-        # The new tensor's sizes and strides are already right; set_ gives its storage the
-        # byte size that views of it are checked against.
-        _set_storage_meta(tensor, storage, 0, shape, _dense_strides(shape))
-        return tensor
+        return adopted_tensor(payload, shape, dtype, _dense_strides(shape))
     tensor = new_tensor(ctx, shape, dtype)
     if tensor.numel():
         write(ctx, tensor, array)
+    return tensor
+
+
+def adopted_tensor(
+    payload: Buffer, shape: Sequence[int], dtype: torch.dtype, strides: Sequence[int]
+) -> torch.Tensor:
+    """A new contiguous device tensor over an adopted buffer (``strides`` are ``shape``'s
+    contiguous strides, passed in because callers have them at hand)."""
+    tensor = _create_empty(shape, dtype)
+    storage = tensor.untyped_storage()
+    storage.payload = payload
+    # The new tensor's sizes and strides are already right; set_ gives its storage the byte
+    # size that views of it are checked against.
+    _set_storage_meta(tensor, storage, 0, shape, strides)
     return tensor
 
 

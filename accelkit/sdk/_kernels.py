@@ -26,6 +26,15 @@ class KernelEntry:
     :ivar op: the aten overload it implements.
     :ivar fn: called with the op's arguments, device tensors replaced by backend arrays; returns
         a backend array, a tuple of them, or a Python scalar for scalar-returning ops.
+        Optionally ``fn`` also offers ``specialize(layout, allocator)``, which prepares a call
+        once for every later call with the same *layout* — a tuple with, per positional
+        argument, the device tensor's :class:`~accelkit.sdk.ViewSpec`, the type ``float`` or
+        ``complex`` for a Python number, or the static value itself (int lists as tuples).
+        It returns a *plan* ``plan(blocks, numbers)``, called with the tensors' blocks (as
+        the allocator holds them) and the numbers, in argument order, and returning what
+        ``fn`` would; or None to leave that layout to ``fn``. A plan must behave exactly as
+        ``fn`` does, errors and :class:`KernelDeclined` included; it only saves per-call work.
+        Calls with keyword arguments, host tensors or generators always go to ``fn``.
     :ivar derive_variants: let the runtime build the in-place and ``out=`` overloads of a
         functional op from this kernel (compute, check the dtype cast, write back).
     """

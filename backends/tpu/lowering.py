@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
-from accelkit.sdk import KernelTable
+from accelkit.sdk import KernelTable, ViewSpec
 from accelkit_backends.tpu import modes
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize, torch_dtype
 from accelkit_backends.tpu.cost import COSTS, ProgramCost, Tally
@@ -174,9 +174,58 @@ class Lowering:
         arrays: list = []
         scalars: list = []
         structure = self._structure(args, kwargs, arrays, scalars)
+        return self._run(self._signature(structure), arrays, scalars, args)
+
+    def specialize(self, layout: tuple, allocator: Any) -> Callable[[list, list], Any] | None:
+        """A plan for every call with this layout (the contract is in
+        :class:`accelkit.sdk.KernelEntry`): the arguments are encoded and the signature found
+        once, so a call only collects the arrays and runs the program."""
+        if type(self).__call__ is not Lowering.__call__:
+            return None  # a subclass doing more per call than the program: a plan would skip it
+        codes, specs, numbers = [], [], 0
+        for i, item in enumerate(layout):
+            if type(item) is ViewSpec:
+                codes.append((_VIEW, len(specs), item))
+                specs.append(item)
+            elif item is float or item is complex:
+                if i in self._static_positions:
+                    return None  # a compile-time constant: its value must be in the structure
+                codes.append((_SCALAR, numbers, item))
+                numbers += 1
+            elif type(item) is tuple and i not in self._static_positions:
+                codes.append((_SEQ, tuple((_STATIC, v) for v in item)))
+            else:
+                codes.append((_STATIC, item))
+        signature = self._signature((tuple(codes), ()))
+        jitted, run, read, to_scalar = signature.jitted, self._run, allocator.read, _device_scalar
+        record = COSTS.record
+
+        def plan(blocks: list, values: list) -> Any:
+            arrays = []
+            for block, spec in zip(blocks, specs):
+                array = block.array
+                arrays.append(array if array is not None else read(block, spec).array)
+            scalars = [to_scalar(v) for v in values] if values else []
+            tally = signature.only
+            if tally is None or modes.current() == "debug":
+                return run(signature, arrays, scalars, specs)
+            # _run's common case, inline: one compiled program, strict mode.
+            out = jitted(arrays, scalars)
+            if jitted._cache_size() != signature.seen:
+                tally = self._tally(signature, arrays, scalars)
+            record(tally)
+            return out
+
+        return plan
+
+    def _signature(self, structure: Any) -> _Signature:
         signature = self._signatures.get(structure)
         if signature is None:
             signature = self._signatures.setdefault(structure, _Signature(jax.jit(self._program(structure))))
+        return signature
+
+    def _run(self, signature: _Signature, arrays: list, scalars: list, args: Any) -> Any:
+        """Run the signature's program and count it (``args`` name the inputs in debug mode)."""
         jitted = signature.jitted
         if modes.current() == "debug":
             out = modes.run_checked(self.name, args, jitted, arrays, scalars)

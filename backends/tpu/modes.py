@@ -21,6 +21,8 @@ from typing import Any
 
 import jax
 
+from accelkit.sdk import ViewSpec
+
 MODE_ENV = "ACCELKIT_TPU_MODE"
 MODES = ("strict", "debug")
 
@@ -59,7 +61,7 @@ def execution_mode(mode: str) -> Iterator[None]:
 def _shapes(args: Any) -> str:
     parts = []
     for a in args:
-        spec = getattr(a, "spec", None)
+        spec = a if isinstance(a, ViewSpec) else getattr(a, "spec", None)
         shape = spec.size if spec is not None else getattr(a, "shape", None)
         parts.append(str(tuple(shape)) if shape is not None else repr(a)[:20])
     return ", ".join(parts)

@@ -1,0 +1,144 @@
+"""Specialised calls: a native kernel prepared once per call layout, then run with only what
+changes between calls.
+
+Most calls of an op repeat the same layout: the same tensor geometries and dtypes, the same
+static arguments. A kernel that offers ``specialize`` (see :class:`accelkit.sdk.KernelEntry`)
+is asked once per layout for a *plan*; every later call with that layout hands the plan only
+the device blocks and the Python numbers. That skips the per-argument conversion to arrays and
+whatever the kernel can do ahead (for the tpu backend: encoding the arguments and finding the
+compiled program), and, for a functional op, the inspection of its result: the result's shape
+and dtype, once checked against the dtype rules, are those of every later call.
+
+Calls this lane does not cover take the general path unchanged: keyword arguments, host
+tensors, conjugate or negative views, generator arguments, lists of anything but ints, and any
+layout the kernel declines to specialise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from accelkit._runtime import _tensors as T
+from accelkit._runtime._context import BackendContext
+from accelkit.sdk._allocator import ViewSpec
+
+#: Returned by a lane for a call it does not cover: the caller takes the general path.
+NO_LANE = object()
+
+_PLANS_PER_KERNEL = 4096  # layouts kept per kernel; beyond it the cache starts afresh
+
+_Tensor = torch.Tensor
+_new_tuple = tuple.__new__
+#: Arguments that are part of the layout by value (checked by exact type).
+_STATIC = frozenset({int, bool, str, type(None), torch.dtype, torch.device, torch.layout,
+                     torch.memory_format})
+_NOT_TENSORS = _STATIC | {float, complex, list}
+
+
+class _Plan:
+    """A kernel's plan for one layout, and what its single-array result looks like (known
+    after its first call; None for other results)."""
+
+    __slots__ = ("run", "result")
+
+    def __init__(self, run: Callable[[list, list], Any] | None):
+        self.run = run  # None: the kernel declined the layout
+        self.result: tuple[type, tuple[int, ...], torch.dtype, tuple[int, ...]] | None = None
+
+
+def _layout(key: tuple) -> tuple:
+    """The layout a kernel's ``specialize`` receives, from a lane's flat cache key: per
+    positional argument a :class:`ViewSpec`, the type ``float`` or ``complex`` (a number the
+    plan receives at each call), or the static value itself (int lists as tuples)."""
+    layout, items, i = [], len(key), 0
+    while i < items:
+        item = key[i]
+        if type(item) is ViewSpec or item is float or item is complex:
+            layout.append(item)
+            i += 1
+        else:  # a (type, value) pair
+            layout.append(key[i + 1])
+            i += 2
+    return tuple(layout)
+
+
+class Lane:
+    """Prepared calls of one kernel (one per kernel object, shared by the op's variants)."""
+
+    def __init__(self, ctx: BackendContext, specialize: Callable):
+        self._ctx = ctx
+        self._specialize = specialize
+        self._plans: dict[tuple, _Plan] = {}
+
+    @classmethod
+    def of(cls, ctx: BackendContext, fn: Callable) -> Lane | None:
+        """The lane for kernel ``fn``, or None when it offers no ``specialize``."""
+        specialize = getattr(fn, "specialize", None)
+        return None if specialize is None else cls(ctx, specialize)
+
+    def _prepare(self, args: tuple) -> tuple[_Plan, list, list] | None:
+        """The plan for these positional arguments, with their blocks and numbers; None when
+        the call is not covered."""
+        key: list = []
+        blocks: list = []
+        numbers: list = []
+        for a in args:
+            kind = type(a)
+            if kind is _Tensor or (kind not in _NOT_TENSORS and isinstance(a, _Tensor)):
+                payload = getattr(a.untyped_storage(), "payload", None)
+                if payload is None or a.is_conj() or a.is_neg():
+                    return None
+                key.append(_new_tuple(ViewSpec, (a.dtype, a.shape, a.stride(), a.storage_offset())))
+                blocks.append(payload.block)
+            elif kind is float or kind is complex:
+                key.append(kind)
+                numbers.append(a)
+            elif kind in _STATIC:
+                key.append(kind)  # with the type: True == 1 and both hash alike
+                key.append(a)
+            elif kind is list:
+                for v in a:
+                    if type(v) is not int:
+                        return None
+                key.append(list)
+                key.append(tuple(a))
+            else:
+                return None
+        key = tuple(key)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= _PLANS_PER_KERNEL:
+                self._plans.clear()
+            plan = self._plans[key] = _Plan(self._specialize(_layout(key), self._ctx.allocator))
+        if plan.run is None:
+            return None
+        return plan, blocks, numbers
+
+    def arrays(self, args: tuple) -> Any:
+        """The kernel's result for these arguments, or :data:`NO_LANE`."""
+        prepared = self._prepare(args)
+        if prepared is None:
+            return NO_LANE
+        plan, blocks, numbers = prepared
+        return plan.run(blocks, numbers)
+
+    def tensors(self, args: tuple, wrap: Callable[[Any], Any]) -> Any:
+        """The op's result as device tensors, or :data:`NO_LANE`; ``wrap`` converts a result
+        the first time a layout runs, and for results other than one array."""
+        prepared = self._prepare(args)
+        if prepared is None:
+            return NO_LANE
+        plan, blocks, numbers = prepared
+        out = plan.run(blocks, numbers)
+        known = plan.result
+        if known is not None and type(out) is known[0]:
+            payload = self._ctx.allocator.adopt(out)
+            if payload is not None:
+                return T.adopted_tensor(payload, known[1], known[2], known[3])
+        result = wrap(out)
+        if known is None and type(result) is _Tensor:  # one array, through the dtype check
+            plan.result = (type(out), result.shape, result.dtype, result.stride())
+        return result

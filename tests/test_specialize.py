@@ -1,0 +1,159 @@
+"""Prepared calls (``accelkit._runtime._specialize``): a kernel offering ``specialize`` is asked
+once per call layout, and its plans must give exactly what the general path gives.
+
+The kernel here is a ref-backend add that records what the runtime asks of it, driven through
+the pipeline's own wrapper for ``aten.add.Tensor`` (called directly, not registered).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import accelkit
+from accelkit import _runtime
+from accelkit._runtime._dispatch import Pipeline
+from accelkit.sdk import KernelDeclined, ViewSpec
+
+aten = torch.ops.aten
+
+
+class RecordingAdd:
+    """``add.Tensor`` on ref arrays, with plans; records layouts, plan calls and general calls."""
+
+    def __init__(self, decline_layouts: bool = False, decline_calls: bool = False):
+        self.layouts: list[tuple] = []
+        self.plan_calls: list[tuple[int, list]] = []  # (blocks given, numbers given)
+        self.general_calls = 0
+        self.decline_layouts = decline_layouts
+        self.decline_calls = decline_calls
+
+    def __call__(self, x, y, alpha=1):
+        self.general_calls += 1
+        return torch.add(x, y, alpha=alpha)
+
+    def specialize(self, layout, allocator):
+        self.layouts.append(layout)
+        if self.decline_layouts:
+            return None
+        specs = [item for item in layout if type(item) is ViewSpec]
+
+        def plan(blocks, numbers):
+            self.plan_calls.append((len(blocks), list(numbers)))
+            if self.decline_calls:
+                raise KernelDeclined("this test's plan declines every call")
+            arrays = iter(allocator.read(b, s) for b, s in zip(blocks, specs))
+            values = iter(numbers)
+            args = [next(arrays) if type(item) is ViewSpec else
+                    next(values) if item in (float, complex) else item for item in layout]
+            return torch.add(*args)
+
+        return plan
+
+
+@pytest.fixture
+def add_with(dev):
+    """``make(kernel)``: the pipeline's PrivateUse1 wrapper of ``kernel`` for add.Tensor."""
+    pipeline = Pipeline(_runtime.active())
+    return lambda kernel: pipeline.native(aten.add.Tensor, kernel)
+
+
+def test_the_first_call_of_a_layout_prepares_a_plan_and_later_calls_reuse_it(dev, add_with):
+    kernel = RecordingAdd()
+    run = add_with(kernel)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    for _ in range(3):
+        out = run(x.to(dev), y.to(dev))
+        torch.testing.assert_close(out.cpu(), x + y, rtol=0, atol=0)
+    assert kernel.layouts == [(ViewSpec(torch.float32, (3, 4), (4, 1), 0),) * 2]
+    assert len(kernel.plan_calls) == 3 and kernel.general_calls == 0
+
+
+def test_every_geometry_is_its_own_layout_and_views_read_their_own_elements(dev, add_with):
+    kernel = RecordingAdd()
+    run = add_with(kernel)
+    base = torch.arange(12.0).reshape(3, 4)
+    d = base.to(dev)
+    torch.testing.assert_close(run(d.t(), d.t()).cpu(), base.t() * 2, rtol=0, atol=0)
+    torch.testing.assert_close(run(d[1:, 1:], d[:-1, :-1]).cpu(), base[1:, 1:] + base[:-1, :-1])
+    assert [layout[0] for layout in kernel.layouts] == [
+        ViewSpec(torch.float32, (4, 3), (1, 4), 0),
+        ViewSpec(torch.float32, (2, 3), (4, 1), 5),
+    ]
+
+
+def test_a_later_call_reads_the_values_its_tensors_hold_then(dev, add_with):
+    kernel = RecordingAdd()
+    run = add_with(kernel)
+    x, y = torch.ones(4).to(dev), torch.ones(4).to(dev)
+    assert run(x, y).cpu().tolist() == [2.0] * 4
+    x.mul_(5)  # a new buffer content under the same layout
+    assert run(x, y).cpu().tolist() == [6.0] * 4
+    assert len(kernel.layouts) == 1
+
+
+def test_python_numbers_are_passed_per_call_and_statics_are_part_of_the_layout(dev, add_with):
+    kernel = RecordingAdd()
+    run = add_with(kernel)
+    x = torch.randn(5).to(dev)
+    for value in (0.5, 2.5):
+        torch.testing.assert_close(run(x, value).cpu(), x.cpu() + value)
+    assert kernel.layouts == [(ViewSpec(torch.float32, (5,), (1,), 0), float)]
+    assert [numbers for _, numbers in kernel.plan_calls] == [[0.5], [2.5]]
+    run(x, 3)
+    run(x, True)
+    # 3 and True are different layouts (True == 1 in Python, and both hash alike).
+    assert kernel.layouts[1:] == [(kernel.layouts[0][0], 3), (kernel.layouts[0][0], True)]
+    assert run(x, True).dtype == torch.float32
+
+
+def test_calls_the_lane_does_not_cover_take_the_general_path(dev, add_with):
+    kernel = RecordingAdd()
+    run = add_with(kernel)
+    x, y = torch.randn(4), torch.randn(4)
+    torch.testing.assert_close(run(x.to(dev), y.to(dev), alpha=2).cpu(), x + 2 * y)  # keywords
+    torch.testing.assert_close(run(x.to(dev), torch.tensor(2.0)).cpu(), x + 2)  # a host tensor
+    z = torch.randn(4, dtype=torch.complex64)
+    torch.testing.assert_close(run(z.to(dev).conj(), z.to(dev)).cpu(), z.conj() + z)  # conj bit
+    assert kernel.layouts == [] and kernel.general_calls == 3
+
+
+def test_a_declined_layout_is_asked_once_and_then_always_runs_the_kernel(dev, add_with):
+    kernel = RecordingAdd(decline_layouts=True)
+    run = add_with(kernel)
+    x = torch.randn(4)
+    for _ in range(3):
+        torch.testing.assert_close(run(x.to(dev), x.to(dev)).cpu(), x * 2)
+    assert len(kernel.layouts) == 1 and kernel.general_calls == 3
+
+
+def test_a_plan_declining_a_call_hands_it_to_the_cpu_fallback(dev, add_with):
+    kernel = RecordingAdd(decline_calls=True)
+    run = add_with(kernel)
+    x = torch.randn(4)
+    before = accelkit.stats()["ops"].get("aten.add.Tensor", {}).get("fallback", 0)
+    with accelkit.fallback_policy("allow"):
+        out = run(x.to(dev), x.to(dev))
+    torch.testing.assert_close(out.cpu(), x * 2)
+    assert len(kernel.plan_calls) == 1 and kernel.general_calls == 0
+    assert accelkit.stats()["ops"]["aten.add.Tensor"]["fallback"] == before + 1
+
+
+def test_results_through_a_prepared_plan_count_as_native(dev, add_with):
+    run = add_with(RecordingAdd())
+    x = torch.randn(4).to(dev)
+    before = accelkit.stats()["ops"].get("aten.add.Tensor", {}).get("native", 0)
+    for _ in range(3):
+        run(x, x)
+    assert accelkit.stats()["ops"]["aten.add.Tensor"]["native"] == before + 3
+
+
+def test_later_results_get_the_shape_dtype_and_fresh_memory_of_the_first(dev, add_with):
+    run = add_with(RecordingAdd())
+    x = torch.arange(6, dtype=torch.int32).reshape(2, 3).to(dev)
+    first, second = run(x, 1), run(x, 2)
+    assert (second.shape, second.stride(), second.dtype) == ((2, 3), (3, 1), torch.int32)
+    assert second.untyped_storage().nbytes() == 24
+    assert second.untyped_storage().payload is not first.untyped_storage().payload
+    assert first.cpu().tolist() == [[1, 2, 3], [4, 5, 6]]
+    assert second.cpu().tolist() == [[2, 3, 4], [5, 6, 7]]
