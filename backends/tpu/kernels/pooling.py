@@ -245,7 +245,11 @@ def _adaptive_matrix(size: int, out: int) -> tuple[np.ndarray, np.ndarray]:
     return cover.astype(np.float32), (end - start).astype(np.float32)
 
 
-def _adaptive_avg_pool(x, output_size):
+@lowering(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
+def adaptive_avg_pool(x, output_size):
+    """Average over PyTorch's adaptive windows, as one matrix product per pooled dimension
+    (2-d or 3-d: ``output_size`` says how many)."""
+    output_size = tuple(output_size)
     spatial = len(output_size)
     dtype = _compute_dtype(x.dtype)
     out = x.astype(dtype)
@@ -262,20 +266,10 @@ def _adaptive_avg_pool(x, output_size):
     return out / jnp.asarray(count, dtype)
 
 
-@lowering(aten._adaptive_avg_pool2d.default)
-def adaptive_avg_pool2d(x, output_size):
-    return _adaptive_avg_pool(x, tuple(output_size))
-
-
-@lowering(aten._adaptive_avg_pool3d.default)
-def adaptive_avg_pool3d(x, output_size):
-    return _adaptive_avg_pool(x, tuple(output_size))
-
-
 def _adaptive_avg_pool_backward(grad, x, spatial):
     dtype = _compute_dtype(x.dtype)
     output_size = grad.shape[-spatial:]
-    _, pullback = jax.vjp(lambda v: _adaptive_avg_pool(v, output_size), x.astype(dtype))
+    _, pullback = jax.vjp(lambda v: adaptive_avg_pool(v, output_size), x.astype(dtype))
     return pullback(grad.astype(dtype))[0]
 
 
@@ -292,10 +286,12 @@ def adaptive_avg_pool3d_backward(grad, x):
 # -- adaptive max pooling ---------------------------------------------------------------------
 
 
-def _adaptive_max_pool(x, output_size):
+@lowering(aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default)
+def adaptive_max_pool(x, output_size):
     """(max, flat index within the input plane) over PyTorch's adaptive windows
     ``[floor(i * size / out), ceil((i + 1) * size / out))``: windows of unequal length are
     read as the longest one, masked; first maximum wins and NaN propagates, as on CPU."""
+    output_size = tuple(output_size)
     spatial = len(output_size)
     axes = range(x.ndim - spatial, x.ndim)
     starts, lengths = [], []
@@ -330,16 +326,6 @@ def _adaptive_max_pool(x, output_size):
         best = jnp.where(take, value, best)
         index = jnp.where(take, jnp.asarray(position), index)
     return best, index
-
-
-@lowering(aten.adaptive_max_pool2d.default)
-def adaptive_max_pool2d(x, output_size):
-    return _adaptive_max_pool(x, tuple(output_size))
-
-
-@lowering(aten.adaptive_max_pool3d.default)
-def adaptive_max_pool3d(x, output_size):
-    return _adaptive_max_pool(x, tuple(output_size))
 
 
 @lowering(aten.adaptive_max_pool2d_backward.default)
