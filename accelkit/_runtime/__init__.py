@@ -23,7 +23,9 @@ from accelkit._runtime._context import BackendContext, policy_from_env
 from accelkit._runtime._core_ops import core_ops
 from accelkit._runtime._decomp_guards import guard_decompositions
 from accelkit._runtime._device_module import DeviceModule
-from accelkit._runtime._dispatch import CPU_EQUIVALENTS, Pipeline, is_inplace_op, variants_of
+from accelkit._runtime._dispatch import Pipeline
+from accelkit._runtime._fallback import CPU_EQUIVALENTS
+from accelkit._runtime._schema import is_inplace_op, variants_of
 from accelkit._runtime._rnn import RNN_DECOMPOSITIONS
 from accelkit._runtime._serialization import install_serialization
 from accelkit.sdk import CUDA_LIKE_AUTOCAST, KernelTable, default_decompositions

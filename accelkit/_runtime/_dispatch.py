@@ -26,110 +26,24 @@ from torch._C import DispatchKey, DispatchKeySet
 from torch._ops import OpOverload
 
 from accelkit._runtime import _tensors as T
+from accelkit._runtime._context import BackendContext
+from accelkit._runtime._fallback import HostCall
+from accelkit._runtime._schema import (
+    UNDECLARED_WRITES,
+    fill_generator,
+    functional_of,
+    generator_slot,
+    is_inplace_view_op,
+    is_view_op,
+    out_arg_names,
+)
 from accelkit._runtime._specialize import NO_LANE, Lane
 from accelkit.sdk._allocator import ViewSpec
 from accelkit.sdk._kernels import KernelDeclined
-from accelkit._runtime._context import BackendContext
 
 META = T.META
 _AUTOCAST = DispatchKeySet(DispatchKey.AutocastPrivateUse1)
 _Tensor = torch.Tensor
-
-
-# ---------------------------------------------------------------------------------------------
-# Schema helpers
-# ---------------------------------------------------------------------------------------------
-
-
-def _is_write(arg: Any) -> bool:
-    return arg.alias_info is not None and arg.alias_info.is_write
-
-
-def is_view_op(op: OpOverload) -> bool:
-    """True for ops whose results alias an input without writing to it (pure metadata)."""
-    returns = op._schema.returns
-    return bool(returns) and any(
-        r.alias_info is not None and not r.alias_info.is_write for r in returns
-    )
-
-
-def is_inplace_view_op(op: OpOverload) -> bool:
-    return torch.Tag.inplace_view in op.tags
-
-
-def is_inplace_op(op: OpOverload) -> bool:
-    """True for ops that write their first argument (``normal_``), not counting ``out=`` ops.
-
-    A backend kernel registered for such an op is still functional: it returns the new value of
-    ``self`` and the runtime stores it (:meth:`Pipeline.native_inplace`). This is how in-place
-    ops without a functional counterpart (``normal_``, ``bernoulli_.float``) run natively.
-    """
-    arguments = op._schema.arguments
-    return bool(arguments) and _is_write(arguments[0]) and not out_arg_names(op)
-
-
-def out_arg_names(op: OpOverload) -> list[str]:
-    return [a.name for a in op._schema.arguments if a.kwarg_only and _is_write(a)]
-
-
-#: What a factory's functional overload takes where its ``out=`` overload takes ``out``
-#: (``arange.start_step`` and ``arange.start_out``).
-_TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory"})
-
-
-def _signature(op: OpOverload, skip_out: bool, skip_options: bool = False) -> list[tuple[str, str]]:
-    return [
-        (a.name, str(a.type))
-        for a in op._schema.arguments
-        if not (skip_out and a.kwarg_only and _is_write(a))
-        and not (skip_options and a.kwarg_only and a.name in _TENSOR_OPTIONS)
-    ]
-
-
-def variants_of(functional: OpOverload) -> tuple[OpOverload | None, OpOverload | None]:
-    """The in-place and ``out=`` overloads computing the same thing as ``functional``."""
-    name = functional._schema.name.split("::")[1]
-    overload = functional._overloadname
-    inplace = None
-    packet = getattr(torch.ops.aten, name + "_", None)
-    if packet is not None and overload in packet.overloads():
-        candidate = getattr(packet, overload)
-        if _signature(candidate, False)[1:] == _signature(functional, False)[1:]:
-            inplace = candidate
-    out = None
-    want = _signature(functional, False, skip_options=True)
-    packet = getattr(torch.ops.aten, name)
-    for other in packet.overloads():
-        candidate = getattr(packet, other)
-        if out_arg_names(candidate) and _signature(candidate, True, skip_options=True) == want:
-            out = candidate
-            break
-    return inplace, out
-
-
-def functional_of(op: OpOverload) -> tuple[OpOverload | None, str]:
-    """For an in-place or ``out=`` overload, its functional overload and the variant kind."""
-    name = op._schema.name.split("::")[1]
-    if out_arg_names(op):
-        want = _signature(op, True)
-        packet = getattr(torch.ops.aten, name)
-        for other in packet.overloads():
-            candidate = getattr(packet, other)
-            if not out_arg_names(candidate) and _signature(candidate, False) == want:
-                return candidate, "out"
-        return None, ""
-    if name.endswith("_") and op._schema.arguments and _is_write(op._schema.arguments[0]):
-        packet = getattr(torch.ops.aten, name[:-1], None)
-        if packet is not None and op._overloadname in packet.overloads():
-            return getattr(packet, op._overloadname), "inplace"
-    return None, ""
-
-
-def _generator_slot(op: OpOverload) -> tuple[int, str] | None:
-    for i, a in enumerate(op._schema.arguments):
-        if "Generator" in str(a.type):
-            return i, a.name
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -286,13 +200,13 @@ class Pipeline:
         arrays = [to_array(a, held) for a in args]
         array_kwargs = {k: to_array(v, held) for k, v in kwargs.items()} if kwargs else {}
         if gen is not None:
-            _fill_generator(self.ctx, gen, arrays, array_kwargs)
+            fill_generator(self.ctx, gen, arrays, array_kwargs)
         return fn(*arrays, **array_kwargs)
 
     def _lane(self, op: OpOverload, fn: Callable) -> Lane | None:
         """The prepared-call lane of kernel ``fn`` (:mod:`._specialize`), shared by the op's
         variants; None when ``fn`` offers none, or when ``op`` takes a generator."""
-        if _generator_slot(op) is not None:
+        if generator_slot(op) is not None:
             return None
         key = id(fn)  # kernels stay alive in the context's table
         if key not in self._lanes:
@@ -302,7 +216,7 @@ class Pipeline:
     def _caller(self, op: OpOverload, fn: Callable) -> Callable[[tuple, dict], Any]:
         """``call(args, kwargs)``: ``fn``'s result for these arguments, through its lane when
         it has one, otherwise through :meth:`_call`."""
-        call, gen, lane = self._call, _generator_slot(op), self._lane(op, fn)
+        call, gen, lane = self._call, generator_slot(op), self._lane(op, fn)
         if lane is None:
             return lambda args, kwargs: call(fn, gen, args, kwargs)
         planned = lane.arrays
@@ -323,30 +237,26 @@ class Pipeline:
         CPU fallback (under the fallback policy, counted as a fallback), as do the derived
         in-place and ``out=`` variants.
         """
-        ctx, name, call, wrap = self.ctx, str(op), self._caller(op, fn), self._wrap
+        ctx, name, call, wrap = self.ctx, str(op), self._call, self._wrap
         cpu_fallback = self.cpu_fallback
+        gen = generator_slot(op)
         store = _undeclared_writer(ctx, op)  # None for almost every op
-        lane = self._lane(op, fn) if store is None else None
-        planned = lane.tensors if lane is not None else None
-        count = ctx.counters.count
 
         def run(*args: Any, **kwargs: Any) -> Any:
             try:
-                if planned is not None and not kwargs:
-                    # The common case: the lane makes the result tensors too.
-                    result = planned(args, wrap)
-                    if result is not NO_LANE:
-                        count(name, "native")
-                        return result
-                result = call(args, kwargs)
+                result = call(fn, gen, args, kwargs)
             except KernelDeclined:
                 return cpu_fallback(op, *args, **kwargs)
-            count(name, "native")
+            ctx.counters.count(name, "native")
             if store is not None:
                 result = store(args, kwargs, result)
             return wrap(result)
 
-        return run
+        lane = self._lane(op, fn) if store is None else None
+        if lane is None:
+            return run
+        # ``run`` is the general path: the lane hands it every call it does not cover.
+        return lane.front(name, run, functools.partial(cpu_fallback, op), wrap)
 
     def native_inplace(self, op: OpOverload, fn: Callable) -> Callable:
         """Derive ``op`` (an in-place overload) from the functional kernel ``fn``."""
@@ -511,95 +421,11 @@ class Pipeline:
         ctx = self.ctx
         if ctx.admit_fallback(op):
             ctx.counters.count(str(op), "fallback")
-        return _HostCall(ctx, op).run(args, kwargs)
+        return HostCall(ctx, op).run(args, kwargs)
 
 
 def _run_meta(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
     return op.redispatch(META, *args, **kwargs)
-
-
-def _fill_generator(ctx: BackendContext, slot: tuple[int, str], args: list, kwargs: dict) -> None:
-    index, name = slot
-    if index < len(args):
-        if args[index] is None:
-            args[index] = ctx.generator
-    elif kwargs.get(name) is None:
-        kwargs[name] = ctx.generator
-
-
-def _on_device_stream(ctx: BackendContext, kernel: Callable, args: list, kwargs: dict) -> Any:
-    """Run a random CPU kernel whose schema takes no generator (``native_dropout``) on the
-    device's stream: it draws from the CPU default generator, so lend it the device state."""
-    cpu = torch.default_generator
-    saved = cpu.get_state()
-    cpu.set_state(ctx.generator.get_state())
-    try:
-        result = kernel(*args, **kwargs)
-        ctx.generator.set_state(cpu.get_state())
-    finally:
-        cpu.set_state(saved)
-    return result
-
-
-# ---------------------------------------------------------------------------------------------
-# One CPU-fallback call
-# ---------------------------------------------------------------------------------------------
-
-
-def _category(dtype: torch.dtype) -> int:
-    if dtype == torch.bool:
-        return 0
-    if dtype.is_complex:
-        return 3
-    if dtype.is_floating_point:
-        return 2
-    return 1
-
-
-def _scalar_dtype(value: Any, tensors: list[_Tensor]) -> torch.dtype:
-    """A dtype for a Python number standing where the schema wants a Tensor.
-
-    PyTorch wraps such numbers as "wrapped numbers", which never widen the dtype of the tensors
-    beside them. A 0-d tensor of the widest same-category dtype present behaves the same.
-    """
-    if isinstance(value, bool):
-        own = torch.bool
-    elif isinstance(value, int):
-        own = torch.int64
-    elif isinstance(value, float):
-        own = torch.get_default_dtype()
-    else:
-        own = torch.complex64 if torch.get_default_dtype() == torch.float32 else torch.complex128
-    same = [t.dtype for t in tensors if _category(t.dtype) == _category(own)]
-    if same:
-        return max(same, key=lambda d: d.itemsize)
-    return own
-
-
-def _convolution_backward_on_cpu(grad, input, weight, stride, padding, dilation, transposed,
-                                 output_padding, groups, output_mask):
-    bias_sizes = [weight.shape[1] * groups if transposed else weight.shape[0]]
-    return torch.ops.aten.convolution_backward.default(
-        grad, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding,
-        groups, output_mask,
-    )
-
-
-#: Ops that exist only as device hooks (no CPU kernel), and the CPU op computing the same thing.
-CPU_EQUIVALENTS: dict[OpOverload, Callable] = {
-    torch.ops.aten.convolution_overrideable.default: torch.ops.aten.convolution.default,
-    torch.ops.aten.convolution_backward_overrideable.default: _convolution_backward_on_cpu,
-}
-
-#: Ops that write to arguments their schema does not mark as mutable: batch norm updates its
-#: running statistics in place although they are declared ``Tensor?``.
-#: A native kernel for such an op cannot write (it is functional): it returns the op's results
-#: followed by the new values of these arguments, in this order (None leaves one unchanged), and
-#: the runtime stores them (:func:`_undeclared_writer`).
-UNDECLARED_WRITES: dict[OpOverload, tuple[str, ...]] = {
-    torch.ops.aten.native_batch_norm.default: ("running_mean", "running_var"),
-    torch.ops.aten.native_batch_norm.out: ("running_mean", "running_var"),
-}
 
 
 def _undeclared_writer(ctx: BackendContext, op: OpOverload) -> Callable | None:
@@ -624,143 +450,3 @@ def _undeclared_writer(ctx: BackendContext, op: OpOverload) -> Callable | None:
         return tuple(result[:-count])
 
     return store
-
-
-class _HostCall:
-    """Copies device arguments to the host (one copy per storage, so aliasing is kept), runs
-    the CPU kernel, writes mutated storages back and brings results to the device."""
-
-    def __init__(self, ctx: BackendContext, op: OpOverload):
-        self.ctx = ctx
-        self.op = op
-        self.hosts: dict[int, tuple[Any, torch.Tensor]] = {}  # id(buffer) -> (buffer, host bytes)
-        self.twins: list[tuple[_Tensor, _Tensor]] = []  # (device tensor, host view)
-
-    def _host(self, t: _Tensor) -> _Tensor:
-        buf = T.buffer_of(t)
-        entry = self.hosts.get(id(buf))
-        if entry is None:
-            nbytes = t.untyped_storage().nbytes()
-            entry = (buf, self.ctx.allocator.read_bytes(buf.block, nbytes) if nbytes else
-                     torch.empty(0, dtype=torch.uint8))
-            self.hosts[id(buf)] = entry
-        view = torch.empty(0, dtype=t.dtype).set_(
-            entry[1].untyped_storage(), t.storage_offset(), t.shape, t.stride()
-        )
-        view = T.with_math_bits_of(view, t)  # the CPU kernel resolves them as it would on CPU
-        self.twins.append((t, view))
-        return view
-
-    def _convert(self, value: Any, arg: Any, tensors: list[_Tensor]) -> Any:
-        name = self.ctx.name
-        if isinstance(value, _Tensor):
-            return self._host(value) if value.device.type == name else value
-        if isinstance(value, (list, tuple)):
-            return type(value)(self._convert(v, arg, tensors) for v in value)
-        if isinstance(value, torch.device) and value.type == name:
-            return torch.device("cpu")
-        if isinstance(value, str) and arg is not None and arg.name == "device":
-            return "cpu" if value.split(":")[0] == name else value
-        if arg is not None and isinstance(value, (bool, int, float, complex)) and (
-            str(arg.type) in ("Tensor", "Optional[Tensor]")
-        ):
-            # Built at full width, then cast: PyTorch casts a wrapped number to the op's dtype
-            # as C++ does (300 → 44 in int8), where torch.tensor(300, dtype=int8) would raise.
-            wide = torch.float64 if isinstance(value, float) else (
-                torch.complex128 if isinstance(value, complex) else None
-            )
-            return torch.tensor(value, dtype=wide).to(_scalar_dtype(value, tensors))
-        return value
-
-    def run(self, args: tuple, kwargs: dict) -> Any:
-        ctx, op = self.ctx, self.op
-        schema = op._schema
-        by_name = {a.name: a for a in schema.arguments}
-        tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, _Tensor)]
-        cpu_args = [
-            self._convert(v, schema.arguments[i] if i < len(schema.arguments) else None, tensors)
-            for i, v in enumerate(args)
-        ]
-        cpu_kwargs = {k: self._convert(v, by_name.get(k), tensors) for k, v in kwargs.items()}
-        if "pin_memory" in cpu_kwargs:
-            cpu_kwargs["pin_memory"] = None
-        gen = _generator_slot(op)
-        if gen is not None:
-            _fill_generator(ctx, gen, cpu_args, cpu_kwargs)
-        mutated = self._mutated_device_args(args, kwargs)
-        before = {id(v): (tuple(v.shape), v.stride(), v.storage_offset())
-                  for d, v in self.twins if id(d) in mutated}
-
-        kernel = CPU_EQUIVALENTS.get(op, op)
-        if gen is None and torch.Tag.nondeterministic_seeded in op.tags:
-            result = _on_device_stream(ctx, kernel, cpu_args, cpu_kwargs)
-        else:
-            result = kernel(*cpu_args, **cpu_kwargs)
-
-        self._write_back(mutated, before)
-        return self._results(result)
-
-    def _mutated_device_args(self, args: tuple, kwargs: dict) -> set[int]:
-        schema = self.op._schema
-        mutated: set[int] = set()
-        values = list(zip(schema.arguments, args)) + [
-            (a, kwargs[a.name]) for a in schema.arguments if a.name in kwargs
-        ]
-        undeclared = UNDECLARED_WRITES.get(self.op, ())
-        for arg, value in values:
-            if not (_is_write(arg) or arg.name in undeclared):
-                continue
-            for v in value if isinstance(value, (list, tuple)) else (value,):
-                if isinstance(v, _Tensor) and v.device.type == self.ctx.name:
-                    mutated.add(id(v))
-        return mutated
-
-    def _write_back(self, mutated: set[int], before: dict) -> None:
-        if not mutated:
-            return
-        ctx = self.ctx
-        dirty: set[int] = set()
-        for device, host in self.twins:
-            if id(device) not in mutated:
-                continue
-            buf = T.buffer_of(device)
-            host_bytes = self.hosts[id(buf)][1]
-            geometry = (tuple(host.shape), host.stride(), host.storage_offset())
-            if (
-                host.untyped_storage().data_ptr() == host_bytes.untyped_storage().data_ptr()
-                and geometry == before[id(host)]
-            ):
-                dirty.add(id(buf))
-                continue
-            # The CPU kernel resized this argument (out= resizing): resize the device tensor
-            # to match and store the new contents.
-            T.set_geometry(ctx, device, host.shape, host.stride(), host.storage_offset())
-            if host.numel():
-                T.write_values(ctx, device, ctx.allocator.from_host(T.host_values(host).contiguous()))
-        for key in dirty:
-            buf, host_bytes = self.hosts[key]
-            ctx.allocator.write_bytes(buf.block, host_bytes)
-
-    def _results(self, result: Any) -> Any:
-        if isinstance(result, _Tensor):
-            for device, host in self.twins:
-                if host is result:
-                    return device
-            if result.device.type != "cpu":
-                return result
-            return self._to_device(result)
-        if isinstance(result, tuple):
-            return tuple(self._results(r) for r in result)
-        if isinstance(result, list):
-            return [self._results(r) for r in result]
-        return result
-
-    def _to_device(self, host: _Tensor) -> _Tensor:
-        ctx = self.ctx
-        dense = host.is_contiguous() or host.is_contiguous(memory_format=torch.channels_last)
-        stride = host.stride() if dense else None
-        device = T.new_tensor(ctx, host.shape, host.dtype, stride)
-        if host.numel():
-            T.write(ctx, device, ctx.allocator.from_host(T.host_values(host)))
-        return device
-

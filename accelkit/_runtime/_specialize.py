@@ -24,6 +24,7 @@ import torch
 from accelkit._runtime import _tensors as T
 from accelkit._runtime._context import BackendContext
 from accelkit.sdk._allocator import ViewSpec
+from accelkit.sdk._kernels import KernelDeclined
 
 #: Returned by a lane for a call it does not cover: the caller takes the general path.
 NO_LANE = object()
@@ -52,14 +53,21 @@ class _Plan:
 def _layout(key: tuple) -> tuple:
     """The layout a kernel's ``specialize`` receives, from a lane's flat cache key: per
     positional argument a :class:`ViewSpec`, the type ``float`` or ``complex`` (a number the
-    plan receives at each call), or the static value itself (int lists as tuples)."""
+    plan receives at each call), or the static value itself (int lists as tuples).
+
+    In the key a tensor is four items (a dtype *instance* first), a number its type, and a
+    static value a (type, value) pair (a type first, never a dtype instance).
+    """
     layout, items, i = [], len(key), 0
     while i < items:
         item = key[i]
-        if type(item) is ViewSpec or item is float or item is complex:
+        if type(item) is torch.dtype:
+            layout.append(ViewSpec(*key[i:i + 4]))
+            i += 4
+        elif item is float or item is complex:
             layout.append(item)
             i += 1
-        else:  # a (type, value) pair
+        else:
             layout.append(key[i + 1])
             i += 2
     return tuple(layout)
@@ -89,9 +97,9 @@ class Lane:
             kind = type(a)
             if kind is _Tensor or (kind not in _NOT_TENSORS and isinstance(a, _Tensor)):
                 payload = getattr(a.untyped_storage(), "payload", None)
-                if payload is None or a.is_conj() or a.is_neg():
+                if payload is None or a.is_neg() or a.is_conj():
                     return None
-                key.append(_new_tuple(ViewSpec, (a.dtype, a.shape, a.stride(), a.storage_offset())))
+                key.extend((a.dtype, a.shape, a.stride(), a.storage_offset()))
                 blocks.append(payload.block)
             elif kind is float or kind is complex:
                 key.append(kind)
@@ -125,20 +133,42 @@ class Lane:
         plan, blocks, numbers = prepared
         return plan.run(blocks, numbers)
 
-    def tensors(self, args: tuple, wrap: Callable[[Any], Any]) -> Any:
-        """The op's result as device tensors, or :data:`NO_LANE`; ``wrap`` converts a result
-        the first time a layout runs, and for results other than one array."""
-        prepared = self._prepare(args)
-        if prepared is None:
-            return NO_LANE
-        plan, blocks, numbers = prepared
-        out = plan.run(blocks, numbers)
-        known = plan.result
-        if known is not None and type(out) is known[0]:
-            payload = self._ctx.allocator.adopt(out)
-            if payload is not None:
-                return T.adopted_tensor(payload, known[1], known[2], known[3])
-        result = wrap(out)
-        if known is None and type(result) is _Tensor:  # one array, through the dtype check
-            plan.result = (type(out), result.shape, result.dtype, result.stride())
-        return result
+    def front(
+        self, name: str, general: Callable[..., Any], declined: Callable[..., Any],
+        wrap: Callable[[Any], Any],
+    ) -> Callable[..., Any]:
+        """The PrivateUse1 kernel of functional op ``name``: calls the lane covers run here
+        and are counted native; every other call goes to ``general(*args, **kwargs)``, and a
+        plan raising :class:`~accelkit.sdk.KernelDeclined` to ``declined(*args)``. ``wrap``
+        turns a result into tensors the first time a layout runs, and for results other than
+        one array (later single arrays are adopted directly: their shape and dtype, already
+        checked, are the first call's)."""
+        prepare, count, adopt = self._prepare, self._ctx.counters.count, self._ctx.allocator.adopt
+        create, set_meta = T._create_empty, T._set_storage_meta
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            prepared = None if kwargs else prepare(args)
+            if prepared is None:
+                return general(*args, **kwargs)
+            plan, blocks, numbers = prepared
+            try:
+                out = plan.run(blocks, numbers)
+            except KernelDeclined:
+                return declined(*args)
+            count(name, "native")
+            known = plan.result
+            if known is not None and type(out) is known[0]:
+                payload = adopt(out)
+                if payload is not None:
+                    # T.adopted_tensor, inline: this runs for every op.
+                    tensor = create(known[1], known[2])
+                    storage = tensor.untyped_storage()
+                    storage.payload = payload
+                    set_meta(tensor, storage, 0, known[1], known[3])
+                    return tensor
+            result = wrap(out)
+            if known is None and type(result) is _Tensor:  # one array, through the dtype check
+                plan.result = (type(out), result.shape, result.dtype, result.stride())
+            return result
+
+        return run

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from accelkit._runtime._dispatch import CPU_EQUIVALENTS
+from accelkit._runtime._fallback import CPU_EQUIVALENTS
 from accelkit.sdk import KernelTable
 from accelkit_backends.neuron import runtime
 from accelkit_backends.neuron.sim import numerics as nx

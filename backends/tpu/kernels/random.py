@@ -12,7 +12,7 @@ Three kinds of registration:
   runtime derives their in-place forms (``uniform_``, ...) that ``torch.rand`` and friends use;
 - in-place ops with no functional twin of the same overload (``normal_``, ``bernoulli_.float``):
   registered with ``derive_variants=False``; the lowering returns the new value of ``self`` and
-  the runtime stores it (``accelkit._runtime._dispatch.is_inplace_op``);
+  the runtime stores it (``accelkit._runtime._schema.is_inplace_op``);
 - ``native_dropout``, whose schema has no generator: :class:`DeviceGeneratorLowering` supplies
   the device generator, as the CPU fallback does (``_on_device_stream``).
 """

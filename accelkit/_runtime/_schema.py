@@ -1,0 +1,125 @@
+"""What an aten op's schema says, as the dispatch pipeline needs it: which ops are views, which
+write their arguments, how in-place and ``out=`` overloads map to functional ones, and where a
+generator goes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._ops import OpOverload
+
+from accelkit._runtime._context import BackendContext
+
+
+def is_write(arg: Any) -> bool:
+    return arg.alias_info is not None and arg.alias_info.is_write
+
+
+def is_view_op(op: OpOverload) -> bool:
+    """True for ops whose results alias an input without writing to it (pure metadata)."""
+    returns = op._schema.returns
+    return bool(returns) and any(
+        r.alias_info is not None and not r.alias_info.is_write for r in returns
+    )
+
+
+def is_inplace_view_op(op: OpOverload) -> bool:
+    return torch.Tag.inplace_view in op.tags
+
+
+def is_inplace_op(op: OpOverload) -> bool:
+    """True for ops that write their first argument (``normal_``), not counting ``out=`` ops.
+
+    A backend kernel registered for such an op is still functional: it returns the new value of
+    ``self`` and the runtime stores it (``Pipeline.native_inplace``). This is how in-place ops
+    without a functional counterpart (``normal_``, ``bernoulli_.float``) run natively.
+    """
+    arguments = op._schema.arguments
+    return bool(arguments) and is_write(arguments[0]) and not out_arg_names(op)
+
+
+def out_arg_names(op: OpOverload) -> list[str]:
+    return [a.name for a in op._schema.arguments if a.kwarg_only and is_write(a)]
+
+
+#: What a factory's functional overload takes where its ``out=`` overload takes ``out``
+#: (``arange.start_step`` and ``arange.start_out``).
+_TENSOR_OPTIONS = frozenset({"dtype", "layout", "device", "pin_memory"})
+
+
+def _signature(op: OpOverload, skip_out: bool, skip_options: bool = False) -> list[tuple[str, str]]:
+    return [
+        (a.name, str(a.type))
+        for a in op._schema.arguments
+        if not (skip_out and a.kwarg_only and is_write(a))
+        and not (skip_options and a.kwarg_only and a.name in _TENSOR_OPTIONS)
+    ]
+
+
+def variants_of(functional: OpOverload) -> tuple[OpOverload | None, OpOverload | None]:
+    """The in-place and ``out=`` overloads computing the same thing as ``functional``."""
+    name = functional._schema.name.split("::")[1]
+    overload = functional._overloadname
+    inplace = None
+    packet = getattr(torch.ops.aten, name + "_", None)
+    if packet is not None and overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        if _signature(candidate, False)[1:] == _signature(functional, False)[1:]:
+            inplace = candidate
+    out = None
+    want = _signature(functional, False, skip_options=True)
+    packet = getattr(torch.ops.aten, name)
+    for other in packet.overloads():
+        candidate = getattr(packet, other)
+        if out_arg_names(candidate) and _signature(candidate, True, skip_options=True) == want:
+            out = candidate
+            break
+    return inplace, out
+
+
+def functional_of(op: OpOverload) -> tuple[OpOverload | None, str]:
+    """For an in-place or ``out=`` overload, its functional overload and the variant kind."""
+    name = op._schema.name.split("::")[1]
+    if out_arg_names(op):
+        want = _signature(op, True)
+        packet = getattr(torch.ops.aten, name)
+        for other in packet.overloads():
+            candidate = getattr(packet, other)
+            if not out_arg_names(candidate) and _signature(candidate, False) == want:
+                return candidate, "out"
+        return None, ""
+    if name.endswith("_") and op._schema.arguments and is_write(op._schema.arguments[0]):
+        packet = getattr(torch.ops.aten, name[:-1], None)
+        if packet is not None and op._overloadname in packet.overloads():
+            return getattr(packet, op._overloadname), "inplace"
+    return None, ""
+
+
+def generator_slot(op: OpOverload) -> tuple[int, str] | None:
+    """Position and name of ``op``'s generator argument, or None when it takes none."""
+    for i, a in enumerate(op._schema.arguments):
+        if "Generator" in str(a.type):
+            return i, a.name
+    return None
+
+
+def fill_generator(ctx: BackendContext, slot: tuple[int, str], args: list, kwargs: dict) -> None:
+    """Put the device generator in the generator ``slot`` when the caller left it None."""
+    index, name = slot
+    if index < len(args):
+        if args[index] is None:
+            args[index] = ctx.generator
+    elif kwargs.get(name) is None:
+        kwargs[name] = ctx.generator
+
+
+#: Ops that write to arguments their schema does not mark as mutable: batch norm updates its
+#: running statistics in place although they are declared ``Tensor?``.
+#: A native kernel for such an op cannot write (it is functional): it returns the op's results
+#: followed by the new values of these arguments, in this order (None leaves one unchanged), and
+#: the runtime stores them (:func:`accelkit._runtime._dispatch._undeclared_writer`).
+UNDECLARED_WRITES: dict[OpOverload, tuple[str, ...]] = {
+    torch.ops.aten.native_batch_norm.default: ("running_mean", "running_var"),
+    torch.ops.aten.native_batch_norm.out: ("running_mean", "running_var"),
+}
