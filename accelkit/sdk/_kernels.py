@@ -34,7 +34,9 @@ class KernelEntry:
         the allocator holds them) and the numbers, in argument order, and returning what
         ``fn`` would; or None to leave that layout to ``fn``. A plan must behave exactly as
         ``fn`` does, errors and :class:`KernelDeclined` included; it only saves per-call work.
-        Calls with keyword arguments, host tensors or generators always go to ``fn``.
+        A single-array result must have the same shape and dtype at every call of its layout
+        (the runtime checks the first and wraps the rest as it). Calls with keyword arguments,
+        host tensors or generators always go to ``fn``.
     :ivar derive_variants: let the runtime build the in-place and ``out=`` overloads of a
         functional op from this kernel (compute, check the dtype cast, write back).
     """
