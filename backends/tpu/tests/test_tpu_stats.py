@@ -34,3 +34,15 @@ def test_the_conformance_recorder_reads_tpu_compiles(dev):
     z * z
     _, after = _sample()
     assert isinstance(before, int) and after == before + 1
+
+
+def test_zero_filling_storage_never_written_is_one_counted_program_per_size(dev):
+    moves = lambda: accelkit.stats()["tpu"]["data_movement_programs"]  # noqa: E731
+    before = moves()
+    # fill_ reads self, so its never-written storage is zero-filled first. (5120 bytes, a whole
+    # allocator block: a size between blocks would also compile a scatter for the write.)
+    first = torch.empty(1280, device=dev).fill_(2.0)
+    assert moves() == before + 1
+    second = torch.empty(1280, device=dev).fill_(3.0)
+    assert moves() == before + 1, "the same size and dtype reuse the program"
+    assert first.cpu().unique().tolist() == [2.0] and second.cpu().unique().tolist() == [3.0]
