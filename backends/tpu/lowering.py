@@ -197,8 +197,7 @@ class Lowering:
             else:
                 codes.append((_STATIC, item))
         signature = self._signature((tuple(codes), ()))
-        jitted, run, read, to_scalar = signature.jitted, self._run, allocator.read, _device_scalar
-        record = COSTS.record
+        run, read, to_scalar = self._run, allocator.read, _device_scalar
 
         def plan(blocks: list, values: list) -> Any:
             arrays = []
@@ -206,15 +205,7 @@ class Lowering:
                 array = block.array
                 arrays.append(array if array is not None else read(block, spec).array)
             scalars = [to_scalar(v) for v in values] if values else []
-            tally = signature.only
-            if tally is None or modes.current() == "debug":
-                return run(signature, arrays, scalars, specs)
-            # _run's common case, inline: one compiled program, strict mode.
-            out = jitted(arrays, scalars)
-            if jitted._cache_size() != signature.seen:
-                tally = self._tally(signature, arrays, scalars)
-            record(tally)
-            return out
+            return run(signature, arrays, scalars, specs)
 
         return plan
 
