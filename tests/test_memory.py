@@ -100,6 +100,15 @@ def test_buffer_reserves_its_size_class_and_remembers_the_request():
     assert stats["requested_bytes.current"] == 1000
 
 
+def test_an_allocator_that_caches_nothing_reserves_exactly_the_request():
+    alloc = BytesAllocator(64 * MiB, max_cached=0)
+    buf = alloc.allocate(1000)
+    assert (buf.nbytes, buf.block_bytes, alloc.made) == (1000, 1000, [1000])
+    assert alloc.memory_allocated() == 1000
+    del buf
+    assert alloc.memory_allocated() == 0 and alloc.freed == [1000]
+
+
 def test_freed_block_is_cached_and_reused_by_a_request_of_the_same_class():
     alloc = BytesAllocator(64 * MiB)
     first = alloc.allocate(1000)

@@ -194,7 +194,9 @@ class DeviceAllocator:
         """
         if nbytes < 0:
             raise ValueError(f"{self.device}: cannot allocate a negative size ({nbytes} bytes)")
-        block_bytes = size_class(nbytes)
+        # Size classes let a freed block serve the next request of its class. An allocator that
+        # caches nothing gets exactly what was asked, so a whole-tensor write covers its block.
+        block_bytes = size_class(nbytes) if self.max_cached else nbytes
         block = self._reserve(nbytes, block_bytes, use_cache=True)
         if block is None:
             try:

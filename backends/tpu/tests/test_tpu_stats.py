@@ -36,13 +36,22 @@ def test_the_conformance_recorder_reads_tpu_compiles(dev):
     assert isinstance(before, int) and after == before + 1
 
 
-def test_zero_filling_storage_never_written_is_one_counted_program_per_size(dev):
+def test_zero_filling_storage_never_written_is_one_counted_program_per_size_and_no_scatter(dev):
     moves = lambda: accelkit.stats()["tpu"]["data_movement_programs"]  # noqa: E731
     before = moves()
-    # fill_ reads self, so its never-written storage is zero-filled first. (5120 bytes, a whole
-    # allocator block: a size between blocks would also compile a scatter for the write.)
-    first = torch.empty(1280, device=dev).fill_(2.0)
+    # fill_ reads self, so its never-written storage is zero-filled first; writing the result
+    # replaces the whole storage (no scatter: blocks are the size asked for, 4948 bytes here).
+    first = torch.empty(1237, device=dev).fill_(2.0)
     assert moves() == before + 1
-    second = torch.empty(1280, device=dev).fill_(3.0)
+    second = torch.empty(1237, device=dev).fill_(3.0)
     assert moves() == before + 1, "the same size and dtype reuse the program"
     assert first.cpu().unique().tolist() == [2.0] and second.cpu().unique().tolist() == [3.0]
+
+
+def test_a_host_copy_of_any_size_replaces_its_storage_without_a_program(dev):
+    moves = lambda: accelkit.stats()["tpu"]["data_movement_programs"]  # noqa: E731
+    host = torch.randn(7, 59)  # 1652 bytes: not a whole 512-byte class
+    before = moves()
+    on_device = host.to(dev)
+    assert moves() == before, "a whole-tensor write must replace the array, not scatter into it"
+    assert torch.equal(on_device.cpu(), host)
