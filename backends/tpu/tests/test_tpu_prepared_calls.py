@@ -21,7 +21,8 @@ def compiled(op: str) -> int:
 
 
 def test_a_prepared_call_and_the_general_path_share_one_program(dev):
-    a, b = torch.randn(6, 7, device=dev), torch.randn(6, 7, device=dev)
+    # A shape no other test uses: programs are compiled once per process.
+    a, b = torch.randn(13, 29, device=dev), torch.randn(13, 29, device=dev)
     before = compiled("aten.add.Tensor")
     through_plan = a + b  # positional arguments: the prepared lane
     assert compiled("aten.add.Tensor") == before + 1
@@ -43,11 +44,11 @@ def test_the_cost_estimate_counts_every_prepared_call(dev):
 
 
 def test_a_new_storage_size_under_the_same_view_is_compiled_and_counted(dev):
-    small = torch.arange(10.0, device=dev)[2:6]
-    large = torch.arange(20.0, device=dev)[2:6]  # the same view geometry over more storage
+    small = torch.arange(37.0, device=dev)[5:9]  # sizes no other test uses
+    large = torch.arange(53.0, device=dev)[5:9]  # the same view geometry over more storage
     before = compiled("aten.neg.default")
-    assert (-small).cpu().tolist() == [-2.0, -3.0, -4.0, -5.0]
-    assert (-large).cpu().tolist() == [-2.0, -3.0, -4.0, -5.0]
+    assert (-small).cpu().tolist() == [-5.0, -6.0, -7.0, -8.0]
+    assert (-large).cpu().tolist() == [-5.0, -6.0, -7.0, -8.0]
     assert compiled("aten.neg.default") == before + 2
 
 

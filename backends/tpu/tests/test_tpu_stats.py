@@ -40,12 +40,13 @@ def test_zero_filling_storage_never_written_is_one_counted_program_per_size_and_
     moves = lambda: accelkit.stats()["tpu"]["data_movement_programs"]  # noqa: E731
     before = moves()
     # fill_ reads self, so its never-written storage is zero-filled first; writing the result
-    # replaces the whole storage (no scatter: blocks are the size asked for, 4948 bytes here).
-    first = torch.empty(1237, device=dev).fill_(2.0)
+    # replaces the whole storage (no scatter: blocks are the size asked for, 20014 bytes here).
+    # A size and dtype no other test uses: programs are compiled once per process.
+    first = torch.empty(10007, dtype=torch.int16, device=dev).fill_(2)
     assert moves() == before + 1
-    second = torch.empty(1237, device=dev).fill_(3.0)
+    second = torch.empty(10007, dtype=torch.int16, device=dev).fill_(3)
     assert moves() == before + 1, "the same size and dtype reuse the program"
-    assert first.cpu().unique().tolist() == [2.0] and second.cpu().unique().tolist() == [3.0]
+    assert first.cpu().unique().tolist() == [2] and second.cpu().unique().tolist() == [3]
 
 
 def test_a_host_copy_of_any_size_replaces_its_storage_without_a_program(dev):
