@@ -10,8 +10,9 @@ compiled program), and, for a functional op, the inspection of its result: the r
 and dtype, once checked against the dtype rules, are those of every later call.
 
 Calls this lane does not cover take the general path unchanged: keyword arguments, host
-tensors, conjugate or negative views, generator arguments, lists of anything but ints, and any
-layout the kernel declines to specialise.
+tensors, conjugate or negative views, lists of anything but ints, and any layout the kernel
+declines to specialise. Ops that take a generator, or write arguments their schema does not
+declare (``UNDECLARED_WRITES``), never use it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ NO_LANE = object()
 _PLANS_PER_KERNEL = 4096  # layouts kept per kernel; beyond it the cache starts afresh
 
 _Tensor = torch.Tensor
-_new_tuple = tuple.__new__
 #: Arguments that are part of the layout by value (checked by exact type).
 _STATIC = frozenset({int, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                      torch.memory_format})
