@@ -144,7 +144,7 @@ class Lane:
         one array (later single arrays are adopted directly: their shape and dtype, already
         checked, are the first call's)."""
         prepare, count, adopt = self._prepare, self._ctx.counters.count, self._ctx.allocator.adopt
-        create, set_meta = T._create_empty, T._set_storage_meta
+        adopted_tensor = T.adopted_tensor
 
         def run(*args: Any, **kwargs: Any) -> Any:
             prepared = None if kwargs else prepare(args)
@@ -160,12 +160,7 @@ class Lane:
             if known is not None and type(out) is known[0]:
                 payload = adopt(out)
                 if payload is not None:
-                    # T.adopted_tensor, inline: this runs for every op.
-                    tensor = create(known[1], known[2])
-                    storage = tensor.untyped_storage()
-                    storage.payload = payload
-                    set_meta(tensor, storage, 0, known[1], known[3])
-                    return tensor
+                    return adopted_tensor(payload, known[1], known[2], known[3])
             result = wrap(out)
             if known is None and type(result) is _Tensor:  # one array, through the dtype check
                 plan.result = (type(out), result.shape, result.dtype, result.stride())
