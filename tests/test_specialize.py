@@ -13,7 +13,7 @@ import torch
 import accelkit
 from accelkit import _runtime
 from accelkit._runtime._dispatch import Pipeline
-from accelkit.sdk import KernelDeclined, ViewSpec
+from accelkit.sdk import CallLayout, KernelDeclined, ViewSpec
 
 aten = torch.ops.aten
 
@@ -36,7 +36,8 @@ class RecordingAdd:
         self.layouts.append(layout)
         if self.decline_layouts:
             return None
-        specs = [item for item in layout if type(item) is ViewSpec]
+        items = [*layout.args, *(item for _, item in layout.kwargs)]
+        specs = [item for item in items if type(item) is ViewSpec]
 
         def plan(blocks, numbers):
             self.plan_calls.append((len(blocks), list(numbers)))
@@ -44,9 +45,12 @@ class RecordingAdd:
                 raise KernelDeclined("this test's plan declines every call")
             arrays = iter(allocator.read(b, s) for b, s in zip(blocks, specs))
             values = iter(numbers)
-            args = [next(arrays) if type(item) is ViewSpec else
-                    next(values) if item in (float, complex) else item for item in layout]
-            return torch.add(*args)
+
+            def value(item):
+                return next(arrays) if type(item) is ViewSpec else next(values) if item in (float, complex) else item
+
+            return torch.add(*[value(item) for item in layout.args],
+                             **{name: value(item) for name, item in layout.kwargs})
 
         return plan
 
@@ -65,7 +69,7 @@ def test_the_first_call_of_a_layout_prepares_a_plan_and_later_calls_reuse_it(dev
     for _ in range(3):
         out = run(x.to(dev), y.to(dev))
         torch.testing.assert_close(out.cpu(), x + y, rtol=0, atol=0)
-    assert kernel.layouts == [(ViewSpec(torch.float32, (3, 4), (4, 1), 0),) * 2]
+    assert kernel.layouts == [CallLayout((ViewSpec(torch.float32, (3, 4), (4, 1), 0),) * 2)]
     assert len(kernel.plan_calls) == 3 and kernel.general_calls == 0
 
 
@@ -76,7 +80,7 @@ def test_every_geometry_is_its_own_layout_and_views_read_their_own_elements(dev,
     d = base.to(dev)
     torch.testing.assert_close(run(d.t(), d.t()).cpu(), base.t() * 2, rtol=0, atol=0)
     torch.testing.assert_close(run(d[1:, 1:], d[:-1, :-1]).cpu(), base[1:, 1:] + base[:-1, :-1])
-    assert [layout[0] for layout in kernel.layouts] == [
+    assert [layout.args[0] for layout in kernel.layouts] == [
         ViewSpec(torch.float32, (4, 3), (1, 4), 0),
         ViewSpec(torch.float32, (2, 3), (4, 1), 5),
     ]
@@ -98,21 +102,42 @@ def test_python_numbers_are_passed_per_call_and_statics_are_part_of_the_layout(d
     x = torch.randn(5).to(dev)
     for value in (0.5, 2.5):
         torch.testing.assert_close(run(x, value).cpu(), x.cpu() + value)
-    assert kernel.layouts == [(ViewSpec(torch.float32, (5,), (1,), 0), float)]
+    spec = ViewSpec(torch.float32, (5,), (1,), 0)
+    assert kernel.layouts == [CallLayout((spec, float))]
     assert [numbers for _, numbers in kernel.plan_calls] == [[0.5], [2.5]]
     run(x, 3)
     run(x, True)
     # 3 and True are different layouts (True == 1 in Python, and both hash alike).
-    assert kernel.layouts[1:] == [(kernel.layouts[0][0], 3), (kernel.layouts[0][0], True)]
+    assert kernel.layouts[1:] == [CallLayout((spec, 3)), CallLayout((spec, True))]
     assert run(x, True).dtype == torch.float32
+
+
+def test_keyword_names_are_part_of_the_layout_and_their_numbers_are_passed_per_call(dev, add_with):
+    kernel = RecordingAdd()
+    run = add_with(kernel)
+    x, y = torch.randn(4), torch.randn(4)
+    dx, dy = x.to(dev), y.to(dev)
+    for alpha in (0.5, -0.25):  # one layout: a float keyword, as SGD's add_(grad, alpha=-lr)
+        torch.testing.assert_close(run(dx, dy, alpha=alpha).cpu(), x + alpha * y)
+    torch.testing.assert_close(run(dx, dy, alpha=2).cpu(), x + 2 * y)  # a static int keyword
+    torch.testing.assert_close(run(dx, dy).cpu(), x + y)  # no keyword: another layout
+    spec = ViewSpec(torch.float32, (4,), (1,), 0)
+    assert kernel.layouts == [
+        CallLayout((spec, spec), (("alpha", float),)),
+        CallLayout((spec, spec), (("alpha", 2),)),
+        CallLayout((spec, spec)),
+    ]
+    assert kernel.plan_calls == [(2, [0.5]), (2, [-0.25]), (2, []), (2, [])]
+    assert kernel.general_calls == 0
 
 
 def test_calls_the_lane_does_not_cover_take_the_general_path(dev, add_with):
     kernel = RecordingAdd()
     run = add_with(kernel)
     x, y = torch.randn(4), torch.randn(4)
-    torch.testing.assert_close(run(x.to(dev), y.to(dev), alpha=2).cpu(), x + 2 * y)  # keywords
     torch.testing.assert_close(run(x.to(dev), torch.tensor(2.0)).cpu(), x + 2)  # a host tensor
+    torch.testing.assert_close(  # a host tensor as a keyword argument's value
+        run(x.to(dev), y.to(dev), alpha=torch.tensor(2.0)).cpu(), x + 2 * y)
     z = torch.randn(4, dtype=torch.complex64)
     torch.testing.assert_close(run(z.to(dev).conj(), z.to(dev)).cpu(), z.conj() + z)  # conj bit
     assert kernel.layouts == [] and kernel.general_calls == 3

@@ -222,10 +222,9 @@ class Pipeline:
         planned = lane.arrays
 
         def call_planned(args: tuple, kwargs: dict) -> Any:
-            if not kwargs:
-                result = planned(args)
-                if result is not NO_LANE:
-                    return result
+            result = planned(args, kwargs)
+            if result is not NO_LANE:
+                return result
             return call(fn, gen, args, kwargs)
 
         return call_planned

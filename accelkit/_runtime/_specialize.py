@@ -9,9 +9,8 @@ whatever the kernel can do ahead (for the tpu backend: encoding the arguments an
 compiled program), and, for a functional op, the inspection of its result: the result's shape
 and dtype, once checked against the dtype rules, are those of every later call.
 
-Calls this lane does not cover take the general path unchanged: keyword arguments, host
-tensors, conjugate or negative views, lists of anything but ints, and any layout the kernel
-declines to specialise. Ops that take a generator, or write arguments their schema does not
+Calls this lane does not cover take the general path unchanged: host tensors, conjugate or
+negative views, lists of anything but ints, and any layout the kernel declines to specialise. Ops that take a generator, or write arguments their schema does not
 declare (``UNDECLARED_WRITES``), never use it.
 """
 
@@ -25,7 +24,7 @@ import torch
 from accelkit._runtime import _tensors as T
 from accelkit._runtime._context import BackendContext
 from accelkit.sdk._allocator import ViewSpec
-from accelkit.sdk._kernels import KernelDeclined
+from accelkit.sdk._kernels import CallLayout, KernelDeclined
 
 #: Returned by a lane for a call it does not cover: the caller takes the general path.
 NO_LANE = object()
@@ -37,6 +36,8 @@ _Tensor = torch.Tensor
 _STATIC = frozenset({int, bool, str, type(None), torch.dtype, torch.device, torch.layout,
                      torch.memory_format})
 _NOT_TENSORS = _STATIC | {float, complex, list}
+#: Ends the items of a key whose call has keyword arguments; their names follow it.
+_KEYWORDS = object()
 
 
 class _Plan:
@@ -50,27 +51,32 @@ class _Plan:
         self.result: tuple[type, tuple[int, ...], torch.dtype, tuple[int, ...]] | None = None
 
 
-def _layout(key: tuple) -> tuple:
-    """The layout a kernel's ``specialize`` receives, from a lane's flat cache key: per
-    positional argument a :class:`ViewSpec`, the type ``float`` or ``complex`` (a number the
-    plan receives at each call), or the static value itself (int lists as tuples).
+def _layout(key: tuple) -> CallLayout:
+    """The :class:`~accelkit.sdk.CallLayout` a kernel's ``specialize`` receives, from a lane's
+    flat cache key.
 
     In the key a tensor is four items (a dtype *instance* first), a number its type, and a
-    static value a (type, value) pair (a type first, never a dtype instance).
+    static value a (type, value) pair (a type first, never a dtype instance). A call with
+    keyword arguments ends with :data:`_KEYWORDS` and the tuple of their names; their values
+    are the last items.
     """
-    layout, items, i = [], len(key), 0
-    while i < items:
+    items, i, end, names = [], 0, len(key), ()
+    while i < end:
         item = key[i]
         if type(item) is torch.dtype:
-            layout.append(ViewSpec(*key[i:i + 4]))
+            items.append(ViewSpec(*key[i:i + 4]))
             i += 4
         elif item is float or item is complex:
-            layout.append(item)
+            items.append(item)
             i += 1
+        elif item is _KEYWORDS:
+            names = key[i + 1]
+            break
         else:
-            layout.append(key[i + 1])
+            items.append(key[i + 1])
             i += 2
-    return tuple(layout)
+    positional = len(items) - len(names)
+    return CallLayout(tuple(items[:positional]), tuple(zip(names, items[positional:])))
 
 
 class Lane:
@@ -87,13 +93,13 @@ class Lane:
         specialize = getattr(fn, "specialize", None)
         return None if specialize is None else cls(ctx, specialize)
 
-    def _prepare(self, args: tuple) -> tuple[_Plan, list, list] | None:
-        """The plan for these positional arguments, with their blocks and numbers; None when
-        the call is not covered."""
+    def _prepare(self, args: tuple, kwargs: dict) -> tuple[_Plan, list, list] | None:
+        """The plan for these arguments, with their blocks and numbers; None when the call is
+        not covered."""
         key: list = []
         blocks: list = []
         numbers: list = []
-        for a in args:
+        for a in (*args, *kwargs.values()) if kwargs else args:
             kind = type(a)
             if kind is _Tensor or (kind not in _NOT_TENSORS and isinstance(a, _Tensor)):
                 payload = getattr(a.untyped_storage(), "payload", None)
@@ -115,6 +121,9 @@ class Lane:
                 key.append(tuple(a))
             else:
                 return None
+        if kwargs:
+            key.append(_KEYWORDS)
+            key.append(tuple(kwargs))
         key = tuple(key)
         plan = self._plans.get(key)
         if plan is None:
@@ -125,9 +134,9 @@ class Lane:
             return None
         return plan, blocks, numbers
 
-    def arrays(self, args: tuple) -> Any:
+    def arrays(self, args: tuple, kwargs: dict) -> Any:
         """The kernel's result for these arguments, or :data:`NO_LANE`."""
-        prepared = self._prepare(args)
+        prepared = self._prepare(args, kwargs)
         if prepared is None:
             return NO_LANE
         plan, blocks, numbers = prepared
@@ -139,7 +148,7 @@ class Lane:
     ) -> Callable[..., Any]:
         """The PrivateUse1 kernel of functional op ``name``: calls the lane covers run here
         and are counted native; every other call goes to ``general(*args, **kwargs)``, and a
-        plan raising :class:`~accelkit.sdk.KernelDeclined` to ``declined(*args)``. ``wrap``
+        plan raising :class:`~accelkit.sdk.KernelDeclined` to ``declined(*args, **kwargs)``. ``wrap``
         turns a result into tensors the first time a layout runs, and for results other than
         one array (later single arrays are adopted directly: their shape and dtype, already
         checked, are the first call's)."""
@@ -147,14 +156,14 @@ class Lane:
         adopted_tensor = T.adopted_tensor
 
         def run(*args: Any, **kwargs: Any) -> Any:
-            prepared = None if kwargs else prepare(args)
+            prepared = prepare(args, kwargs)
             if prepared is None:
                 return general(*args, **kwargs)
             plan, blocks, numbers = prepared
             try:
                 out = plan.run(blocks, numbers)
             except KernelDeclined:
-                return declined(*args)
+                return declined(*args, **kwargs)
             count(name, "native")
             known = plan.result
             if known is not None and type(out) is known[0]:

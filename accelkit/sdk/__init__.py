@@ -9,6 +9,7 @@ from accelkit.sdk._allocator import Buffer, DeviceAllocator, ViewSpec, format_by
 from accelkit.sdk._kernels import (
     CUDA_LIKE_AUTOCAST,
     AutocastPolicy,
+    CallLayout,
     KernelDeclined,
     KernelEntry,
     KernelTable,
@@ -33,6 +34,7 @@ __all__ = [
     "AutocastPolicy",
     "BackendInfo",
     "Buffer",
+    "CallLayout",
     "DeviceAllocator",
     "DeviceModel",
     "DeviceProbe",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
@@ -19,6 +19,21 @@ class KernelDeclined(Exception):
     """
 
 
+class CallLayout(NamedTuple):
+    """What a kernel's ``specialize`` is told about a call: everything that is the same for
+    every call it prepares for (see :class:`KernelEntry`).
+
+    Each item is a device tensor's :class:`~accelkit.sdk.ViewSpec`, the type ``float`` or
+    ``complex`` for a Python number (its value changes from call to call), or a static value
+    itself (ints, bools, dtypes, None, ...; int lists as tuples).
+    """
+
+    #: one item per positional argument
+    args: tuple
+    #: ``(name, item)`` per keyword argument, in the order of the call
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+
 @dataclass(frozen=True, slots=True)
 class KernelEntry:
     """One native kernel.
@@ -27,16 +42,15 @@ class KernelEntry:
     :ivar fn: called with the op's arguments, device tensors replaced by backend arrays; returns
         a backend array, a tuple of them, or a Python scalar for scalar-returning ops.
         Optionally ``fn`` also offers ``specialize(layout, allocator)``, which prepares a call
-        once for every later call with the same *layout* — a tuple with, per positional
-        argument, the device tensor's :class:`~accelkit.sdk.ViewSpec`, the type ``float`` or
-        ``complex`` for a Python number, or the static value itself (int lists as tuples).
+        once for every later call with the same :class:`CallLayout` (the tensors' geometries
+        and dtypes, which arguments are Python numbers, the static values, the keyword names).
         It returns a *plan* ``plan(blocks, numbers)``, called with the tensors' blocks (as
-        the allocator holds them) and the numbers, in argument order, and returning what
-        ``fn`` would; or None to leave that layout to ``fn``. A plan must behave exactly as
-        ``fn`` does, errors and :class:`KernelDeclined` included; it only saves per-call work.
-        A single-array result must have the same shape and dtype at every call of its layout
-        (the runtime checks the first and wraps the rest as it). Calls with keyword arguments,
-        host tensors or generators always go to ``fn``.
+        the allocator holds them) and the numbers, each in argument order (positional, then
+        keywords), and returning what ``fn`` would; or None to leave that layout to ``fn``.
+        A plan must behave exactly as ``fn`` does, errors and :class:`KernelDeclined`
+        included; it only saves per-call work. A single-array result must have the same shape
+        and dtype at every call of its layout (the runtime checks the first and wraps the rest
+        as it). Calls with host tensors or generators always go to ``fn``.
     :ivar derive_variants: let the runtime build the in-place and ``out=`` overloads of a
         functional op from this kernel (compute, check the dtype cast, write back).
     """

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
-from accelkit.sdk import KernelTable, ViewSpec
+from accelkit.sdk import CallLayout, KernelTable, ViewSpec
 from accelkit_backends.tpu import modes
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize, torch_dtype
 from accelkit_backends.tpu.cost import COSTS, ProgramCost, Tally
@@ -176,27 +176,36 @@ class Lowering:
         structure = self._structure(args, kwargs, arrays, scalars)
         return self._run(self._signature(structure), arrays, scalars, args)
 
-    def specialize(self, layout: tuple, allocator: Any) -> Callable[[list, list], Any] | None:
+    def specialize(self, layout: CallLayout, allocator: Any) -> Callable[[list, list], Any] | None:
         """A plan for every call with this layout (the contract is in
         :class:`accelkit.sdk.KernelEntry`): the arguments are encoded and the signature found
         once, so a call only collects the arrays and runs the program."""
         if type(self).__call__ is not Lowering.__call__:
             return None  # a subclass doing more per call than the program: a plan would skip it
-        codes, specs, numbers = [], [], 0
-        for i, item in enumerate(layout):
+        specs: list[ViewSpec] = []
+        numbers = 0
+
+        def code(item: Any, static: bool) -> Any:
+            """``item``'s code in the structure :meth:`_structure` would build for its value;
+            None for a compile-time float (its value must be in the structure)."""
+            nonlocal numbers
             if type(item) is ViewSpec:
-                codes.append((_VIEW, len(specs), item))
                 specs.append(item)
-            elif item is float or item is complex:
-                if i in self._static_positions:
-                    return None  # a compile-time constant: its value must be in the structure
-                codes.append((_SCALAR, numbers, item))
+                return (_VIEW, len(specs) - 1, item)
+            if item is float or item is complex:
+                if static:
+                    return None
                 numbers += 1
-            elif type(item) is tuple and i not in self._static_positions:
-                codes.append((_SEQ, tuple((_STATIC, v) for v in item)))
-            else:
-                codes.append((_STATIC, item))
-        signature = self._signature((tuple(codes), ()))
+                return (_SCALAR, numbers - 1, item)
+            if type(item) is tuple and not static:
+                return (_SEQ, tuple((_STATIC, v) for v in item))
+            return (_STATIC, item)
+
+        positional = [code(item, i in self._static_positions) for i, item in enumerate(layout.args)]
+        keywords = [(name, code(item, name in self._static_names)) for name, item in layout.kwargs]
+        if any(c is None for c in positional) or any(c is None for _, c in keywords):
+            return None
+        signature = self._signature((tuple(positional), tuple(keywords)))
         run, read, to_scalar = self._run, allocator.read, _device_scalar
 
         def plan(blocks: list, values: list) -> Any:

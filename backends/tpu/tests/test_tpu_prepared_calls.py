@@ -3,6 +3,7 @@ same compiles and costs, and read the same values as the general path."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import accelkit
@@ -30,6 +31,36 @@ def test_a_prepared_call_and_the_general_path_share_one_program(dev):
     general = lowering_of(aten.add.Tensor)(T.read(ctx, a), T.read(ctx, b))  # arrays: no plan
     assert compiled("aten.add.Tensor") == before + 1
     torch.testing.assert_close(through_plan.cpu(), T.from_array(ctx, general).cpu(), rtol=0, atol=0)
+
+
+def test_a_keyword_float_is_a_program_input_and_shares_the_general_paths_program(dev, monkeypatch):
+    # SGD's update, add_(grad, alpha=-lr); a shape no other test uses.
+    x, g = torch.randn(11, 17), torch.randn(11, 17)
+    acc, grad = x.to(dev), g.to(dev)
+    add = lowering_of(aten.add.Tensor)
+    before = compiled("aten.add.Tensor")
+    with monkeypatch.context() as patch:
+        patch.setattr(add, "_structure", lambda *a: pytest.fail("add_ took the general path"))
+        for lr in (0.1, 0.01, 0.001):
+            acc.add_(grad, alpha=-lr)
+            x.add_(g, alpha=-lr)
+    torch.testing.assert_close(acc.cpu(), x)
+    assert compiled("aten.add.Tensor") == before + 1  # one program for every learning rate
+    ctx = _runtime.active()
+    general = add(T.read(ctx, acc), T.read(ctx, grad), alpha=-0.5)
+    assert compiled("aten.add.Tensor") == before + 1
+    torch.testing.assert_close(T.from_array(ctx, general).cpu(), x - 0.5 * g)
+
+
+def test_a_compile_time_keyword_float_is_left_to_the_general_path(dev):
+    from accelkit.sdk import CallLayout, ViewSpec
+
+    norm = lowering_of(aten.linalg_vector_norm.default)
+    spec = ViewSpec(torch.float32, (3,), (1,), 0)
+    allocator = _runtime.active().allocator
+    assert norm.specialize(CallLayout((spec,), (("ord", float),)), allocator) is None
+    assert norm.specialize(CallLayout((spec, float)), allocator) is None
+    assert norm.specialize(CallLayout((spec, 2)), allocator) is not None  # an int is static anyway
 
 
 def test_the_cost_estimate_counts_every_prepared_call(dev):
