@@ -283,6 +283,20 @@ def test_detached_alias_shares_version_counter_and_memory(dev):
     assert torch.equal(results[1], results[0])
 
 
+
+@pytest.mark.parametrize("numel", [16, 1 << 18])
+def test_a_device_copy_shares_no_memory_with_the_host_tensor_it_came_from(dev, numel):
+    host = torch.zeros(numel)
+    dense, transposed, into = host.to(dev), host.view(-1, 4).t().to(dev), torch.empty(numel, device=dev)
+    into.copy_(host)
+    host.add_(1)
+    for copy in (dense, transposed, into):
+        assert copy.cpu().count_nonzero() == 0
+    host_again = dense.cpu()
+    host_again.add_(1)
+    assert dense.cpu().count_nonzero() == 0
+
+
 # -- autograd through in-place ops on views -----------------------------------------------------
 
 

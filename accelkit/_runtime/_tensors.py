@@ -163,7 +163,12 @@ def with_math_bits_of(host: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def stored_form(tensor: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """The CPU tensor a device ``tensor`` must store so that it reads as ``values`` (a CPU
     tensor, broadcast and cast to ``tensor``): conjugated or negated when ``tensor`` is a
-    conjugate or negative view, as PyTorch's ``copy_`` does."""
+    conjugate or negative view, as PyTorch's ``copy_`` does. That is ``values`` itself when
+    it already is: a plain CPU tensor of ``tensor``'s shape and dtype, and ``tensor`` without
+    a math bit."""
+    if (values.dtype == tensor.dtype and values.shape == tensor.shape and values.device.type == "cpu"
+            and not has_math_bits(values) and not has_math_bits(tensor) and not values._is_zerotensor()):
+        return values
     host = torch.empty(tensor.shape, dtype=tensor.dtype)
     with_math_bits_of(host, tensor).copy_(values)  # the CPU copy_ applies the bits
     return host

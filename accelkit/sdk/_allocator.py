@@ -114,7 +114,9 @@ class DeviceAllocator:
     - ``read(block, view) -> array``: the view's elements as a backend array of ``view.size``;
     - ``write(block, view, array)``: store an array of ``view.size`` and ``view.dtype`` into
       the view's elements; other elements of the block are unchanged;
-    - ``to_host(array) -> torch.Tensor`` and ``from_host(tensor) -> array``;
+    - ``to_host(array) -> torch.Tensor`` and ``from_host(tensor) -> array``, each sharing no
+      memory with its argument (the runtime hands ``from_host`` the caller's own tensors, which
+      may change afterwards);
     - ``array_meta(array) -> (shape, torch.dtype)``.
 
     Optional: ``_block_from_array(array)`` to adopt kernel results without a copy,

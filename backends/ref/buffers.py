@@ -43,7 +43,7 @@ class RefAllocator(DeviceAllocator):
         return array.clone()
 
     def from_host(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor
+        return tensor.clone()  # the array must not share the caller's memory (a kernel may return it)
 
     def array_meta(self, array: torch.Tensor) -> tuple[tuple[int, ...], torch.dtype]:
         return tuple(array.shape), array.dtype

@@ -176,10 +176,23 @@ def _scatter_index(spec: ViewSpec) -> tuple[np.ndarray, np.ndarray | None]:
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _scatter(storage: jax.Array, values: jax.Array, spec: ViewSpec, storage_dtype: torch.dtype) -> jax.Array:
     flat = as_flat(storage, spec.dtype)
-    index, keep = _scatter_index(spec)
-    values = values.reshape(-1).astype(flat.dtype)
-    updated = flat.at[index].set(values if keep is None else values[keep])
+    order = _is_dense_permutation(spec) if spec.numel else None
+    if order is not None:
+        # The view's elements are one stretch of storage in another dimension order (a
+        # transpose, channels-last): write it whole, as materialize reads it.
+        stretch = values.astype(flat.dtype).transpose(order).reshape(-1)
+        updated = jax.lax.dynamic_update_slice(flat, stretch, (spec.offset,))
+    else:
+        index, keep = _scatter_index(spec)
+        values = values.reshape(-1).astype(flat.dtype)
+        updated = flat.at[index].set(values if keep is None else values[keep])
     return updated if spec.dtype == storage_dtype else as_flat(updated, storage_dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(1,))
+def _in_storage_order(values: jax.Array, order: tuple[int, ...]) -> jax.Array:
+    """A view's values as the flat storage of a view with this dimension order."""
+    return values.transpose(order).reshape(-1)
 
 
 @functools.partial(jax.jit, static_argnums=(1,))
@@ -202,9 +215,9 @@ def _zeros_on(device: Any) -> Any:
 
 
 def data_movement_programs() -> int:
-    """Programs compiled so far for reading views, scattering into them, casting, and
-    zero-filling storage read before it was written."""
-    moves = (_read, _scatter, _cast, *_ZEROS.values())
+    """Programs compiled so far for reading views, scattering into them, writing whole ones in
+    another dimension order, casting, and zero-filling storage read before it was written."""
+    moves = (_read, _scatter, _in_storage_order, _cast, *_ZEROS.values())
     return sum(program._cache_size() for program in moves)
 
 
@@ -218,6 +231,14 @@ def _covers(spec: ViewSpec, nbytes: int) -> bool:
             return False
         expected *= size
     return True
+
+
+def _whole_storage_order(spec: ViewSpec, nbytes: int) -> tuple[int, ...] | None:
+    """If the view is the whole storage in some dimension order (a transposed or channels-last
+    tensor), that order (see :func:`_is_dense_permutation`); else None."""
+    if spec.offset or not spec.numel or spec.numel * spec.dtype.itemsize != nbytes:
+        return None
+    return _is_dense_permutation(spec)
 
 
 class TpuAllocator(DeviceAllocator):
@@ -262,8 +283,11 @@ class TpuAllocator(DeviceAllocator):
     def write(self, block: Holder, view: ViewSpec, array: Any) -> None:
         if isinstance(array, JaxView):
             array = _read(array.array, array.spec)
-        if _covers(view, block.nbytes) and array.dtype == jax_dtype(view.dtype):
+        same_dtype = array.dtype == jax_dtype(view.dtype)
+        if same_dtype and _covers(view, block.nbytes):
             block.array = array
+        elif same_dtype and (order := _whole_storage_order(view, block.nbytes)) is not None:
+            block.array = _in_storage_order(array, order)  # no need to read what is replaced
         else:
             storage = self._storage(block, view.dtype)
             block.array = _scatter(storage, array, view, torch_dtype(storage.dtype))
@@ -290,7 +314,10 @@ class TpuAllocator(DeviceAllocator):
 
     def from_host(self, tensor: torch.Tensor) -> jax.Array:
         carrier = _HOST_CARRIER.get(tensor.dtype)
-        tensor = tensor.detach().contiguous()
+        # A private copy: XLA's CPU client keeps suitably aligned host memory instead of copying
+        # it (even with may_alias=False, and after the transfer is complete), so the device
+        # array would change whenever the caller's tensor did.
+        tensor = tensor.detach().clone(memory_format=torch.contiguous_format)
         if carrier is not None:
             host = tensor.view(carrier[0]).numpy().view(carrier[1])
         else:

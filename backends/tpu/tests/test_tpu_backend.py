@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import accelkit
+from accelkit import _runtime
 from accelkit_backends.tpu import device as tpu_device
 from accelkit_backends.tpu import execution_mode, register_jax_kernel
 from accelkit_backends.tpu.modes import TpuExecutionError
@@ -273,3 +274,23 @@ def test_host_copies_keep_bf16_bits(dev):
     assert torch.equal(x.to(dev).cpu(), x)
     array = np.asarray(jnp.asarray([1.5], dtype=jnp.bfloat16))
     assert array.dtype.name == "bfloat16"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_an_array_made_from_a_host_tensor_keeps_its_values_when_the_tensor_changes(dev, dtype):
+    # XLA's CPU client would otherwise keep the tensor's own (aligned) memory as the array.
+    allocator = _runtime.active().allocator
+    for numel in (16, 1 << 18):
+        host = torch.zeros(numel, dtype=dtype)
+        array = allocator.from_host(host)
+        host.add_(1)
+        assert allocator.to_host(array).count_nonzero() == 0
+
+
+def test_an_op_with_a_host_operand_is_not_changed_by_later_writes_to_it(dev):
+    x = torch.ones(1 << 20).to(dev)
+    for _ in range(5):
+        operand = torch.full((1 << 20,), 2.0)
+        product = x * operand
+        operand.fill_(5)  # while the (asynchronous) product may still be running
+        assert product.cpu().unique().tolist() == [2.0]
