@@ -75,7 +75,7 @@ def new_tensor(
     tensor = _create_empty(size, dtype)
     storage = tensor.untyped_storage()
     storage.payload = payload
-    _set_storage.redispatch(META, tensor, storage, 0, size, stride)
+    _set_storage_meta(tensor, storage, 0, size, stride)
     return tensor
 
 
@@ -99,7 +99,7 @@ def set_geometry(
         if old.nbytes:
             ctx.allocator.write_bytes(grown.block, ctx.allocator.read_bytes(old.block, old.nbytes))
         storage.payload = grown
-    _set_storage.redispatch(META, tensor, storage, offset, tuple(size), tuple(stride))
+    _set_storage_meta(tensor, storage, offset, tuple(size), tuple(stride))
     return tensor
 
 

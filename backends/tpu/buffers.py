@@ -201,6 +201,8 @@ def _cast(array: jax.Array, dtype: Any) -> jax.Array:
 
 
 _ZEROS: dict[Any, Any] = {}  # device -> its zero-fill program
+_SHARED_ZEROS_BYTES = 64 * 1024  # zero storage up to this size is shared (see _zero_storage)
+_SHARED_ZEROS_KEPT = 256  # shared zero arrays kept at most: 16 MiB of device memory
 
 
 def _zeros_on(device: Any) -> Any:
@@ -253,6 +255,7 @@ class TpuAllocator(DeviceAllocator):
         self.jax_device = jax_device
         self._last: jax.Array | None = None
         self._zeros = _zeros_on(jax_device)
+        self._shared_zeros: dict[tuple[int, torch.dtype], jax.Array] = {}
 
     # -- blocks ------------------------------------------------------------------------------
 
@@ -270,9 +273,22 @@ class TpuAllocator(DeviceAllocator):
 
     def _storage(self, block: Holder, dtype: torch.dtype) -> jax.Array:
         if block.array is None:  # never written: PyTorch's empty memory, here zeros
-            itemsize = dtype.itemsize
-            block.array = self._zeros(max(block.nbytes // itemsize, 1), jax_dtype(dtype))
+            block.array = self._zero_storage(max(block.nbytes // dtype.itemsize, 1), dtype)
         return block.array
+
+    def _zero_storage(self, length: int, dtype: torch.dtype) -> jax.Array:
+        """``length`` zeros of ``dtype``. Small ones are made once and shared by every block
+        that needs them (``torch.zeros``, ``ones_like``'s seed, ``full`` all fill a fresh
+        ``empty``): a jax array never changes, and a write gives its block a new one."""
+        key = (length, dtype)
+        zeros = self._shared_zeros.get(key)
+        if zeros is None:
+            zeros = self._zeros(length, jax_dtype(dtype))
+            if length * dtype.itemsize <= _SHARED_ZEROS_BYTES:
+                if len(self._shared_zeros) >= _SHARED_ZEROS_KEPT:
+                    self._shared_zeros.clear()
+                self._shared_zeros[key] = zeros
+        return zeros
 
     # -- views -------------------------------------------------------------------------------
 

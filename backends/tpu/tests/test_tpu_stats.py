@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 
 import accelkit
+from accelkit import _runtime
+from accelkit._runtime import _tensors as T
 from accelkit_conformance.recording import _sample
 
 
@@ -47,6 +49,18 @@ def test_zero_filling_storage_never_written_is_one_counted_program_per_size_and_
     second = torch.empty(10007, dtype=torch.int16, device=dev).fill_(3)
     assert moves() == before + 1, "the same size and dtype reuse the program"
     assert first.cpu().unique().tolist() == [2] and second.cpu().unique().tolist() == [3]
+
+
+def test_small_storage_never_written_shares_one_zero_array_and_writes_keep_it_zero(dev):
+    ctx = _runtime.active()
+    first, second = torch.empty(3, 5, device=dev), torch.empty(15, device=dev)
+    assert T.read(ctx, first).array is T.read(ctx, second).array  # one zero-fill for both
+    first[1].fill_(7)
+    second.add_(1)
+    assert first.cpu().sum().item() == 35 and second.cpu().tolist() == [1.0] * 15
+    assert torch.empty(15, device=dev).cpu().count_nonzero() == 0
+    large = torch.empty(1 << 15, device=dev)  # 128 KiB: made for its block alone
+    assert T.read(ctx, large).array is not T.read(ctx, torch.empty(1 << 15, device=dev)).array
 
 
 def test_a_host_copy_of_any_size_replaces_its_storage_without_a_program(dev):
