@@ -7,6 +7,10 @@ other view of it — also under autograd.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+from collections.abc import Iterator
+
 import pytest
 import torch
 from conftest import DEVICE, holds, require_dtype  # noqa: E402 - the device under test, activated by conftest
@@ -548,6 +552,35 @@ def _write(draw, view: torch.Tensor):
 BASE_DTYPES = [d for d in (torch.float32, torch.complex64, torch.int32) if holds(d)]
 
 
+@functools.cache
+def _flushes_subnormals() -> bool:
+    """Whether arithmetic on the device under test flushes subnormal floats to zero, as XLA
+    does (real TPUs, and XLA's CPU platform the simulated tpu runs on)."""
+    smallest = torch.tensor([1e-45])  # the smallest float32 subnormal
+    return (smallest.to(DEVICE) + 0.0).cpu().item() == 0.0
+
+
+@contextlib.contextmanager
+def _cpu_flushing_like_the_device() -> Iterator[None]:
+    """Run the CPU reference with subnormals flushed when the device flushes them: an integer
+    base viewed as floats holds subnormals, and the write is arithmetic on them."""
+    flush = _flushes_subnormals()
+    torch.set_flush_denormal(flush)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def test_arithmetic_on_subnormals_matches_the_cpu_flushing_them_as_the_device_does(dev):
+    bits = torch.tensor([2, -2147483645, -1, 0x3F800000], dtype=torch.int32)  # ±subnormal, NaN, 1.0
+    on_cpu, on_device = bits.view(torch.float32).clone(), bits.to(dev).view(torch.float32)
+    with _cpu_flushing_like_the_device():
+        on_cpu.add_(0.0)
+    on_device.add_(0.0)
+    assert torch.equal(raw_bytes(on_device), raw_bytes(on_cpu))
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_view_chain_with_inplace_write_matches_cpu(data):
@@ -576,7 +609,8 @@ def test_random_view_chain_with_inplace_write_matches_cpu(data):
         # Partially overlapping windows (unfold with step < size): the result of an in-place
         # write is unspecified in PyTorch, so only the geometry checked above is compared.
         return
-    _, cpu_error = _apply(write, view_cpu)
+    with _cpu_flushing_like_the_device():
+        _, cpu_error = _apply(write, view_cpu)
     _, dev_error = _apply(write, view)
     assert (cpu_error is None) == (dev_error is None), (note, cpu_error, dev_error)
     assert_same_view(view, view_cpu)
