@@ -182,3 +182,59 @@ def test_later_results_get_the_shape_dtype_and_fresh_memory_of_the_first(dev, ad
     assert second.untyped_storage().payload is not first.untyped_storage().payload
     assert first.cpu().tolist() == [[1, 2, 3], [4, 5, 6]]
     assert second.cpu().tolist() == [[2, 3, 4], [5, 6, 7]]
+
+
+@pytest.fixture
+def add_inplace_with(dev):
+    """``make(kernel)``: the pipeline's PrivateUse1 wrapper of ``kernel`` for add_.Tensor."""
+    pipeline = Pipeline(_runtime.active())
+    return lambda kernel: pipeline.native_inplace(aten.add_.Tensor, kernel)
+
+
+def test_an_inplace_variant_writes_each_prepared_result_into_self(dev, add_inplace_with):
+    kernel = RecordingAdd()
+    run = add_inplace_with(kernel)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    dx, dy = x.to(dev), y.to(dev)
+    for alpha in (1.0, -0.5, 2.0):
+        assert run(dx, dy, alpha=alpha) is dx
+        x.add_(y, alpha=alpha)
+        torch.testing.assert_close(dx.cpu(), x)
+    column = dx[:, 1]  # a strided view of self's storage writes through to it
+    run(column, torch.ones(3).to(dev))
+    x[:, 1] += 1
+    torch.testing.assert_close(dx.cpu(), x)
+    assert len(kernel.layouts) == 2 and kernel.general_calls == 0 and len(kernel.plan_calls) == 4
+
+
+def test_an_inplace_result_is_cast_to_selfs_dtype_like_cpu(dev, add_inplace_with):
+    run = add_inplace_with(RecordingAdd())
+    x, y = torch.randn(5).to(torch.bfloat16), torch.randn(5)
+    dx, dy = x.to(dev), y.to(dev)
+    for _ in range(2):  # the first call checks the cast, the second repeats it
+        run(dx, dy)
+        x.add_(y)
+        assert dx.dtype == torch.bfloat16
+        torch.testing.assert_close(dx.cpu(), x, rtol=0, atol=0)
+
+
+def test_an_inplace_result_self_cannot_hold_fails_every_time_and_writes_nothing(dev, add_inplace_with):
+    run = add_inplace_with(RecordingAdd())
+    small, wide = torch.zeros(1).to(dev), torch.ones(3).to(dev)
+    integers = torch.zeros(3, dtype=torch.int64).to(dev)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+            run(small, wide)
+        with pytest.raises(RuntimeError, match="result type Float can't be cast"):
+            run(integers, wide)
+    assert small.cpu().tolist() == [0.0] and integers.cpu().tolist() == [0, 0, 0]
+
+
+def test_an_inplace_call_on_a_broadcast_view_goes_to_the_cpu_kernel_every_time(dev, add_inplace_with):
+    kernel = RecordingAdd()
+    run = add_inplace_with(kernel)
+    expanded = torch.zeros(1).to(dev).expand(3)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="single memory location"):
+            run(expanded, torch.ones(3).to(dev))
+    assert kernel.plan_calls == [] and kernel.general_calls == 0

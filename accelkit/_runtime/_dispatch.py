@@ -259,27 +259,42 @@ class Pipeline:
 
     def native_inplace(self, op: OpOverload, fn: Callable) -> Callable:
         """Derive ``op`` (an in-place overload) from the functional kernel ``fn``."""
-        ctx, name, call, meta = self.ctx, str(op), self._caller(op, fn), self._meta
-        cpu_fallback = self.cpu_fallback
+        ctx, name, call, meta = self.ctx, str(op), self._call, self._meta
+        cpu_fallback, gen = self.cpu_fallback, generator_slot(op)
 
-        def run(self_: _Tensor, *args: Any, **kwargs: Any) -> _Tensor:
-            if 0 in self_.stride() and _is_broadcast(self_):
-                # Several elements share one location (an expanded view). Whether writing it is
-                # allowed depends on the op (fill_/zero_ yes, arithmetic no): the CPU kernel decides.
-                return cpu_fallback(op, self_, *args, **kwargs)
-            try:
-                result = call((self_, *args), kwargs)
-            except KernelDeclined:
-                return cpu_fallback(op, self_, *args, **kwargs)
-            ctx.counters.count(name, "native")
+        def stored(self_: _Tensor, result: Any) -> tuple[Any, torch.dtype | None]:
+            """``result`` as ``self_`` stores it, and the dtype it was cast to (None: none);
+            PyTorch's error when ``self_`` cannot hold it."""
             shape, dtype = meta(result)
             check_inplace(self_, shape, dtype)
             if dtype != self_.dtype:
-                result = ctx.allocator.cast(result, self_.dtype)
+                return ctx.allocator.cast(result, self_.dtype), self_.dtype
+            return result, None
+
+        def writable(self_: _Tensor) -> bool:
+            # Several elements of a broadcast (expanded) view share one location. Whether
+            # writing it is allowed depends on the op (fill_/zero_ yes, arithmetic no): the CPU
+            # kernel decides.
+            return not (0 in self_.stride() and _is_broadcast(self_))
+
+        def run(self_: _Tensor, *args: Any, **kwargs: Any) -> _Tensor:
+            if not writable(self_):
+                return cpu_fallback(op, self_, *args, **kwargs)
+            try:
+                result = call(fn, gen, (self_, *args), kwargs)
+            except KernelDeclined:
+                return cpu_fallback(op, self_, *args, **kwargs)
+            result = stored(self_, result)[0]
+            ctx.counters.count(name, "native")
             T.write_values(ctx, self_, result)
             return self_
 
-        return run
+        lane = self._lane(op, fn)
+        if lane is None:
+            return run
+        # ``run`` is the general path: the lane hands it every call it does not cover (so
+        # ``run`` calls ``fn`` directly: asking the lane again would find no plan either).
+        return lane.inplace_front(name, run, functools.partial(cpu_fallback, op), writable, stored)
 
     def native_out(self, op: OpOverload, fn: Callable) -> Callable:
         """Derive ``op`` (an ``out=`` overload) from the functional kernel ``fn``."""

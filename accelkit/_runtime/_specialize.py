@@ -6,12 +6,14 @@ static arguments. A kernel that offers ``specialize`` (see :class:`accelkit.sdk.
 is asked once per layout for a *plan*; every later call with that layout hands the plan only
 the device blocks and the Python numbers. That skips the per-argument conversion to arrays and
 whatever the kernel can do ahead (for the tpu backend: encoding the arguments and finding the
-compiled program), and, for a functional op, the inspection of its result: the result's shape
-and dtype, once checked against the dtype rules, are those of every later call.
+compiled program), and the inspection of its result: the result's shape and dtype, once
+checked (against the dtype rules for a functional op; against ``self`` for an in-place
+variant), are those of every later call.
 
 Calls this lane does not cover take the general path unchanged: host tensors, conjugate or
-negative views, lists of anything but ints, and any layout the kernel declines to specialise. Ops that take a generator, or write arguments their schema does not
-declare (``UNDECLARED_WRITES``), never use it.
+negative views, lists of anything but ints, and any layout the kernel declines to specialise
+(in place, also a broadcast ``self``). Ops that take a generator, or write arguments their
+schema does not declare (``UNDECLARED_WRITES``), never use it.
 """
 
 from __future__ import annotations
@@ -40,15 +42,22 @@ _NOT_TENSORS = _STATIC | {float, complex, list}
 _KEYWORDS = object()
 
 
-class _Plan:
-    """A kernel's plan for one layout, and what its single-array result looks like (known
-    after its first call; None for other results)."""
+#: A plan's ``stores`` when the layout's first argument is a broadcast view: in place, that
+#: layout always takes the general path.
+_NOT_IN_PLACE = object()
 
-    __slots__ = ("run", "result")
+
+class _Plan:
+    """A kernel's plan for one layout, and what is known after its first call: what its
+    single-array result looks like as a new tensor (None for other results), and how it is
+    stored into the first argument by the op's in-place variant."""
+
+    __slots__ = ("run", "result", "stores")
 
     def __init__(self, run: Callable[[list, list], Any] | None):
         self.run = run  # None: the kernel declined the layout
         self.result: tuple[type, tuple[int, ...], torch.dtype, tuple[int, ...]] | None = None
+        self.stores: tuple[ViewSpec, torch.dtype | None] | object | None = None
 
 
 def _layout(key: tuple) -> CallLayout:
@@ -174,5 +183,50 @@ class Lane:
             if known is None and type(result) is _Tensor:  # one array, through the dtype check
                 plan.result = (type(out), result.shape, result.dtype, result.stride())
             return result
+
+        return run
+
+    def inplace_front(
+        self, name: str, general: Callable[..., Any], declined: Callable[..., Any],
+        writable: Callable[[torch.Tensor], bool],
+        stored: Callable[[torch.Tensor, Any], tuple[Any, torch.dtype | None]],
+    ) -> Callable[..., Any]:
+        """The PrivateUse1 kernel of in-place op ``name``, derived from the lane's functional
+        kernel: the result of ``self`` and the other arguments is written into ``self``.
+
+        A layout whose ``self`` is not ``writable(self)`` (a broadcast view) always takes the
+        general path. The first call of every other layout hands the result to
+        ``stored(self, result)``, which raises PyTorch's error when ``self`` cannot hold it
+        and otherwise returns it as ``self`` stores it, with the dtype it was cast to (None:
+        no cast). Later calls of the layout have the same result shape and dtype: they cast
+        as the first did and write into ``self``'s block directly. Uncovered calls go to
+        ``general(self, *args, **kwargs)``, and a declining plan's to ``declined(self,
+        *args, **kwargs)``.
+        """
+        prepare, count = self._prepare, self._ctx.counters.count
+        write, cast = self._ctx.allocator.write, self._ctx.allocator.cast
+
+        def run(self_: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+            prepared = prepare((self_, *args), kwargs)
+            if prepared is None:
+                return general(self_, *args, **kwargs)
+            plan, blocks, numbers = prepared
+            stores = plan.stores
+            if stores is None and not writable(self_):
+                stores = plan.stores = _NOT_IN_PLACE
+            if stores is _NOT_IN_PLACE:
+                return general(self_, *args, **kwargs)
+            try:
+                out = plan.run(blocks, numbers)
+            except KernelDeclined:
+                return declined(self_, *args, **kwargs)
+            if stores is None:
+                out, cast_to = stored(self_, out)
+                stores = plan.stores = (ViewSpec.of(self_), cast_to)
+            elif stores[1] is not None:
+                out = cast(out, stores[1])
+            count(name, "native")
+            write(blocks[0], stores[0], out)
+            return self_
 
         return run
