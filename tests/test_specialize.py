@@ -2,7 +2,8 @@
 once per call layout, and its plans must give exactly what the general path gives.
 
 The kernel here is a ref-backend add that records what the runtime asks of it, driven through
-the pipeline's own wrapper for ``aten.add.Tensor`` (called directly, not registered).
+the pipeline's own wrappers for ``aten.add.Tensor`` and ``aten.add_.Tensor`` (called directly, not
+registered).
 """
 
 from __future__ import annotations
@@ -56,10 +57,20 @@ class RecordingAdd:
 
 
 @pytest.fixture
-def add_with(dev):
+def pipeline(dev):
+    return Pipeline(_runtime.active())
+
+
+@pytest.fixture
+def add_with(pipeline):
     """``make(kernel)``: the pipeline's PrivateUse1 wrapper of ``kernel`` for add.Tensor."""
-    pipeline = Pipeline(_runtime.active())
     return lambda kernel: pipeline.native(aten.add.Tensor, kernel)
+
+
+@pytest.fixture
+def add_inplace_with(pipeline):
+    """``make(kernel)``: the wrapper for add_.Tensor derived from ``kernel``."""
+    return lambda kernel: pipeline.native_inplace(aten.add_.Tensor, kernel)
 
 
 def test_the_first_call_of_a_layout_prepares_a_plan_and_later_calls_reuse_it(dev, add_with):
@@ -182,13 +193,6 @@ def test_later_results_get_the_shape_dtype_and_fresh_memory_of_the_first(dev, ad
     assert second.untyped_storage().payload is not first.untyped_storage().payload
     assert first.cpu().tolist() == [[1, 2, 3], [4, 5, 6]]
     assert second.cpu().tolist() == [[2, 3, 4], [5, 6, 7]]
-
-
-@pytest.fixture
-def add_inplace_with(dev):
-    """``make(kernel)``: the pipeline's PrivateUse1 wrapper of ``kernel`` for add_.Tensor."""
-    pipeline = Pipeline(_runtime.active())
-    return lambda kernel: pipeline.native_inplace(aten.add_.Tensor, kernel)
 
 
 def test_an_inplace_variant_writes_each_prepared_result_into_self(dev, add_inplace_with):
