@@ -442,6 +442,49 @@ def test_a_float_cpu_scalar_tensor_promotes_an_integer_device_tensor_like_cpu(de
     assert_same(a.to(dev) * torch.tensor(3), a * torch.tensor(3))
 
 
+# -- host operands of more than one element --------------------------------------------------
+
+HOST_OPERAND_CASES = [
+    ("native", lambda x, h: x + h, "other"),
+    ("native, host first", lambda x, h: h * x, "self"),
+    ("native in a list", lambda x, h: torch.cat([x, h]), "tensors"),
+    ("out=", lambda x, h: torch.add(x, h, out=torch.empty_like(x)), "other"),
+    ("decomposed", lambda x, h: torch.rsub(x, h), "other"),
+    ("fallback", lambda x, h: torch.bucketize(x, h), "boundaries"),
+]
+
+
+@pytest.mark.parametrize("fn, name", [c[1:] for c in HOST_OPERAND_CASES],
+                         ids=[c[0] for c in HOST_OPERAND_CASES])
+def test_a_host_operand_of_more_than_one_element_raises_like_pytorchs_accelerators(dev, fn, name):
+    x = torch.randn(3).to(dev)
+    for policy in ("allow", "deny"):  # the device error, not the fallback policy's
+        accelkit.reset_stats()
+        with accelkit.fallback_policy(policy):
+            message = error_of(lambda: fn(x, torch.ones(3)))
+        assert message.startswith("Expected all tensors to be on the same device")
+        assert f"argument '{name}'" in message and f".to('{x.device}')" in message
+        assert accelkit.stats()["ops"] == {}
+
+
+def test_a_failed_inplace_op_with_a_host_operand_leaves_self_unchanged(dev):
+    x = torch.randn(3).to(dev)
+    before = x.cpu()
+    assert "argument 'other'" in error_of(lambda: x.add_(torch.ones(3)))
+    assert torch.equal(x.cpu(), before)
+
+
+def test_host_indices_are_taken_as_on_pytorchs_accelerators(dev):
+    x = torch.arange(6.0)
+    index, mask = torch.tensor([4, 0]), torch.tensor([True, False] * 3)
+    assert_same(x.to(dev)[index], x[index])
+    assert_same(x.to(dev)[mask], x[mask])
+    y = x.to(dev)
+    y[index] = torch.tensor([-1.0, -2.0]).to(dev)
+    x[index] = torch.tensor([-1.0, -2.0])
+    assert_same(y, x)
+
+
 # -- convolution ---------------------------------------------------------------------------------
 
 CONV_CASES = [

@@ -156,7 +156,7 @@ WRITES = {
     "copy_into_unbind_piece": lambda x: x.unbind(0)[1].copy_(torch.tensor([9.0, 8.0, 7.0])),
     "copy_device_tensor_into_view": lambda x: x[:, 1].copy_(x[:, 2]),
     "setitem_tensor_on_column": lambda x: _assign(x, (slice(None), 0), torch.tensor([4.0, 5.0])),
-    "add_tensor_through_flatten": lambda x: x.view(-1)[1::2].add_(torch.arange(3.0)),
+    "add_tensor_through_flatten": lambda x: x.view(-1)[1::2].add_(torch.arange(3.0, device=x.device)),
     "clamp_through_transpose": lambda x: x.t()[1:].clamp_(min=1.5, max=4.5),
     "div_through_unfold_nonoverlapping": lambda x: x.view(-1).unfold(0, 2, 2).div_(4),
     "masked_fill_through_view": lambda x: x.t().masked_fill_(x.t() > 2, -2),

@@ -30,12 +30,16 @@ from accelkit._runtime._context import BackendContext
 from accelkit._runtime._fallback import HostCall
 from accelkit._runtime._schema import (
     UNDECLARED_WRITES,
+    HostOperand,
     fill_generator,
+    foreign_host_tensor,
     functional_of,
     generator_slot,
+    host_operand_error,
     is_inplace_view_op,
     is_view_op,
     out_arg_names,
+    takes_host_operand,
 )
 from accelkit._runtime._specialize import NO_LANE, Lane
 from accelkit.sdk._allocator import ViewSpec
@@ -153,9 +157,10 @@ class Pipeline:
 
     # -- arrays in, tensors out ------------------------------------------------------------
 
-    def _to_array(self, value: Any, held: list) -> Any:
-        """A kernel argument as the backend sees it: device tensors as arrays (host tensors are
-        copied over), other values unchanged.
+    def _to_array(self, value: Any, held: list, op: OpOverload) -> Any:
+        """A kernel argument of ``op`` as the backend sees it: device tensors as arrays (host
+        tensors ``op`` takes are copied over; others raise :class:`HostOperand`), other values
+        unchanged.
 
         Kernels get values, not stored elements: a conjugate or negative view (which reaches
         mm and the like unresolved) is resolved into a temporary, appended to ``held`` so that
@@ -166,6 +171,8 @@ class Pipeline:
             # building ``value.device``, which is left for the rare tensors that have none.
             payload = getattr(value.untyped_storage(), "payload", None)
             if payload is None and value.device.type != self.ctx.name:
+                if not takes_host_operand(op, value):
+                    raise HostOperand(value)
                 if value._is_zerotensor() or value.is_conj() or value.is_neg():
                     value = T.host_values(value)
                 return self.ctx.allocator.from_host(value)
@@ -177,7 +184,7 @@ class Pipeline:
                 payload = T.buffer_of(value)  # raises the clear error
             return self._read(payload.block, ViewSpec.of(value))
         if isinstance(value, (list, tuple)) and value and any(isinstance(v, _Tensor) for v in value):
-            return type(value)(self._to_array(v, held) if v is not None else None for v in value)
+            return type(value)(self._to_array(v, held, op) if v is not None else None for v in value)
         return value
 
     def _wrap(self, result: Any) -> Any:
@@ -194,11 +201,16 @@ class Pipeline:
 
     # -- native kernels --------------------------------------------------------------------
 
-    def _call(self, fn: Callable, gen: tuple[int, str] | None, args: Any, kwargs: dict) -> Any:
-        """Call a kernel with device tensors as arrays and the device generator filled in."""
+    def _call(self, op: OpOverload, fn: Callable, gen: tuple[int, str] | None, args: Any,
+              kwargs: dict) -> Any:
+        """Call ``op``'s kernel with device tensors as arrays and the device generator filled
+        in; PyTorch's mixed-device error for a host tensor ``op`` does not take."""
         to_array, held = self._to_array, []
-        arrays = [to_array(a, held) for a in args]
-        array_kwargs = {k: to_array(v, held) for k, v in kwargs.items()} if kwargs else {}
+        try:
+            arrays = [to_array(a, held, op) for a in args]
+            array_kwargs = {k: to_array(v, held, op) for k, v in kwargs.items()} if kwargs else {}
+        except HostOperand as e:
+            raise host_operand_error(self.ctx, op, args, kwargs, e.tensor) from None
         if gen is not None:
             fill_generator(self.ctx, gen, arrays, array_kwargs)
         return fn(*arrays, **array_kwargs)
@@ -218,14 +230,14 @@ class Pipeline:
         it has one, otherwise through :meth:`_call`."""
         call, gen, lane = self._call, generator_slot(op), self._lane(op, fn)
         if lane is None:
-            return lambda args, kwargs: call(fn, gen, args, kwargs)
+            return lambda args, kwargs: call(op, fn, gen, args, kwargs)
         planned = lane.arrays
 
         def call_planned(args: tuple, kwargs: dict) -> Any:
             result = planned(args, kwargs)
             if result is not NO_LANE:
                 return result
-            return call(fn, gen, args, kwargs)
+            return call(op, fn, gen, args, kwargs)
 
         return call_planned
 
@@ -243,7 +255,7 @@ class Pipeline:
 
         def run(*args: Any, **kwargs: Any) -> Any:
             try:
-                result = call(fn, gen, args, kwargs)
+                result = call(op, fn, gen, args, kwargs)
             except KernelDeclined:
                 return cpu_fallback(op, *args, **kwargs)
             ctx.counters.count(name, "native")
@@ -281,7 +293,7 @@ class Pipeline:
             if not writable(self_):
                 return cpu_fallback(op, self_, *args, **kwargs)
             try:
-                result = call(fn, gen, (self_, *args), kwargs)
+                result = call(op, fn, gen, (self_, *args), kwargs)
             except KernelDeclined:
                 return cpu_fallback(op, self_, *args, **kwargs)
             result = stored(self_, result)[0]
@@ -365,7 +377,11 @@ class Pipeline:
 
     def _decompose(self, op: OpOverload, decomposition: Callable, args: tuple, kwargs: dict) -> Any:
         """``decomposition(*args, **kwargs)``, or NotImplemented when ``op`` is already being
-        decomposed on this thread (a decomposition that re-enters its own op)."""
+        decomposed on this thread (a decomposition that re-enters its own op).
+
+        A host tensor ``op`` does not take raises here, naming ``op``, rather than in
+        whichever of its parts meets it first."""
+        self._check_host_operands(op, args, kwargs)
         active = self._active_decompositions()
         if op in active:
             return NotImplemented
@@ -414,6 +430,7 @@ class Pipeline:
         """Run an in-place overload as its functional op, then store the result in ``self``."""
 
         def run(op: OpOverload, self_: _Tensor, *args: Any, **kwargs: Any) -> Any:
+            self._check_host_operands(op, (self_, *args), kwargs)
             result = functional(self_, *args, **kwargs)
             check_inplace(self_, tuple(result.shape), result.dtype)
             self_.copy_(result)
@@ -421,6 +438,13 @@ class Pipeline:
             return self_
 
         return run
+
+    def _check_host_operands(self, op: OpOverload, args: tuple, kwargs: dict) -> None:
+        """PyTorch's mixed-device error when ``op``'s arguments hold a host tensor it does not
+        take (native kernels find them while converting their arguments)."""
+        host = foreign_host_tensor(self.ctx, op, args, kwargs)
+        if host is not None:
+            raise host_operand_error(self.ctx, op, args, kwargs, host)
 
     def _active_decompositions(self) -> set:
         active = getattr(self._decomposing, "ops", None)
@@ -433,6 +457,7 @@ class Pipeline:
     def cpu_fallback(self, op: OpOverload, *args: Any, **kwargs: Any) -> Any:
         """Run ``op`` on the CPU with host copies of the device arguments, then copy back."""
         ctx = self.ctx
+        self._check_host_operands(op, args, kwargs)
         if ctx.admit_fallback(op):
             ctx.counters.count(str(op), "fallback")
         return HostCall(ctx, op).run(args, kwargs)

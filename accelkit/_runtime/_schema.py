@@ -123,3 +123,58 @@ UNDECLARED_WRITES: dict[OpOverload, tuple[str, ...]] = {
     torch.ops.aten.native_batch_norm.default: ("running_mean", "running_var"),
     torch.ops.aten.native_batch_norm.out: ("running_mean", "running_var"),
 }
+
+
+#: Ops that take host tensors of any shape beside device tensors, as PyTorch's accelerators
+#: do: indices may stay on the CPU. Every other op takes a host tensor only when it is 0-dim
+#: (a number in tensor form, like a CPU scalar beside a CUDA tensor).
+_HOST_OPERAND_OPS = frozenset({
+    "aten::index", "aten::_unsafe_index", "aten::index_put", "aten::index_put_",
+    "aten::_index_put_impl_", "aten::_unsafe_index_put",
+})
+
+
+class HostOperand(Exception):
+    """Raised while converting arguments: a host tensor among an op's device arguments that
+    the op does not take (turned into :func:`host_operand_error` by the caller)."""
+
+    def __init__(self, tensor: torch.Tensor):
+        super().__init__()
+        self.tensor = tensor
+
+
+def takes_host_operand(op: OpOverload, tensor: torch.Tensor) -> bool:
+    """Whether ``op`` may run with host tensor ``tensor`` among its device arguments."""
+    return tensor.dim() == 0 or op._schema.name in _HOST_OPERAND_OPS
+
+
+def foreign_host_tensor(ctx: BackendContext, op: OpOverload, args: tuple, kwargs: dict) -> Any:
+    """The first host tensor among ``op``'s arguments (lists included) that ``op`` does not
+    take beside device tensors, or None."""
+    for value in (*args, *kwargs.values()):
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if (isinstance(v, torch.Tensor) and v.device.type != ctx.name
+                    and not takes_host_operand(op, v)):
+                return v
+    return None
+
+
+def host_operand_error(ctx: BackendContext, op: OpOverload, args: tuple, kwargs: dict,
+                       host: torch.Tensor) -> RuntimeError:
+    """PyTorch's mixed-device error for ``host``, a host tensor ``op`` does not take, naming
+    the argument that holds it and the fix."""
+    names = [a.name for a in op._schema.arguments]
+    device, where = None, "an argument"
+    for name, value in (*zip(names, args), *kwargs.items()):
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if v is host and where == "an argument":
+                where = f"argument '{name}'"
+            elif device is None and isinstance(v, torch.Tensor) and v.device.type == ctx.name:
+                device = str(v.device)
+    device = device or ctx.name
+    return RuntimeError(
+        f"Expected all tensors to be on the same device, but found at least two devices, "
+        f"{device} and {host.device}! {where} of {op} is a {host.device} tensor of shape "
+        f"{tuple(host.shape)}: move it with .to('{device}') (a {host.device} tensor is taken "
+        f"beside {ctx.name} tensors only when it is 0-dim)"
+    )

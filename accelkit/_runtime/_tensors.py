@@ -197,11 +197,3 @@ def host_values(host: torch.Tensor) -> torch.Tensor:
     if host._is_zerotensor():
         return torch.zeros(host.shape, dtype=host.dtype)
     return host.resolve_conj().resolve_neg()
-
-
-def from_host(ctx: BackendContext, host: torch.Tensor) -> torch.Tensor:
-    """A new device tensor with the values of a CPU tensor."""
-    tensor = new_tensor(ctx, host.shape, host.dtype)
-    if tensor.numel():
-        write(ctx, tensor, ctx.allocator.from_host(host_values(host).contiguous()))
-    return tensor

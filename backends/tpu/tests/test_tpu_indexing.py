@@ -227,18 +227,18 @@ def test_index_backward_accumulates_repeated_rows(dev):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=str)
 def test_index_select_and_gather(dev, dtype):
     x = transposed((4, 5), dtype)
-    compare(dev, lambda t: t.index_select(1, long(4, 0, 0)), x)
-    compare(dev, lambda t: t.index_select(0, torch.tensor(3)), x)
+    compare(dev, lambda t, i: t.index_select(1, i), x, long(4, 0, 0))
+    compare(dev, lambda t, i: t.index_select(0, i), x, torch.tensor(3))
     index = torch.tensor([[0, 4, 4], [1, 0, 2], [3, 3, 3]])
-    compare(dev, lambda t: t.gather(1, index), x)  # index smaller than x in dim 0
-    compare(dev, lambda t: t.gather(0, index.T[:, :2].clamp(max=3)), x)
+    compare(dev, lambda t, i: t.gather(1, i), x, index)  # index smaller than x in dim 0
+    compare(dev, lambda t, i: t.gather(0, i), x, index.T[:, :2].clamp(max=3))
     compare(dev, lambda t, i: torch.take_along_dim(t, i, dim=1), x, long(1, -1, 0, 4).reshape(4, 1))
     assert_native("aten.index_select.default", "aten.gather.default")
 
 
 def test_index_select_and_gather_backward(dev):
     x = transposed((4, 5))
-    compare_grad(dev, lambda t: t.index_select(0, long(1, 1, 3)), x)
+    compare_grad(dev, lambda t, i: t.index_select(0, i), x, long(1, 1, 3))
     compare_grad(dev, lambda t, i: t.gather(1, i), x, torch.tensor([[0, 0], [4, 1], [2, 2], [3, 0]]))
     compare_grad(dev, lambda t, i: torch.take_along_dim(t, i, 1), x, long(1, 1, 0, 4).reshape(4, 1))
     assert_native("aten.index_select.default", "aten.gather.default", "aten.index_add_.default",
@@ -250,9 +250,9 @@ def test_scatter_overwrites(dev, dtype):
     x = transposed((3, 5), dtype)
     index = torch.tensor([[4, 0, 2], [1, 3, 0]])  # distinct per row: PyTorch defines the result
     src = sample((2, 4), dtype, seed=8)  # larger than index: only its corner is read
-    compare(dev, lambda t, s: t.scatter(1, index, s), x, src)
-    compare(dev, lambda t: t.scatter(1, index, 1), x)
-    compare(dev, lambda t: t.scatter_(0, index[:, :2].clamp(max=2), 0), x)
+    compare(dev, lambda t, s, i: t.scatter(1, i, s), x, src, index)
+    compare(dev, lambda t, i: t.scatter(1, i, 1), x, index)
+    compare(dev, lambda t, i: t.scatter_(0, i, 0), x, index[:, :2].clamp(max=2))
     assert_native("aten.scatter.src", "aten.scatter.value", "aten.scatter_.value")
 
 
@@ -265,14 +265,14 @@ def test_scatter_add_and_reduce_with_repeated_indices(dev, dtype):
     index = torch.tensor([[0, 0, 3, 3, 3], [1, 2, 1, 1, 0], [2, 2, 2, 0, 0]])
     src = sample((3, 5), dtype, seed=9)
     tol = sum_tolerance(dtype)
-    compare(dev, lambda t, s: t.scatter_add(1, index, s), x, src, **tol)
-    compare(dev, lambda t, s: t.scatter(1, index, s, reduce="add"), x, src, **tol)
-    compare(dev, lambda t, s: t.scatter(1, index, s, reduce="multiply"), x, src, **tol)
+    compare(dev, lambda t, s, i: t.scatter_add(1, i, s), x, src, index, **tol)
+    compare(dev, lambda t, s, i: t.scatter(1, i, s, reduce="add"), x, src, index, **tol)
+    compare(dev, lambda t, s, i: t.scatter(1, i, s, reduce="multiply"), x, src, index, **tol)
     reduces = ("sum", "prod", "mean", "amax", "amin") if dtype == torch.float32 else ("mean", "prod")
     for reduce in reduces:
         for include_self in (True, False):
-            compare(dev, lambda t, s, r=reduce, i=include_self: t.scatter_reduce(1, index, s, r, include_self=i),
-                    x, src, **tol)
+            compare(dev, lambda t, s, i, r=reduce, keep=include_self: t.scatter_reduce(1, i, s, r, include_self=keep),
+                    x, src, index, **tol)
     assert_native("aten.scatter_add.default", "aten.scatter.reduce", "aten.scatter_reduce.two")
 
 
@@ -288,11 +288,12 @@ def test_index_add_copy_fill(dev, dtype):
     x = transposed((4, 5), dtype)
     source = sample((4, 3), dtype, seed=10)
     tol = sum_tolerance(dtype)
-    compare(dev, lambda t, s: t.index_add(1, long(4, 0, 4), s), x, source, **tol)  # repeated: accumulates
-    compare(dev, lambda t, s: t.index_add(1, long(4, 0, 4), s, alpha=2), x, source, **tol)
-    compare(dev, lambda t, s: t.index_copy(1, long(3, 0, 1), s), x, source)
-    compare(dev, lambda t: t.index_fill(0, long(-1, 1), 3), x)
-    compare(dev, lambda t: t.index_fill_(1, long(2), torch.tensor(-2).to(dtype)), x)
+    repeated = long(4, 0, 4)  # accumulates
+    compare(dev, lambda t, s, i: t.index_add(1, i, s), x, source, repeated, **tol)
+    compare(dev, lambda t, s, i: t.index_add(1, i, s, alpha=2), x, source, repeated, **tol)
+    compare(dev, lambda t, s, i: t.index_copy(1, i, s), x, source, long(3, 0, 1))
+    compare(dev, lambda t, i: t.index_fill(0, i, 3), x, long(-1, 1))
+    compare(dev, lambda t, i: t.index_fill_(1, i, torch.tensor(-2).to(dtype)), x, long(2))
     assert_native("aten.index_add.default", "aten.index_copy.default", "aten.index_fill.int_Scalar",
                   "aten.index_fill_.int_Tensor")
 

@@ -513,7 +513,7 @@ def test_bfloat16_matmul_accumulates_in_float32(dev):
     # 512 products of 1 + 1/128: exact in float32 then rounded once; bf16 accumulation drifts.
     a = torch.full((1, 512), 1 + 1 / 128, dtype=torch.bfloat16)
     b = torch.ones(512, 1, dtype=torch.bfloat16)
-    compare(dev, lambda x, y: (x @ y, torch.addmm(torch.ones(1, 1, dtype=torch.bfloat16), x, y)), a, b)
+    compare(dev, lambda x, y, c: (x @ y, torch.addmm(c, x, y)), a, b, torch.ones(1, 1, dtype=torch.bfloat16))
 
 
 # ---------------------------------------------------------------------------------------------
