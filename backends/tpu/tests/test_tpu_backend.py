@@ -287,6 +287,35 @@ def test_an_array_made_from_a_host_tensor_keeps_its_values_when_the_tensor_chang
         assert allocator.to_host(array).count_nonzero() == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
+def test_host_transfers_use_jax_s_direct_path_and_give_device_put_s_arrays(dev, dtype):
+    allocator = _runtime.active().allocator
+    assert allocator._put.__name__ == "direct"  # this jax's internals passed the probe
+    host = (torch.randn(4, 5) * 10).to(dtype)
+    array = allocator.from_host(host)
+    want = jax.device_put(np.asarray(array), allocator.jax_device)
+    assert array.aval == want.aval and array.sharding == want.sharding and array.committed
+    assert torch.equal(allocator.to_host(array), host)
+
+
+def test_host_transfers_fall_back_to_device_put_when_jax_s_internals_change(monkeypatch):
+    from jax._src.lib import xla_client
+
+    from accelkit_backends.tpu import buffers
+
+    device = _runtime.active().allocator.jax_device
+    wrong = jax.device_put(np.zeros((2, 3), np.int32), device)
+
+    def changed(aval, sharding, xs, devices, committed):  # the same name, another meaning
+        return wrong
+
+    monkeypatch.setattr(xla_client, "batched_device_put", changed)
+    put = buffers._host_transfer(device)
+    assert put.__name__ == "public"
+    monkeypatch.undo()
+    assert np.array_equal(np.asarray(put(np.arange(3))), np.arange(3))
+
+
 def test_an_op_with_a_host_operand_is_not_changed_by_later_writes_to_it(dev):
     # Host indices are the operands PyTorch's accelerators take at any size.
     x = torch.arange(1 << 20, dtype=torch.float32).to(dev)
