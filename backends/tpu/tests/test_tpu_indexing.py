@@ -142,7 +142,7 @@ def test_index_separated_advanced_dims_move_first(dev):
     x = transposed((3, 4, 5))
     compare(dev, lambda t: t[long(0, -1), :, long(1, 4)], x)
     compare(dev, lambda t: t[long(0, 3, 1, 1).reshape(2, 2)], x[0])
-    compare(dev, lambda t: torch.take(t, long(0, -1, 5, 5)), x)
+    compare(dev, lambda t, i: torch.take(t, i), x, long(0, -1, 5, 5))
     assert_native("aten.index.Tensor")
 
 
