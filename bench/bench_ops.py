@@ -4,8 +4,8 @@
     python bench/bench_ops.py --device tpu         # tpu (XLA); adds torchax when it is installed
 
 Prints microseconds per call (median of several repeats) for a small elementwise add, a 64×64
-matmul, an in-place update and one training step of a small MLP (forward, backward, SGD), with
-the ratio to the same work on the CPU. The device is synchronised before each clock reading.
+matmul, an in-place update, a host batch moved to the device and one training step of a small
+MLP (forward, backward, SGD), with the ratio to the same work on the CPU. The device is synchronised before each clock reading.
 Figures are wall-clock on this machine: compare ratios, not absolute numbers, across machines.
 The CPU baseline runs single-threaded (``torch.set_num_threads(1)``), in this process and in
 torchax's.
@@ -50,6 +50,7 @@ def cases(device: torch.device | str) -> dict[str, tuple[Callable[[], object], i
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(16, 32).to(device), torch.randint(0, 10, (16,)).to(device)
+    batch = torch.randn(16, 32)
 
     def train_step() -> None:
         optimizer.zero_grad()
@@ -67,6 +68,8 @@ def cases(device: torch.device | str) -> dict[str, tuple[Callable[[], object], i
         "add (16,)": (no_grad(lambda: small_a + small_b), 1),
         "matmul 64x64": (no_grad(lambda: mat_a @ mat_b), 1),
         "add_ in place (16,)": (no_grad(lambda: acc.add_(small_a)), 1),
+        # A batch from the host; on the CPU, copy=True makes the same copy.
+        "to device (16, 32)": (lambda: batch.to(device, copy=True), 1),
         "MLP training step": (train_step, 20),
     }
 
