@@ -44,6 +44,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_ops.py
+	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_ops.py --device tpu
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_neuron.py
 
 clean:

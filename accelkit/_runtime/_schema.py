@@ -1,6 +1,6 @@
 """What an aten op's schema says, as the dispatch pipeline needs it: which ops are views, which
-write their arguments, how in-place and ``out=`` overloads map to functional ones, and where a
-generator goes."""
+write their arguments, how in-place and ``out=`` overloads map to functional ones, where a
+generator goes, and which host tensors an op takes beside device tensors."""
 
 from __future__ import annotations
 
