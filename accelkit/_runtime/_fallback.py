@@ -190,7 +190,7 @@ class HostCall:
             # to match and store the new contents.
             T.set_geometry(ctx, device, host.shape, host.stride(), host.storage_offset())
             if host.numel():
-                T.write_values(ctx, device, ctx.allocator.from_host(T.host_values(host).contiguous()))
+                T.write_values(ctx, device, ctx.allocator.from_host(T.host_values(host)))
         for key in dirty:
             buf, host_bytes = self.hosts[key]
             ctx.allocator.write_bytes(buf.block, host_bytes)

@@ -116,7 +116,8 @@ class DeviceAllocator:
       the view's elements; other elements of the block are unchanged;
     - ``to_host(array) -> torch.Tensor`` and ``from_host(tensor) -> array``, each sharing no
       memory with its argument (the runtime hands ``from_host`` the caller's own tensors, which
-      may change afterwards);
+      may change afterwards, with any strides: the array holds their values in row-major
+      order);
     - ``array_meta(array) -> (shape, torch.dtype)``.
 
     Optional: ``_block_from_array(array)`` to adopt kernel results without a copy,
@@ -183,7 +184,7 @@ class DeviceAllocator:
     def write_bytes(self, block: Any, data: torch.Tensor) -> None:
         """Overwrite the start of a block with host ``uint8`` bytes."""
         view = ViewSpec(torch.uint8, (data.numel(),), (1,), 0)
-        self.write(block, view, self.from_host(data.contiguous()))
+        self.write(block, view, self.from_host(data))
 
     # -- the public allocator --------------------------------------------------------------
 

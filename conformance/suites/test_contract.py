@@ -453,6 +453,28 @@ def test_transfer_round_trips_exactly(dtype):
 
 
 @pytest.mark.parametrize("dtype", SETTINGS.dtypes)
+def test_transfer_copies_share_no_memory_with_the_host_tensor(dtype):
+    # Large enough that a host runtime would hand over the tensor's own (aligned) memory.
+    cpu = _sample_of(getattr(torch, dtype), (256, 256))
+    before = cpu.clone()
+    moved, copied = cpu.to(DEV), torch.empty_like(cpu, device=DEV).copy_(cpu)
+    cpu.zero_()
+    assert torch.equal(moved.cpu(), before) and torch.equal(copied.cpu(), before)
+    back = moved.cpu()
+    back.zero_()
+    assert torch.equal(moved.cpu(), before)
+
+
+def test_transfer_host_operands_are_taken_as_on_pytorchs_accelerators():
+    x = torch.arange(6.0, device=DEV)
+    assert torch.equal((x * torch.tensor(2.0)).cpu(), torch.arange(6.0) * 2)  # 0-dim: a number
+    assert torch.equal(x[torch.tensor([5, 0])].cpu(), torch.tensor([5.0, 0.0]))  # host indices
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        x + torch.ones(6)
+    assert torch.equal(x.cpu(), torch.arange(6.0))
+
+
+@pytest.mark.parametrize("dtype", SETTINGS.dtypes)
 def test_transfer_dtype_conversion_on_the_device_matches_cpu(dtype):
     cpu = _sample_of(torch.float32, (5, 4)) * 50
     target = getattr(torch, dtype)
