@@ -16,6 +16,7 @@ from conftest import run_python
 
 import accelkit
 from accelkit import _runtime
+from accelkit._runtime._dispatch import Pipeline
 
 aten = torch.ops.aten
 
@@ -379,6 +380,40 @@ def test_an_inplace_result_of_a_narrower_kind_is_cast_into_self(dev):
     t = a.to(dev)
     t.add_(torch.arange(4, device=dev))
     assert_same(t, expected)
+
+
+# -- in-place ops on lists of tensors (foreach) -------------------------------------------------
+
+
+def foreach_add(selves, others, alpha=1):
+    """A functional ``_foreach_add.List`` on ref arrays (CPU tensors)."""
+    return [torch.add(x, y, alpha=alpha) for x, y in zip(selves, others)]
+
+
+def test_an_inplace_list_op_is_derived_and_writes_every_tensor(dev):
+    from accelkit._runtime._schema import variants_of
+
+    assert variants_of(aten._foreach_add.List) == (aten._foreach_add_.List, None)  # no list outs
+    run = Pipeline(_runtime.active()).native_inplace(aten._foreach_add_.List, foreach_add)
+    xs, ys = [torch.randn(3), torch.randn(2, 2)], [torch.randn(3), torch.randn(2, 2)]
+    selves = on_device(dev, *xs)
+    view = selves[1].t()  # a view of one of them sees the write
+    accelkit.reset_stats()
+    assert run(selves, on_device(dev, *ys), alpha=2) is None
+    for t, x, y in zip(selves, xs, ys):
+        assert_same(t, x + 2 * y)
+    assert_same(view, (xs[1] + 2 * ys[1]).t())
+    assert counts("aten._foreach_add_.List") == {"native": 1, "decomposed": 0, "fallback": 0}
+
+
+def test_an_inplace_list_op_writes_nothing_when_one_result_cannot_be_stored(dev):
+    run = Pipeline(_runtime.active()).native_inplace(aten._foreach_add_.List, foreach_add)
+    xs = [torch.randn(3), torch.arange(3)]  # the float sum cannot go back into int64
+    selves = on_device(dev, *xs)
+    message = error_of(lambda: run(selves, on_device(dev, torch.randn(3), torch.randn(3))))
+    assert "can't be cast to the desired output type Long" in message
+    for t, x in zip(selves, xs):
+        assert_same(t, x)
 
 
 # -- Python scalars where the schema wants a Tensor ---------------------------------------------

@@ -79,6 +79,13 @@ def _is_broadcast(t: _Tensor) -> bool:
     return any(st == 0 and sz > 1 for sz, st in zip(t.shape, t.stride()))
 
 
+def writable(self_: _Tensor) -> bool:
+    """Whether an in-place kernel may write ``self_``. Several elements of a broadcast
+    (expanded) view share one location; whether writing it is allowed depends on the op
+    (``fill_``/``zero_`` yes, arithmetic no), so the CPU kernel decides."""
+    return not (0 in self_.stride() and _is_broadcast(self_))
+
+
 def prepare_out(ctx: BackendContext, out: _Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
     """Resize an ``out=`` tensor to ``shape`` as PyTorch does, and check the dtype cast."""
     if not torch.can_cast(dtype, out.dtype):
@@ -269,25 +276,21 @@ class Pipeline:
         # ``run`` is the general path: the lane hands it every call it does not cover.
         return lane.front(name, run, functools.partial(cpu_fallback, op), wrap)
 
+    def _stored(self, self_: _Tensor, result: Any) -> tuple[Any, torch.dtype | None]:
+        """``result`` as ``self_`` stores it, and the dtype it was cast to (None: none);
+        PyTorch's error when ``self_`` cannot hold it."""
+        shape, dtype = self._meta(result)
+        check_inplace(self_, shape, dtype)
+        if dtype != self_.dtype:
+            return self.ctx.allocator.cast(result, self_.dtype), self_.dtype
+        return result, None
+
     def native_inplace(self, op: OpOverload, fn: Callable) -> Callable:
         """Derive ``op`` (an in-place overload) from the functional kernel ``fn``."""
-        ctx, name, call, meta = self.ctx, str(op), self._call, self._meta
+        if op._schema.arguments[0].type.kind() == "ListType":
+            return self._native_inplace_list(op, fn)
+        ctx, name, call, stored = self.ctx, str(op), self._call, self._stored
         cpu_fallback, gen = self.cpu_fallback, generator_slot(op)
-
-        def stored(self_: _Tensor, result: Any) -> tuple[Any, torch.dtype | None]:
-            """``result`` as ``self_`` stores it, and the dtype it was cast to (None: none);
-            PyTorch's error when ``self_`` cannot hold it."""
-            shape, dtype = meta(result)
-            check_inplace(self_, shape, dtype)
-            if dtype != self_.dtype:
-                return ctx.allocator.cast(result, self_.dtype), self_.dtype
-            return result, None
-
-        def writable(self_: _Tensor) -> bool:
-            # Several elements of a broadcast (expanded) view share one location. Whether
-            # writing it is allowed depends on the op (fill_/zero_ yes, arithmetic no): the CPU
-            # kernel decides.
-            return not (0 in self_.stride() and _is_broadcast(self_))
 
         def run(self_: _Tensor, *args: Any, **kwargs: Any) -> _Tensor:
             if not writable(self_):
@@ -307,6 +310,32 @@ class Pipeline:
         # ``run`` is the general path: the lane hands it every call it does not cover (so
         # ``run`` calls ``fn`` directly: asking the lane again would find no plan either).
         return lane.inplace_front(name, run, functools.partial(cpu_fallback, op), writable, stored)
+
+    def _native_inplace_list(self, op: OpOverload, fn: Callable) -> Callable:
+        """Derive ``op``, an in-place overload whose ``self`` is a list of tensors
+        (``_foreach_add_``), from the functional kernel ``fn``, which returns one result per
+        tensor: every result is checked against its tensor before any is written, so an error
+        leaves them all unchanged."""
+        ctx, name, call, stored = self.ctx, str(op), self._call, self._stored
+        cpu_fallback, gen = self.cpu_fallback, generator_slot(op)
+
+        def run(selves: list[_Tensor], *args: Any, **kwargs: Any) -> None:
+            if not all(writable(s) for s in selves):
+                return cpu_fallback(op, selves, *args, **kwargs)
+            try:
+                results = call(op, fn, gen, (selves, *args), kwargs)
+            except KernelDeclined:
+                return cpu_fallback(op, selves, *args, **kwargs)
+            if len(results) != len(selves):
+                raise RuntimeError(f"{name}: the kernel returned {len(results)} results for "
+                                   f"{len(selves)} tensors")
+            results = [stored(s, r)[0] for s, r in zip(selves, results)]
+            ctx.counters.count(name, "native")
+            for s, r in zip(selves, results):
+                T.write_values(ctx, s, r)
+            return None
+
+        return run
 
     def native_out(self, op: OpOverload, fn: Callable) -> Callable:
         """Derive ``op`` (an ``out=`` overload) from the functional kernel ``fn``."""

@@ -58,7 +58,8 @@ def _signature(op: OpOverload, skip_out: bool, skip_options: bool = False) -> li
 
 
 def variants_of(functional: OpOverload) -> tuple[OpOverload | None, OpOverload | None]:
-    """The in-place and ``out=`` overloads computing the same thing as ``functional``."""
+    """The in-place and ``out=`` overloads computing the same thing as ``functional`` (an
+    ``out=`` overload whose ``out`` is a list of tensors is not derived: None)."""
     name = functional._schema.name.split("::")[1]
     overload = functional._overloadname
     inplace = None
@@ -75,6 +76,9 @@ def variants_of(functional: OpOverload) -> tuple[OpOverload | None, OpOverload |
         if out_arg_names(candidate) and _signature(candidate, True, skip_options=True) == want:
             out = candidate
             break
+    if out is not None and any(a.type.kind() == "ListType" for a in out._schema.arguments
+                               if a.name in out_arg_names(out)):
+        out = None  # lists of outs (``_foreach_add.List_out``) are left to the fallback
     return inplace, out
 
 

@@ -8,6 +8,7 @@ from accelkit_backends.tpu.kernels import attention, conv, embedding, losses, no
 from accelkit_backends.tpu.kernels import comparison, complex, factorizations, fft, histograms, special  # noqa: F401
 from accelkit_backends.tpu.kernels import bessel, distances, hashing, polynomials, sampling, segments  # noqa: F401
 from accelkit_backends.tpu.kernels import upsampling  # noqa: F401
+from accelkit_backends.tpu.kernels import foreach  # noqa: F401  (after the single-tensor lowerings it applies)
 from accelkit_backends.tpu.lowering import kernels
 
 __all__ = ["kernels"]
