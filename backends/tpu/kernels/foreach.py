@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax.numpy as jnp
 import torch
 
 from accelkit_backends.tpu.kernels import elementwise  # noqa: F401  (the per-tensor lowerings)
@@ -53,3 +54,16 @@ for _name, (_overloads, _single) in _FOREACH.items():
     _ops = [getattr(_packet, o) for o in _overloads if o in _packet.overloads()]
     lowering(*_ops)(_applied_to_each(kernels.get(_single).fn.fn))
 del _name, _overloads, _single, _packet, _ops
+
+
+@lowering(aten._foreach_norm.Scalar, static=("ord",))
+def foreach_norm(selves: list, ord=2, dtype=None) -> list:
+    """Each tensor's vector norm (``clip_grad_norm_``'s first step)."""
+    norm = kernels.get(aten.linalg_vector_norm.default).fn.fn
+    return [norm(x, ord, None, False, dtype=dtype) for x in selves]
+
+
+@lowering(aten._foreach_zero.default)
+def foreach_zero(selves: list) -> list:
+    """Zeros like each tensor (``zero_grad(set_to_none=False)`` uses the in-place form)."""
+    return [jnp.zeros_like(x) for x in selves]

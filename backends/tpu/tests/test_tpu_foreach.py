@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import accelkit
+from accelkit._runtime._schema import variants_of
 from accelkit_backends.tpu.kernels.foreach import _FOREACH
 from accelkit_backends.tpu.lowering import kernels
 from conftest import assert_native, on_device
@@ -41,7 +42,9 @@ def _arguments(op) -> tuple[list, dict]:
         elif kind == "Tensor":
             value = torch.tensor(0.5)
         elif kind in ("Scalar", "number"):
-            value = 0.5 if argument.name == "alpha" else 0.3
+            value = {"alpha": 0.5, "ord": 3.0}.get(argument.name, 0.3)
+        elif argument.name == "dtype":
+            value = None
         else:
             raise AssertionError(f"{op}: no sample for {argument.name}: {kind}")
         if argument.kwarg_only:
@@ -57,7 +60,7 @@ def _lowered_foreach_ops() -> list:
 
 def test_every_foreach_op_in_the_table_is_lowered():
     names = {op._schema.name.removeprefix("aten::_foreach_") for op in _lowered_foreach_ops()}
-    assert names == set(_FOREACH)
+    assert names == set(_FOREACH) | {"norm", "zero"}
 
 
 @pytest.mark.parametrize("op", _lowered_foreach_ops(), ids=str)
@@ -68,16 +71,18 @@ def test_a_foreach_op_and_its_inplace_variant_match_the_cpu_in_one_program(dev, 
         actual = op(on_device(_sample(0), dev), *on_device(args, dev), **kwargs)
     for a, e in zip(actual, expected, strict=True):
         torch.testing.assert_close(a.cpu(), e)
-    inplace = getattr(getattr(aten, op._schema.name.split("::")[1] + "_"), op._overloadname)
-    selves = on_device(_sample(0), dev)
-    with accelkit.fallback_policy("deny"):
-        inplace(selves, *on_device(args, dev), **kwargs)
-    for a, e in zip(selves, expected, strict=True):
-        torch.testing.assert_close(a.cpu(), e)
+    ran = {str(op)}
+    inplace = variants_of(op)[0]
+    if inplace is not None:  # _foreach_norm has none
+        selves = on_device(_sample(0), dev)
+        with accelkit.fallback_policy("deny"):
+            inplace(selves, *on_device(args, dev), **kwargs)
+        for a, e in zip(selves, expected, strict=True):
+            torch.testing.assert_close(a.cpu(), e)
+        ran.add(str(inplace))
     # One native call each: the list never went element by element.
     ops = accelkit.stats()["ops"]
-    assert ops[str(op)]["native"] == 1 and ops[str(inplace)]["native"] == 1
-    assert set(ops) == {str(op), str(inplace)}
+    assert set(ops) == ran and all(ops[name]["native"] == 1 for name in ran)
 
 
 def test_an_inplace_foreach_op_that_cannot_store_one_result_raises_like_cpu_and_writes_none(dev):
@@ -102,6 +107,25 @@ OPTIMIZERS = {
     "adam amsgrad": lambda p: torch.optim.Adam(p, lr=1e-2, amsgrad=True),
     "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1),
 }
+
+
+def test_gradient_clipping_and_zeroing_run_foreach_ops_natively_and_match_the_cpu(dev):
+    grads = [torch.randn(s) * 10 for s in SHAPES]
+    on_tpu = [nn.Parameter(torch.zeros(s, device=dev)) for s in SHAPES]
+    on_cpu = [nn.Parameter(torch.zeros(s)) for s in SHAPES]
+    for params in (on_tpu, on_cpu):
+        for p, g in zip(params, grads):
+            p.grad = g.to(p.device)
+    with accelkit.fallback_policy("deny"):
+        total = nn.utils.clip_grad_norm_(on_tpu, max_norm=1.0, foreach=True)
+    torch.testing.assert_close(total.cpu(), nn.utils.clip_grad_norm_(on_cpu, max_norm=1.0, foreach=True))
+    for p, q in zip(on_tpu, on_cpu):
+        torch.testing.assert_close(p.grad.cpu(), q.grad)
+    optimizer = torch.optim.SGD(on_tpu, lr=0.1, foreach=True)
+    with accelkit.fallback_policy("deny"):
+        optimizer.zero_grad(set_to_none=False)
+    assert all(torch.equal(p.grad.cpu(), torch.zeros(p.shape)) for p in on_tpu)
+    assert_native("aten._foreach_norm.Scalar", "aten._foreach_mul_.Tensor", "aten._foreach_zero_.default")
 
 
 @pytest.mark.parametrize("make", OPTIMIZERS.values(), ids=list(OPTIMIZERS))
