@@ -14,7 +14,8 @@ on CPU and on tpu copies, the tpu run under ``accelkit.fallback_policy("deny")``
 
 Samples CPU itself rejects are skipped. Sample tensors are copied to tpu (all of them, also those an
 op wants on the CPU); samples without tensors (factories) get ``device="tpu"``. Nondeterministic ops (``empty*``, ``rand*``, ``normal``,
-``bernoulli``, dropout, ...) compare shapes and dtypes only. After ``--op-seconds`` (10 s) an op's
+``bernoulli``, dropout, ...) and attention samples that draw dropout compare shapes and dtypes
+only. After ``--op-seconds`` (10 s) an op's
 remaining samples are skipped. OpInfos run in worker subprocesses, a fresh one per chunk, so an
 op that crashes the interpreter is recorded as ``crash`` and the run continues after it.
 
@@ -41,6 +42,15 @@ NONDETERMINISTIC = re.compile(
     r"empty|rand|normal|bernoulli|dropout|uniform|multinomial|exponential|geometric|cauchy|"
     r"log_normal|poisson|rrelu"
 )
+#: OpInfos some of whose samples draw dropout (from the device's stream, not the CPU's): those
+#: samples compare shapes and dtypes only.
+DRAWS_DROPOUT = {
+    "nn.functional.scaled_dot_product_attention": lambda s: (s.kwargs.get("dropout_p") or 0) > 0,
+    # multi_head_attention_forward(query, key, value, embed_dim, num_heads, in_proj_weight,
+    # in_proj_bias, bias_k, bias_v, add_zero_attn, dropout_p, ...): args[9] is dropout_p.
+    "nn.functional.multi_head_attention_forward":
+        lambda s: s.kwargs.get("training", True) and len(s.args) > 9 and s.args[9] > 0,
+}
 DENIED = re.compile(r"(\S+) has no kernel or decomposition on tpu")
 TOLERANCE = {"atol": 1e-3, "rtol": 1e-3}
 
@@ -122,6 +132,7 @@ def _worker(indices: list[int], out_path: str, op_seconds: float) -> None:
                     record["timed_out"] = True
                     break
                 args = (sample.input, *sample.args)
+                random_sample = shapes_only or DRAWS_DROPOUT.get(op.name, lambda _: False)(sample)
                 try:
                     on_device = (tree_map(to_device, args), device_kwargs(sample.kwargs))
                     if not any(isinstance(v, torch.Tensor) for v in tree_flatten((args, sample.kwargs))[0]):
@@ -146,7 +157,7 @@ def _worker(indices: list[int], out_path: str, op_seconds: float) -> None:
                             if "'device'" not in str(error) or "device" in sample.kwargs:
                                 raise
                             actual = op(*on_device[0], **{k: v for k, v in on_device[1].items() if k != "device"})
-                    compare(actual, expected, shapes_only)
+                    compare(actual, expected, random_sample)
                 except Exception as error:  # noqa: BLE001 - every outcome is recorded
                     name = denied_op(error)
                     if name is not None:
