@@ -5,10 +5,10 @@
 
 Prints microseconds per call (median of several repeats) for a small elementwise add, a 64×64
 matmul, an in-place update, a host batch moved to the device and one training step of a small
-MLP (forward, backward, SGD), with the ratio to the same work on the CPU. The device is synchronised before each clock reading.
-Figures are wall-clock on this machine: compare ratios, not absolute numbers, across machines.
-The CPU baseline runs single-threaded (``torch.set_num_threads(1)``), in this process and in
-torchax's.
+MLP (forward, backward, SGD), with the ratio to the same work on the CPU. The device is
+synchronised before each clock reading. Figures are wall-clock on this machine: compare ratios,
+not absolute numbers, across machines. The CPU baseline runs single-threaded
+(``torch.set_num_threads(1)``), in this process and in torchax's.
 """
 
 from __future__ import annotations

@@ -12,12 +12,13 @@ on CPU and on tpu copies, the tpu run under ``accelkit.fallback_policy("deny")``
 - **falls back** when a sample raises ``FallbackDeniedError`` — the aten op it names is recorded;
 - **fails** otherwise (a mismatch or an error), with the first reason.
 
-Samples CPU itself rejects are skipped. Sample tensors are copied to tpu (all of them, also those an
-op wants on the CPU); samples without tensors (factories) get ``device="tpu"``. Nondeterministic ops (``empty*``, ``rand*``, ``normal``,
-``bernoulli``, dropout, ...) and attention samples that draw dropout compare shapes and dtypes
-only. After ``--op-seconds`` (10 s) an op's
-remaining samples are skipped. OpInfos run in worker subprocesses, a fresh one per chunk, so an
-op that crashes the interpreter is recorded as ``crash`` and the run continues after it.
+Samples CPU itself rejects are skipped. Sample tensors are copied to tpu (all of them, also
+those an op wants on the CPU); samples without tensors (factories) get ``device="tpu"``.
+Nondeterministic ops (``empty*``, ``rand*``, ``normal``, ``bernoulli``, dropout, ...) and
+attention samples that draw dropout compare shapes and dtypes only. After ``--op-seconds``
+(10 s) an op's remaining samples are skipped. OpInfos run in worker subprocesses, a fresh one per
+chunk, so an op that crashes the interpreter is recorded as ``crash`` and the run continues
+after it.
 
 Not the conformance suite (``conformance/``): no gradients, no other dtypes, no error matching.
 """

@@ -4,6 +4,7 @@ generator goes, and which host tensors an op takes beside device tensors."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -152,14 +153,21 @@ def takes_host_operand(op: OpOverload, tensor: torch.Tensor) -> bool:
     return tensor.dim() == 0 or op._schema.name in _HOST_OPERAND_OPS
 
 
+def _named_values(op: OpOverload, args: tuple, kwargs: dict) -> Iterator[tuple[str, Any]]:
+    """(argument name, value) for each argument of a call, and for each element of a list
+    argument."""
+    names = [a.name for a in op._schema.arguments]
+    for name, value in (*zip(names, args), *kwargs.items()):
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            yield name, v
+
+
 def foreign_host_tensor(ctx: BackendContext, op: OpOverload, args: tuple, kwargs: dict) -> Any:
     """The first host tensor among ``op``'s arguments (lists included) that ``op`` does not
     take beside device tensors, or None."""
-    for value in (*args, *kwargs.values()):
-        for v in value if isinstance(value, (list, tuple)) else (value,):
-            if (isinstance(v, torch.Tensor) and v.device.type != ctx.name
-                    and not takes_host_operand(op, v)):
-                return v
+    for _, v in _named_values(op, args, kwargs):
+        if isinstance(v, torch.Tensor) and v.device.type != ctx.name and not takes_host_operand(op, v):
+            return v
     return None
 
 
@@ -167,14 +175,12 @@ def host_operand_error(ctx: BackendContext, op: OpOverload, args: tuple, kwargs:
                        host: torch.Tensor) -> RuntimeError:
     """PyTorch's mixed-device error for ``host``, a host tensor ``op`` does not take, naming
     the argument that holds it and the fix."""
-    names = [a.name for a in op._schema.arguments]
     device, where = None, "an argument"
-    for name, value in (*zip(names, args), *kwargs.items()):
-        for v in value if isinstance(value, (list, tuple)) else (value,):
-            if v is host and where == "an argument":
-                where = f"argument '{name}'"
-            elif device is None and isinstance(v, torch.Tensor) and v.device.type == ctx.name:
-                device = str(v.device)
+    for name, v in _named_values(op, args, kwargs):
+        if v is host and where == "an argument":
+            where = f"argument '{name}'"
+        elif device is None and isinstance(v, torch.Tensor) and v.device.type == ctx.name:
+            device = str(v.device)
     device = device or ctx.name
     return RuntimeError(
         f"Expected all tensors to be on the same device, but found at least two devices, "

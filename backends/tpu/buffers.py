@@ -390,11 +390,11 @@ class TpuAllocator(DeviceAllocator):
 
     def write_bytes(self, block: Holder, data: torch.Tensor) -> None:
         if data.numel() < block.nbytes:
-            whole = self.read_bytes(block, block.nbytes)
+            whole = self.read_bytes(block, block.nbytes)  # already a private copy
             whole[: data.numel()] = data
+            block.array = self._put(whole.numpy())
         else:
-            whole = data.clone(memory_format=torch.contiguous_format)  # private, as in from_host
-        block.array = self._put(whole.numpy())
+            block.array = self.from_host(data)
 
     def synchronize(self) -> None:
         if self._last is not None:
