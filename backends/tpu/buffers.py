@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from accelkit.sdk import DeviceAllocator, ViewSpec
+from accelkit_backends.tpu import checks
 
 TORCH_TO_JAX = {
     torch.float32: jnp.float32, torch.float64: jnp.float64, torch.float16: jnp.float16,
@@ -345,6 +346,7 @@ class TpuAllocator(DeviceAllocator):
     # -- host --------------------------------------------------------------------------------
 
     def to_host(self, array: Any) -> torch.Tensor:
+        checks.raise_pending(self.device)  # a synchronisation: device-side checks report here
         shape = None
         if isinstance(array, JaxView):
             whole = array.array.size * array.array.dtype.itemsize
@@ -383,6 +385,7 @@ class TpuAllocator(DeviceAllocator):
         return _cast(array, jax_dtype(dtype))
 
     def read_bytes(self, block: Holder, nbytes: int) -> torch.Tensor:
+        checks.raise_pending(self.device)
         if block.array is None:
             return torch.zeros(nbytes, dtype=torch.uint8)
         host = np.array(block.array).reshape(-1).view(np.uint8)
@@ -397,6 +400,7 @@ class TpuAllocator(DeviceAllocator):
             block.array = self.from_host(data)
 
     def synchronize(self) -> None:
+        checks.raise_pending(self.device)
         if self._last is not None:
             self._last.block_until_ready()
 

@@ -19,6 +19,9 @@ and the machinery here does the rest, identically for every op:
   ints, bools, shapes and dtypes are static;
 - **random ops** receive ``key`` — a JAX PRNG key seeded from the device generator — in place
   of their ``generator`` argument;
+- **device-side checks**: a lowering that refuses some values states its conditions with
+  :func:`checks.require`; the program then returns a status beside its result, and the error is
+  raised at the op (debug) or at the next synchronisation (strict), see :mod:`.checks`;
 - **cost**: XLA's cost analysis of each program (flops, bytes accessed), made once per compiled
   program; a call only counts itself.
 """
@@ -35,13 +38,15 @@ import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
 from accelkit.sdk import CallLayout, KernelTable, ViewSpec
-from accelkit_backends.tpu import modes
+from accelkit_backends.tpu import checks, modes
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize, torch_dtype
 from accelkit_backends.tpu.cost import COSTS, ProgramCost, Tally
 
 kernels = KernelTable("tpu")
 
 _VIEW, _ARRAY, _SCALAR, _STATIC, _SEQ, _KEY = "v", "a", "f", "s", "l", "k"
+
+DEVICE = "tpu:0"  # named in the errors of failed device-side checks
 
 
 class _Signature:
@@ -227,10 +232,17 @@ class Lowering:
     def _run(self, signature: _Signature, arrays: list, scalars: list, args: Any) -> Any:
         """Run the signature's program and count it (``args`` name the inputs in debug mode)."""
         jitted = signature.jitted
-        if modes.current() == "debug":
-            out = modes.run_checked(self.name, args, jitted, arrays, scalars)
-        else:
-            out = jitted(arrays, scalars)
+        try:
+            if modes.current() == "debug":
+                out, status = modes.run_checked(self.name, args, jitted, arrays, scalars)
+                if status is not None:
+                    checks.raise_now(status, self.name, DEVICE)
+            else:
+                out, status = jitted(arrays, scalars)
+                if status is not None:
+                    checks.defer(status, self.name, DEVICE)
+        except checks.Refused as refused:
+            raise refused.error from None
         tally = signature.only
         if tally is None or jitted._cache_size() != signature.seen:
             tally = self._tally(signature, arrays, scalars)
@@ -257,7 +269,8 @@ class Lowering:
         """The traceable program for one static structure of arguments.
 
         At trace time (once per input signature) it runs the op's Meta kernel: PyTorch's result
-        shapes and dtypes, or PyTorch's own error for bad input.
+        shapes and dtypes, or PyTorch's own error for bad input. It returns ``(result, status)``,
+        the status None when the lowering stated no condition (:mod:`.checks`).
         """
         fn, op, name = self.fn, self.op, self.name
 
@@ -270,9 +283,13 @@ class Lowering:
                 expected = op(*meta_args, **meta_kwargs)
             except NotImplementedError:
                 expected = None  # no Meta kernel: trust the lowering
+            except Exception as error:  # PyTorch refuses these arguments
+                raise checks.Refused(error) from None
             args = [Lowering._decode(c, arrays, scalars) for c in structure[0]]
             kwargs = {k: Lowering._decode(c, arrays, scalars) for k, c in structure[1]}
-            return _conform(name, fn(*args, **kwargs), expected)
+            with checks.conditions() as stated:
+                out = fn(*args, **kwargs)
+            return _conform(name, out, expected), stated.status()
 
         program.__name__ = name.replace(".", "_")
         return program

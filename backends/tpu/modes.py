@@ -22,6 +22,7 @@ from typing import Any
 import jax
 
 from accelkit.sdk import ViewSpec
+from accelkit_backends.tpu import checks
 
 MODE_ENV = "ACCELKIT_TPU_MODE"
 MODES = ("strict", "debug")
@@ -71,11 +72,14 @@ def run_checked(op: str, args: Any, program: Any, *inputs: Any) -> Any:
     """Run ``program`` and wait for it; any failure becomes :class:`TpuExecutionError` naming ``op``.
 
     In debug mode every error of an op — from tracing, compiling or running its program — is
-    reported this way, with the original exception as ``__cause__``.
+    reported this way, with the original exception as ``__cause__``; arguments the op refuses
+    (:class:`checks.Refused`: PyTorch's own error) pass unchanged.
     """
     try:
         out = program(*inputs)
         jax.block_until_ready(out)
+    except checks.Refused:
+        raise
     except Exception as exc:
         raise TpuExecutionError(f"{op} failed on tpu:0 with arguments ({_shapes(args)}): {exc}") from exc
     return out

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from accelkit_backends.tpu import checks
 from accelkit_backends.tpu.lowering import lowering
 
 aten = torch.ops.aten
@@ -135,6 +136,17 @@ def _floor_divide_float(x, y):
     return jnp.where(y == 0, quotient, floored)
 
 
+def _integer_division(x, y, result):
+    """``result`` of dividing ``x`` by ``y``, refused with CPU's error when the division is an
+    integer one and the divisor has a zero (a device-side check: integer division by zero has
+    no value); the in-place form then keeps ``x`` as it was."""
+    if not jnp.issubdtype(result.dtype, jnp.integer) or result.size == 0:
+        return result
+    ok = jnp.all(y != 0) if _is_array(y) else y != 0
+    checks.require(ok, RuntimeError, "ZeroDivisionError")
+    return checks.unchanged_unless(ok, result, x) if _is_array(x) else result
+
+
 @lowering(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div(x, y, rounding_mode=None):
     if rounding_mode is None:
@@ -142,22 +154,24 @@ def div(x, y, rounding_mode=None):
         return x / y
     x, y = operands(x, y)
     if rounding_mode == "trunc":
-        return jnp.trunc(x / y) if _is_float_dtype(x.dtype) else _trunc_divide(x, y)
+        return jnp.trunc(x / y) if _is_float_dtype(x.dtype) else _integer_division(x, y, _trunc_divide(x, y))
     if rounding_mode == "floor":
-        return _floor_divide_float(x, y) if _is_float_dtype(x.dtype) else jnp.floor_divide(x, y)
+        if _is_float_dtype(x.dtype):
+            return _floor_divide_float(x, y)
+        return _integer_division(x, y, jnp.floor_divide(x, y))
     raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'")
 
 
 @lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
 def remainder(x, y):
     x, y = operands(x, y)
-    return jnp.remainder(x, y)
+    return _integer_division(x, y, jnp.remainder(x, y))
 
 
 @lowering(aten.fmod.Tensor, aten.fmod.Scalar)
 def fmod(x, y):
     x, y = operands(x, y)
-    return jnp.fmod(x, y)
+    return _integer_division(x, y, jnp.fmod(x, y))
 
 
 @lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)

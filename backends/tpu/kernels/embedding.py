@@ -1,8 +1,7 @@
 """Embedding lookups, their dense gradient, ``max_norm``'s renormalisation, and embedding bags.
 
-``embedding`` is a row gather. XLA cannot raise from inside a program, so an index outside
-``[0, num_embeddings)`` is not reported as on CPU (XLA clamps it) — validate indices on the host
-if they are untrusted. The gradient scatters rows of ``grad_output`` into a zero table (in
+``embedding`` is a row gather; an index outside ``[0, num_embeddings)`` fails it with CPU's
+IndexError, as a device-side check (:mod:`accelkit_backends.tpu.checks`). The gradient scatters rows of ``grad_output`` into a zero table (in
 float32 for low-precision gradients), skipping ``padding_idx`` and, with
 ``scale_grad_by_freq``, dividing each contribution by how often its index occurs in the batch.
 ``embedding_renorm`` is registered functional; the runtime derives the in-place
@@ -15,6 +14,7 @@ import math
 
 import jax.numpy as jnp
 import torch
+from accelkit_backends.tpu import checks
 from accelkit_backends.tpu.lowering import lowering
 
 aten = torch.ops.aten
@@ -22,6 +22,7 @@ aten = torch.ops.aten
 
 @lowering(aten.embedding.default)
 def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    checks.require_in_range(indices, weight.shape[0], IndexError, "index out of range in self")
     return jnp.take(weight, indices, axis=0, mode="clip")
 
 
@@ -55,9 +56,12 @@ def embedding_renorm(weight, indices, max_norm, norm_type):
         norm = jnp.sqrt(jnp.sum(a * a, axis=1))
     else:
         norm = jnp.sum(a**norm_type, axis=1) ** (1 / norm_type)
-    named = jnp.zeros(weight.shape[0], bool).at[indices.reshape(-1)].set(True)
+    rows_named = checks.require_in_range(
+        indices, weight.shape[0], IndexError,
+        f"select(): index {{}} out of range for tensor of size {list(weight.shape)} at dimension 0")
+    named = jnp.zeros(weight.shape[0], bool).at[indices.reshape(-1)].set(True, mode="drop")
     scale = jnp.where(named & (norm > max_norm), max_norm / (norm + 1e-7), 1)
-    return rows * scale[:, None].astype(dtype)
+    return checks.unchanged_unless(rows_named, rows * scale[:, None].astype(dtype), weight)
 
 
 _SUM, _MEAN, _MAX = 0, 1, 2

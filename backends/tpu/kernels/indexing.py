@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
+from accelkit_backends.tpu import checks
 from accelkit_backends.tpu.buffers import JaxView
 from accelkit_backends.tpu.lowering import Lowering, kernels, lowering
 
@@ -151,22 +152,41 @@ def _mask_counts(counter: Specialised, x: Any, indices: Sequence[Any]) -> tuple[
     return tuple(count_true(counter, index) for index in indices if index is not None and _is_mask(index))
 
 
-def _key(indices: Sequence[Any], true_counts: Sequence[int]) -> tuple:
-    """A jnp index tuple: None is a full slice, a mask becomes its ``nonzero`` coordinates (traced)."""
+def _key(shape: tuple[int, ...], indices: Sequence[Any], true_counts: Sequence[int],
+         for_write: bool = False) -> tuple:
+    """A jnp index tuple: None is a full slice, a mask becomes its ``nonzero`` coordinates, an
+    integer index must lie in ``[-size, size)`` of its dimension (a device-side check with
+    PyTorch's IndexError). For a write (``for_write``, used with ``mode="drop"``) a failed
+    check makes the key select nothing, so the write leaves ``x`` as it was (traced)."""
     key: list = []
     counts = iter(true_counts)
+    dim, ok, first = 0, True, None
     for index in indices:
         if index is None:
             key.append(slice(None))
+            dim += 1
         elif index.dtype in (jnp.bool_, jnp.uint8):
             key.extend(jnp.nonzero(index, size=next(counts)))
+            dim += index.ndim
         else:
+            size = shape[dim]
+            in_range = checks.require_in_range(
+                index, size, IndexError, f"index {{}} is out of bounds for dimension {dim} with size {size}",
+                negative=True)
+            ok = in_range if ok is True else ok & in_range
+            if first is None:
+                first = (len(key), size)
             key.append(index)
+            dim += 1
+    if for_write and first is not None:
+        position, size = first
+        index = key[position]
+        key[position] = checks.drop_unless(ok, jnp.where(index < 0, index + size, index), size)
     return tuple(key)
 
 
 def _index(x, indices, true_counts=()):
-    return x[_key(indices, true_counts)]
+    return x[_key(x.shape, indices, true_counts)]
 
 
 _index_program = Specialised(aten.index.Tensor, _index)
@@ -179,13 +199,13 @@ def index(x, indices):
 
 
 def _put(x, indices, values, accumulate=False, unsafe=False, true_counts=()):
-    key = _key(indices, true_counts)
+    key = _key(x.shape, indices, true_counts, for_write=True)
     if not accumulate:
-        return x.at[key].set(values.astype(x.dtype))
+        return x.at[key].set(values.astype(x.dtype), mode="drop")
     if x.dtype == jnp.bool_:
-        return x.at[key].max(values.astype(x.dtype))
+        return x.at[key].max(values.astype(x.dtype), mode="drop")
     wide = _accumulator(x.dtype)
-    return x.astype(wide).at[key].add(values.astype(wide)).astype(x.dtype)
+    return x.astype(wide).at[key].add(values.astype(wide), mode="drop").astype(x.dtype)
 
 
 def _put_through_mask(x, indices, values, accumulate=False, unsafe=False):
@@ -434,10 +454,14 @@ def masked_scatter(x, mask, source):
     selected = jnp.broadcast_to(mask.astype(jnp.bool_), shape).reshape(-1)
     base = jnp.broadcast_to(x, shape).reshape(-1)
     flat_source = source.reshape(-1).astype(x.dtype)
+    count = jnp.sum(selected)
+    checks.require(count <= flat_source.size, RuntimeError,
+                   "Number of elements of source < number of ones in mask")
     if flat_source.size == 0:
         return base.reshape(shape)
     rank = jnp.clip(jnp.cumsum(selected) - 1, 0, flat_source.size - 1)
-    return jnp.where(selected, flat_source[rank], base).reshape(shape)
+    out = jnp.where(selected, flat_source[rank], base).reshape(shape)
+    return checks.unchanged_unless(count <= flat_source.size, out, x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,10 +469,25 @@ def masked_scatter(x, mask, source):
 # ---------------------------------------------------------------------------------------------
 
 
+def _out_of_bounds(dim: int, size: int) -> str:
+    return f"index {{}} is out of bounds for dimension {dim} with size {size}"
+
+
+_OUT_OF_RANGE_IN_SELF = "index out of range in self"
+
+
 @lowering(aten.index_select.default)
 def index_select(x, dim, index):
     if x.ndim == 0:
+        checks.require_in_range(index, 1, IndexError, _OUT_OF_RANGE_IN_SELF)
         return x
+    dim %= x.ndim
+    size = x.shape[dim]
+    if x.ndim > 1 and dim == 1:  # CPU's kernel takes another path here, with its own message
+        checks.require_in_range(index, size, RuntimeError,
+                                f"INDICES element is out of DATA bounds, id={{}} axis_dim={size}")
+    else:
+        checks.require_in_range(index, size, IndexError, _OUT_OF_RANGE_IN_SELF)
     return jnp.take(x, index.reshape(-1), axis=dim)
 
 
@@ -459,6 +498,7 @@ def gather(x, dim, index, sparse_grad=False):
     if index.ndim == 0 or x.ndim == 0:
         return gather(x.reshape(-1), 0, index.reshape(-1)).reshape(index.shape)
     dim %= x.ndim
+    checks.require_in_range(index, x.shape[dim], RuntimeError, _out_of_bounds(dim, x.shape[dim]))
     # PyTorch lets index be smaller than x in the other dims: read only that corner.
     corner = tuple(slice(None) if d == dim else slice(0, index.shape[d]) for d in range(x.ndim))
     return jnp.take_along_axis(x[corner], index, axis=dim)
@@ -491,27 +531,35 @@ def _identity(reduce: str, dtype) -> Any:
 
 
 def _combine(target, values, reduce: str | None):
+    """Write ``values`` through ``target`` (an ``x.at[...]``); positions out of range (a failed
+    check's, see :func:`checks.drop_unless`) are dropped."""
     if reduce is None:
-        return target.set(values)
+        return target.set(values, mode="drop")
     if values.dtype == jnp.bool_ and reduce in ("sum", "add", "mean"):
-        return target.max(values)
+        return target.max(values, mode="drop")
     if values.dtype == jnp.bool_ and reduce in ("prod", "multiply"):
-        return target.min(values)
+        return target.min(values, mode="drop")
     if reduce in ("sum", "add", "mean"):
-        return target.add(values)
+        return target.add(values, mode="drop")
     if reduce in ("prod", "multiply"):
-        return target.multiply(values)
-    return target.max(values) if reduce == "amax" else target.min(values)
+        return target.multiply(values, mode="drop")
+    return target.max(values, mode="drop") if reduce == "amax" else target.min(values, mode="drop")
 
 
-def _scatter(x, dim, index, src, reduce=None, include_self=True):
-    """``x`` with ``src`` (an array the size of ``index`` or larger, or a scalar) scattered along ``dim``."""
+def _scatter(x, dim, index, src, reduce=None, include_self=True, message=None, error=RuntimeError):
+    """``x`` with ``src`` (an array the size of ``index`` or larger, or a scalar) scattered along
+    ``dim``; an index outside ``[0, size)`` fails the op with ``error(message)`` (scatter's own
+    by default) and writes nothing."""
     if x.ndim == 0 or index.ndim == 0:
         src = src.reshape(-1) if hasattr(src, "ndim") and src.ndim == 0 else src
-        return _scatter(x.reshape(-1), 0, index.reshape(-1), src, reduce, include_self).reshape(x.shape)
+        return _scatter(x.reshape(-1), 0, index.reshape(-1), src, reduce, include_self, message,
+                        error).reshape(x.shape)
     dim %= x.ndim
     if index.size == 0:
         return x
+    size = x.shape[dim]
+    ok = checks.require_in_range(index, size, error, message or _out_of_bounds(dim, size))
+    index = checks.drop_unless(ok, index, size)
     if hasattr(src, "ndim") and src.ndim:
         src = src[tuple(slice(0, n) for n in index.shape)]
     narrow = x.dtype
@@ -519,14 +567,14 @@ def _scatter(x, dim, index, src, reduce=None, include_self=True):
         x = x.astype(_accumulator(x.dtype))
     values = jnp.broadcast_to(jnp.asarray(src).astype(x.dtype), index.shape)
     coords = _coordinates(index, dim)
-    base = x if include_self else x.at[coords].set(_identity(reduce, x.dtype))
+    base = x if include_self else x.at[coords].set(_identity(reduce, x.dtype), mode="drop")
     out = _combine(base.at[coords], values, reduce)
     if reduce != "mean":
         return out.astype(narrow)
     counts = jnp.ones(x.shape, jnp.int64)
     if not include_self:
-        counts = counts.at[coords].set(0)
-    counts = counts.at[coords].add(1)
+        counts = counts.at[coords].set(0, mode="drop")
+    counts = counts.at[coords].add(1, mode="drop")
     if jnp.issubdtype(x.dtype, jnp.integer):
         return jnp.floor_divide(out, counts.astype(x.dtype))
     return (out / counts).astype(narrow)
@@ -557,9 +605,17 @@ def scatter_reduce(x, dim, index, src, reduce, include_self=True):
 # ---------------------------------------------------------------------------------------------
 
 
-def _along(x, dim, index):
-    """``x.at[...]`` selecting ``index`` (a vector) along ``dim``."""
-    return x.at[(slice(None),) * (dim % x.ndim) + (index.reshape(-1),)]
+def _along(x, dim, index, error, message, negative=False):
+    """``x.at[...]`` selecting ``index`` (a vector) along ``dim``, for a write with
+    ``mode="drop"``: an index outside the dimension (``[-size, size)`` when ``negative``) fails
+    the op with ``error(message)`` and the write selects nothing."""
+    dim %= x.ndim
+    size = x.shape[dim]
+    index = index.reshape(-1)
+    ok = checks.require_in_range(index, size, error, message, negative=negative)
+    if negative:
+        index = jnp.where(index < 0, index + size, index)
+    return x.at[(slice(None),) * dim + (checks.drop_unless(ok, index, size),)]
 
 
 def _on_vector(fn):
@@ -578,24 +634,34 @@ def _on_vector(fn):
 @lowering(aten.index_add.default)
 @_on_vector
 def index_add(x, dim, index, source, alpha=1):
+    dim %= x.ndim
+    # CPU's kernel reports a bad index in two wordings, by the path it takes for this layout.
+    if x.ndim == 1 or 0 < dim < x.ndim - 1:
+        error, message = IndexError, _OUT_OF_RANGE_IN_SELF
+    else:
+        error, message = RuntimeError, _out_of_bounds(dim, x.shape[dim])
     if not (isinstance(alpha, int) and alpha == 1):
         source = source * alpha
     if x.dtype == jnp.bool_:
-        return _along(x, dim, index).max(source.astype(x.dtype))
+        return _along(x, dim, index, error, message).max(source.astype(x.dtype), mode="drop")
     wide = _accumulator(x.dtype)
-    return _along(x.astype(wide), dim, index).add(source.astype(wide)).astype(x.dtype)
+    return _along(x.astype(wide), dim, index, error, message).add(source.astype(wide), mode="drop").astype(x.dtype)
 
 
 @lowering(aten.index_copy.default)
 @_on_vector
 def index_copy(x, dim, index, source):
-    return _along(x, dim, index).set(source.astype(x.dtype))
+    dim %= x.ndim
+    message = "index_copy_(): " + _out_of_bounds(dim, x.shape[dim])
+    return _along(x, dim, index, IndexError, message).set(source.astype(x.dtype), mode="drop")
 
 
 @lowering(aten.index_fill.int_Scalar, aten.index_fill.int_Tensor)
 @_on_vector
 def index_fill(x, dim, index, value):
-    return _along(x, dim, index).set(jnp.asarray(value).astype(x.dtype))
+    dim %= x.ndim
+    target = _along(x, dim, index, IndexError, _out_of_bounds(dim, x.shape[dim]), negative=True)
+    return target.set(jnp.asarray(value).astype(x.dtype), mode="drop")
 
 
 @lowering(aten.index_reduce.default)
@@ -606,21 +672,41 @@ def index_reduce(x, dim, index, source, reduce, include_self=True):
     dim %= x.ndim
     moved_source = jnp.moveaxis(source, dim, 0)
     positions = jnp.broadcast_to(index.reshape((-1,) + (1,) * (x.ndim - 1)), moved_source.shape)
-    out = _scatter(jnp.moveaxis(x, dim, 0), 0, positions, moved_source, reduce, include_self)
+    out = _scatter(jnp.moveaxis(x, dim, 0), 0, positions, moved_source, reduce, include_self,
+                   _OUT_OF_RANGE_IN_SELF, IndexError)
     return jnp.moveaxis(out, 0, dim)
 
 
 @lowering(aten.put.default)
 def put(x, index, source, accumulate=False):
     """Writes through ``x``'s row-major flattening; negative positions count from the end."""
-    flat = x.reshape(-1)
-    target, values = flat.at[index.reshape(-1)], source.reshape(-1).astype(x.dtype)
+    flat, index = x.reshape(-1), index.reshape(-1)
+    size = flat.shape[0]
+    ok = checks.require_in_range(index, size, IndexError, _taken(size), negative=True)
+    index = checks.drop_unless(ok, jnp.where(index < 0, index + size, index), size)
+    target, values = flat.at[index], source.reshape(-1).astype(x.dtype)
     if not accumulate:
-        return target.set(values).reshape(x.shape)
+        return target.set(values, mode="drop").reshape(x.shape)
     if x.dtype == jnp.bool_:
-        return target.max(values).reshape(x.shape)
+        return target.max(values, mode="drop").reshape(x.shape)
     wide = _accumulator(x.dtype)
-    return flat.astype(wide).at[index.reshape(-1)].add(values.astype(wide)).astype(x.dtype).reshape(x.shape)
+    return flat.astype(wide).at[index].add(values.astype(wide), mode="drop").astype(x.dtype).reshape(x.shape)
+
+
+def _taken(numel: int) -> str:
+    """CPU's message for a flat position outside a tensor (``take``, ``put``)."""
+    return f"out of range: tried to access index {{}} on a tensor of {numel} elements."
+
+
+@lowering(aten.take.default)
+def take(x, index):
+    """Reads through ``x``'s row-major flattening; negative positions count from the end."""
+    flat = x.reshape(-1)
+    size = flat.shape[0]
+    checks.require_in_range(index, size, IndexError, _taken(size), negative=True)
+    if size == 0:
+        return jnp.zeros(index.shape, x.dtype)
+    return jnp.take(flat, jnp.where(index < 0, index + size, index), mode="clip")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ Each loss and its backward is one program. ``reduction`` follows ``torch.nn._red
 0 none, 1 mean, 2 sum. Low-precision inputs are computed in float32 (PyTorch's CPU kernels
 accumulate in float32 too); the machinery casts results to PyTorch's dtypes.
 
-XLA cannot raise from inside a program: an nll target outside ``[0, C)`` that is not
-``ignore_index`` is not reported as on CPU (its gather is clamped).
+An nll target outside ``[0, C)`` that is not ``ignore_index`` fails the forward with CPU's
+IndexError, as a device-side check (:mod:`accelkit_backends.tpu.checks`).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import torch
+from accelkit_backends.tpu import checks
 from accelkit_backends.tpu.lowering import lowering
 
 aten = torch.ops.aten
@@ -61,6 +62,9 @@ def _nll_parts(x, target, weight, ignore_index):
 
 
 def _nll_forward(x, target, weight, reduction, ignore_index):
+    classes = x.shape[1] if x.ndim > 1 else x.shape[0]
+    ok, bad = checks.first_where((target != ignore_index) & ((target < 0) | (target >= classes)), target)
+    checks.require(ok, IndexError, "Target {} is out of bounds.", bad)
     picked, w, _ = _nll_parts(x, target, weight, ignore_index)
     loss = -picked * w
     total_weight = jnp.sum(w)

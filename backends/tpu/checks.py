@@ -1,0 +1,228 @@
+"""Device-side checks: PyTorch's errors for bad values, from programs that cannot raise.
+
+An XLA program cannot raise, so a lowering that must refuse some input values (an index out of
+range, an integer division by zero) states the condition while it is traced::
+
+    checks.require(ok, IndexError, "index {} is out of bounds for dimension 0 with size 3", bad)
+
+and the machinery here turns every such condition of a program into one small extra output,
+its *status*: ``[0, 0]`` when every condition held, else ``[check number, offending value]``
+of the first that failed. What the caller sees:
+
+- ``debug`` mode: the status is read after the op and its error raised at once;
+- ``strict`` mode (asynchronous): the status stays on the device and is read at the next
+  synchronisation (a host read, ``torch.tpu.synchronize()``), which raises the error of the
+  first failed check, naming the op that failed — CUDA's device-side assert, but with
+  PyTorch's own exception and message, and the process keeps working. A failure known while
+  tracing (a Python divisor of 0) raises at the op in either mode.
+
+A lowering that refuses a value must still compute something, and when its result will be
+written into an input (the in-place and ``out=`` forms the runtime derives from it) that
+something must be the input's old value, so nothing is half-written: see :func:`unchanged_unless`
+and :func:`drop_unless` for the two ways to get it.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+#: Statuses waiting to be read, at most this many; past it the oldest is read at once.
+PENDING_LIMIT = 256
+
+
+class Refused(Exception):
+    """Carries PyTorch's error for arguments refused while a program was traced (by the op's
+    Meta kernel or a condition known at trace time) out of jax, to be raised as it is: in
+    debug mode too, it is the caller's error, not a failure of the program."""
+
+    def __init__(self, error: Exception):
+        super().__init__(error)
+        self.error = error
+
+
+class Check(NamedTuple):
+    """What a failed condition raises: ``error(message.format(value))``."""
+
+    error: type[Exception]
+    message: str
+
+
+_checks: list[Check] = []  # check number n is _checks[n - 1]
+_numbers: dict[Check, int] = {}
+_numbers_lock = threading.Lock()
+
+
+def _number(check: Check) -> int:
+    with _numbers_lock:
+        number = _numbers.get(check)
+        if number is None:
+            _checks.append(check)
+            number = _numbers[check] = len(_checks)
+        return number
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside a lowering (traced)
+# ---------------------------------------------------------------------------------------------
+
+
+class _Conditions:
+    """The conditions stated while one program is traced, folded into its status."""
+
+    def __init__(self) -> None:
+        self.stated: list[tuple[Any, int, Any]] = []  # (ok, check number, value)
+
+    def status(self) -> jax.Array | None:
+        if not self.stated:
+            return None
+        code, value = jnp.zeros((), jnp.int64), jnp.zeros((), jnp.int64)
+        for ok, number, bad in reversed(self.stated):  # the first failed condition wins
+            code = jnp.where(ok, code, number)
+            value = jnp.where(ok, value, bad)
+        return jnp.stack([code, value])
+
+
+_tracing = threading.local()
+
+
+@contextmanager
+def conditions() -> Iterator[_Conditions]:
+    """Collect the conditions :func:`require` states while a program is traced."""
+    outer = getattr(_tracing, "conditions", None)
+    _tracing.conditions = found = _Conditions()
+    try:
+        yield found
+    finally:
+        _tracing.conditions = outer
+
+
+def require(ok: Any, error: type[Exception], message: str, value: Any = 0) -> None:
+    """State that the program being traced fails with ``error(message.format(value))`` unless
+    ``ok`` (a boolean scalar) holds; ``value`` is an integer scalar naming the offending input.
+
+    A condition whose truth is known while tracing costs nothing when it holds and raises at
+    once when it does not. Outside a traced program (a lowering called eagerly) every
+    condition is known, so it raises at once too.
+    """
+    if isinstance(ok, bool | np.bool_) or not isinstance(ok, jax.core.Tracer):
+        if not bool(ok):
+            raise Refused(error(message.format(int(value) if not isinstance(value, jax.core.Tracer) else "?")))
+        return
+    found = getattr(_tracing, "conditions", None)
+    if found is None:
+        raise RuntimeError("checks.require: a traced condition outside a tpu program")
+    found.stated.append((ok, _number(Check(error, message)), jnp.asarray(value).astype(jnp.int64)))
+
+
+def first_where(bad: Any, values: Any) -> tuple[Any, Any]:
+    """``(ok, value)``: whether ``bad`` is false everywhere, and the element of ``values`` at its
+    first true position in row-major order (0 when there is none) — a check's arguments."""
+    flat = jnp.reshape(bad, -1)
+    if flat.shape[0] == 0:
+        return True, 0
+    position = jnp.argmax(flat)
+    return ~flat[position], jnp.reshape(jnp.broadcast_to(values, jnp.shape(bad)), -1)[position]
+
+
+def require_in_range(index: Any, size: int, error: type[Exception], message: str,
+                     negative: bool = False) -> Any:
+    """Require every element of ``index`` to lie in ``[0, size)``, or in ``[-size, size)`` when
+    ``negative``; ``message`` is formatted with the first offending index. Returns the
+    condition (True when ``index`` is empty)."""
+    if jnp.size(index) == 0:
+        return True
+    low = -size if negative else 0
+    ok, bad = first_where((index < low) | (index >= size), index)
+    require(ok, error, message, bad)
+    return ok
+
+
+def unchanged_unless(ok: Any, result: Any, old: Any) -> Any:
+    """``result`` where ``ok`` holds, else ``old`` (broadcast and cast to ``result``): the value an
+    in-place form of the op stores, so a failed check leaves its tensor as it was."""
+    if ok is True:
+        return result
+    return jnp.where(ok, result, jnp.broadcast_to(old, result.shape).astype(result.dtype))
+
+
+def drop_unless(ok: Any, index: Any, size: int) -> Any:
+    """``index`` where ``ok`` holds, else every position out of range (``size``): for a scatter
+    with ``mode="drop"``, a failed check then writes nothing, at the cost of the index alone."""
+    if ok is True:
+        return index
+    return jnp.where(ok, index, jnp.asarray(size, index.dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# After a program ran
+# ---------------------------------------------------------------------------------------------
+
+
+class _Pending(NamedTuple):
+    status: jax.Array
+    op: str
+
+
+_pending: collections.deque[_Pending] = collections.deque()
+_pending_lock = threading.Lock()
+
+
+def _error(status: np.ndarray, op: str, device: str, deferred: bool) -> Exception:
+    check = _checks[int(status[0]) - 1]
+    where = f"{op} on {device}"
+    if deferred:
+        where += ("; tpu runs ops asynchronously, so this surfaced at the next synchronisation: "
+                  "set ACCELKIT_TPU_MODE=debug to raise it at the op")
+    return check.error(f"{check.message.format(int(status[1]))} ({where})")
+
+
+def raise_now(status: jax.Array, op: str, device: str) -> None:
+    """Read ``status`` (waiting for the program) and raise its error, if any (debug mode)."""
+    found = np.asarray(status)
+    if found[0]:
+        raise _error(found, op, device, deferred=False)
+
+
+def defer(status: jax.Array, op: str, device: str) -> None:
+    """Keep ``status`` to be read at the next synchronisation (strict mode)."""
+    _pending.append(_Pending(status, op))
+    if len(_pending) > PENDING_LIMIT:
+        _settle(device, ready_only=True)
+        while len(_pending) > PENDING_LIMIT:
+            _settle(device, ready_only=False, count=1)
+
+
+def raise_pending(device: str) -> None:
+    """Read every status still waiting and raise the error of the first failed one; statuses
+    after it stay waiting, so a later failure is reported at a later synchronisation."""
+    if _pending:
+        _settle(device, ready_only=False)
+
+
+def _settle(device: str, ready_only: bool, count: int | None = None) -> None:
+    with _pending_lock:
+        taken: list[_Pending] = []
+        while _pending and (count is None or len(taken) < count):
+            if ready_only and not _pending[0].status.is_ready():
+                break
+            taken.append(_pending.popleft())
+        if not taken:
+            return
+        statuses = jax.device_get([p.status for p in taken])
+        for position, (status, pending) in enumerate(zip(statuses, taken)):
+            if status[0]:
+                _pending.extendleft(reversed(taken[position + 1:]))
+                raise _error(status, pending.op, device, deferred=True)
+
+
+def pending() -> int:
+    """Statuses not yet read (for tests and stats)."""
+    return len(_pending)
