@@ -4,8 +4,10 @@
     python bench/bench_ops.py --device tpu         # tpu (XLA); adds torchax when it is installed
 
 Prints microseconds per call (median of several repeats) for a small elementwise add, a 64×64
-matmul, an in-place update, a host batch moved to the device and one training step of a small
-MLP (forward, backward, SGD), with the ratio to the same work on the CPU. The device is
+matmul, an in-place update, a host batch moved to the device, indexed reads and writes (rows of a
+table, an embedding lookup, a gather), an integer division and one training step of a small MLP
+(forward, backward, SGD), with the ratio to the same work on the CPU. The indexing, division and
+loss cases include the device-side checks that refuse bad indices and divisors as CPU does. The device is
 synchronised before each clock reading. Figures are wall-clock on this machine: compare ratios,
 not absolute numbers, across machines. The CPU baseline runs single-threaded
 (``torch.set_num_threads(1)``), in this process and in torchax's.
@@ -51,6 +53,9 @@ def cases(device: torch.device | str) -> dict[str, tuple[Callable[[], object], i
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x, y = torch.randn(16, 32).to(device), torch.randint(0, 10, (16,)).to(device)
     batch = torch.randn(16, 32)
+    table, rows = torch.randn(64, 16).to(device), torch.randint(0, 64, (8,)).to(device)
+    updates, columns = torch.randn(8, 16).to(device), torch.randint(0, 16, (64, 4)).to(device)
+    dividends, divisors = torch.randint(-99, 99, (16,)).to(device), torch.randint(1, 9, (16,)).to(device)
 
     def train_step() -> None:
         optimizer.zero_grad()
@@ -70,6 +75,11 @@ def cases(device: torch.device | str) -> dict[str, tuple[Callable[[], object], i
         "add_ in place (16,)": (no_grad(lambda: acc.add_(small_a)), 1),
         # A batch from the host; on the CPU, copy=True makes the same copy.
         "to device (16, 32)": (lambda: batch.to(device, copy=True), 1),
+        "rows x[idx] (64, 16)": (no_grad(lambda: table[rows]), 1),
+        "x[idx] = v (64, 16)": (no_grad(lambda: table.index_put_((rows,), updates)), 1),
+        "embedding (64, 16)": (no_grad(lambda: nn.functional.embedding(rows, table)), 1),
+        "gather (64, 16)": (no_grad(lambda: table.gather(1, columns)), 1),
+        "int // (16,)": (no_grad(lambda: dividends // divisors), 1),
         "MLP training step": (train_step, 20),
     }
 

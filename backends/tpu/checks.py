@@ -6,8 +6,8 @@ range, an integer division by zero) states the condition while it is traced::
     checks.require(ok, IndexError, "index {} is out of bounds for dimension 0 with size 3", bad)
 
 and the machinery here turns every such condition of a program into one small extra output,
-its *status*: ``[0, 0]`` when every condition held, else ``[check number, offending value]``
-of the first that failed. What the caller sees:
+its *status*: zeros when every condition held, else the check number of the first that failed
+and the (up to two) integers its message names, such as the offending index. What the caller sees:
 
 - ``debug`` mode: the status is read after the op and its error raised at once;
 - ``strict`` mode (asynchronous): the status stays on the device and is read at the next
@@ -48,8 +48,12 @@ class Refused(Exception):
         self.error = error
 
 
+#: Integers a check's message may name (the status holds this many after the check number).
+VALUES = 2
+
+
 class Check(NamedTuple):
-    """What a failed condition raises: ``error(message.format(value))``."""
+    """What a failed condition raises: ``error(message.format(*values))``."""
 
     error: type[Exception]
     message: str
@@ -78,16 +82,15 @@ class _Conditions:
     """The conditions stated while one program is traced, folded into its status."""
 
     def __init__(self) -> None:
-        self.stated: list[tuple[Any, int, Any]] = []  # (ok, check number, value)
+        self.stated: list[tuple[Any, int, Any]] = []  # (ok, check number, its values)
 
     def status(self) -> jax.Array | None:
         if not self.stated:
             return None
-        code, value = jnp.zeros((), jnp.int64), jnp.zeros((), jnp.int64)
-        for ok, number, bad in reversed(self.stated):  # the first failed condition wins
-            code = jnp.where(ok, code, number)
-            value = jnp.where(ok, value, bad)
-        return jnp.stack([code, value])
+        status = jnp.zeros((1 + VALUES,), jnp.int64)
+        for ok, number, values in reversed(self.stated):  # the first failed condition wins
+            status = jnp.where(ok, status, jnp.concatenate([jnp.full((1,), number, jnp.int64), values]))
+        return status
 
 
 _tracing = threading.local()
@@ -104,9 +107,10 @@ def conditions() -> Iterator[_Conditions]:
         _tracing.conditions = outer
 
 
-def require(ok: Any, error: type[Exception], message: str, value: Any = 0) -> None:
-    """State that the program being traced fails with ``error(message.format(value))`` unless
-    ``ok`` (a boolean scalar) holds; ``value`` is an integer scalar naming the offending input.
+def require(ok: Any, error: type[Exception], message: str, *values: Any) -> None:
+    """State that the program being traced fails with ``error(message.format(*values))`` unless
+    ``ok`` (a boolean scalar) holds; ``values`` are up to two integer scalars naming the
+    offending input (an index, its position).
 
     A condition whose truth is known while tracing costs nothing when it holds and raises at
     once when it does not. Outside a traced program (a lowering called eagerly) every
@@ -114,22 +118,27 @@ def require(ok: Any, error: type[Exception], message: str, value: Any = 0) -> No
     """
     if isinstance(ok, bool | np.bool_) or not isinstance(ok, jax.core.Tracer):
         if not bool(ok):
-            raise Refused(error(message.format(int(value) if not isinstance(value, jax.core.Tracer) else "?")))
+            known = [int(v) if not isinstance(v, jax.core.Tracer) else "?" for v in values]
+            raise Refused(error(message.format(*known)))
         return
+    if len(values) > VALUES:
+        raise ValueError(f"checks.require: at most {VALUES} values, got {len(values)}")
     found = getattr(_tracing, "conditions", None)
     if found is None:
         raise RuntimeError("checks.require: a traced condition outside a tpu program")
-    found.stated.append((ok, _number(Check(error, message)), jnp.asarray(value).astype(jnp.int64)))
+    padded = [jnp.asarray(v).astype(jnp.int64) for v in values] + [jnp.zeros((), jnp.int64)] * (VALUES - len(values))
+    found.stated.append((ok, _number(Check(error, message)), jnp.stack(padded)))
 
 
-def first_where(bad: Any, values: Any) -> tuple[Any, Any]:
-    """``(ok, value)``: whether ``bad`` is false everywhere, and the element of ``values`` at its
-    first true position in row-major order (0 when there is none) — a check's arguments."""
+def first_where(bad: Any, values: Any) -> tuple[Any, Any, Any]:
+    """``(ok, value, position)``: whether ``bad`` is false everywhere, and the element of
+    ``values`` at the first true position of ``bad`` in row-major order, and that position
+    (0 when there is none) — a check's arguments."""
     flat = jnp.reshape(bad, -1)
     if flat.shape[0] == 0:
-        return True, 0
+        return True, 0, 0
     position = jnp.argmax(flat)
-    return ~flat[position], jnp.reshape(jnp.broadcast_to(values, jnp.shape(bad)), -1)[position]
+    return ~flat[position], jnp.reshape(jnp.broadcast_to(values, jnp.shape(bad)), -1)[position], position
 
 
 def require_in_range(index: Any, size: int, error: type[Exception], message: str,
@@ -140,7 +149,7 @@ def require_in_range(index: Any, size: int, error: type[Exception], message: str
     if jnp.size(index) == 0:
         return True
     low = -size if negative else 0
-    ok, bad = first_where((index < low) | (index >= size), index)
+    ok, bad, _ = first_where((index < low) | (index >= size), index)
     require(ok, error, message, bad)
     return ok
 
@@ -175,13 +184,16 @@ _pending: collections.deque[_Pending] = collections.deque()
 _pending_lock = threading.Lock()
 
 
-def _error(status: np.ndarray, op: str, device: str, deferred: bool) -> Exception:
+def _error(status: np.ndarray, op: str, device: str, deferred: bool, later: list[str] = ()) -> Exception:
     check = _checks[int(status[0]) - 1]
     where = f"{op} on {device}"
     if deferred:
         where += ("; tpu runs ops asynchronously, so this surfaced at the next synchronisation: "
                   "set ACCELKIT_TPU_MODE=debug to raise it at the op")
-    return check.error(f"{check.message.format(int(status[1]))} ({where})")
+    if later:
+        named = ", ".join(later[:3]) + (", ..." if len(later) > 3 else "")
+        where += f"; {len(later)} later op{'s' if len(later) > 1 else ''} failed too: {named}"
+    return check.error(f"{check.message.format(*(int(v) for v in status[1:]))} ({where})")
 
 
 def raise_now(status: jax.Array, op: str, device: str) -> None:
@@ -201,8 +213,10 @@ def defer(status: jax.Array, op: str, device: str) -> None:
 
 
 def raise_pending(device: str) -> None:
-    """Read every status still waiting and raise the error of the first failed one; statuses
-    after it stay waiting, so a later failure is reported at a later synchronisation."""
+    """Read every status still waiting and raise the error of the first failed one. Later
+    failures — often the same bad value met again, as ``x[bad] += 1`` reads and then writes
+    through it — are named in that error, not raised again: as with CUDA's device-side
+    asserts, what ran after a failure is suspect, and the first failure is the one to fix."""
     if _pending:
         _settle(device, ready_only=False)
 
@@ -217,10 +231,10 @@ def _settle(device: str, ready_only: bool, count: int | None = None) -> None:
         if not taken:
             return
         statuses = jax.device_get([p.status for p in taken])
-        for position, (status, pending) in enumerate(zip(statuses, taken)):
-            if status[0]:
-                _pending.extendleft(reversed(taken[position + 1:]))
-                raise _error(status, pending.op, device, deferred=True)
+        failed = [(status, pending.op) for status, pending in zip(statuses, taken) if status[0]]
+        if failed:
+            (status, op), later = failed[0], [name for _, name in failed[1:]]
+            raise _error(status, op, device, deferred=True, later=later)
 
 
 def pending() -> int:

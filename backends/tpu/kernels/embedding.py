@@ -85,6 +85,17 @@ def embedding_bag_forward_only(weight, indices, offsets, scale_grad_by_freq=Fals
     """
     bags = offsets.shape[0] - (1 if include_last_offset else 0)
     count = indices.shape[0]
+    ok, bad, where = checks.first_where((indices < 0) | (indices >= weight.shape[0]), indices)
+    checks.require(ok, RuntimeError,
+                   f"Index {{1}} of input takes value {{0}} which is not in the valid range [0, {weight.shape[0]})",
+                   bad, where)
+    if offsets.shape[0]:
+        checks.require(offsets[0] == 0, RuntimeError,
+                       "offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start "
+                       "from position 0. However, got {}", offsets[0])
+        checks.require(offsets[-1] <= count, RuntimeError,
+                       f"offsets[-1] can not be greater than input's length {count} but got offsets[-1] of {{}}",
+                       offsets[-1])
     position = jnp.arange(count)
     bag = jnp.searchsorted(offsets, position, side="right") - 1
     member = (bag >= 0) & (bag < bags)

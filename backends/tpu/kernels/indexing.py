@@ -10,15 +10,19 @@ do — and a second program, compiled once per count, computes the result at tha
 the selected positions (the usual case) is one ``where``; ``masked_scatter`` places its source by
 a running count.
 
-**Out-of-range indices** cannot raise inside a program (XLA has no device-side errors): where
-PyTorch raises an IndexError, reads here return a clamped or fill value and writes are dropped
-or clamped — never an error.
-Negative indices wrap where PyTorch accepts them (``index``, ``index_put``, ``index_fill``).
+**Out-of-range indices** are refused as on CPU — the same exception type and wording, per op —
+by device-side checks (:mod:`accelkit_backends.tpu.checks`): the error is raised at the op in
+debug mode and at the next synchronisation in strict mode, and a refused write writes nothing
+(its scatter drops every position). Negative indices wrap where PyTorch accepts them
+(``index``, ``index_put``, ``index_fill``, ``take``, ``put``). Index shapes, dtypes and value
+shapes are checked on the host from shapes alone, with PyTorch's messages.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,7 +33,7 @@ import torch
 from torch._ops import OpOverload
 
 from accelkit_backends.tpu import checks
-from accelkit_backends.tpu.buffers import JaxView
+from accelkit_backends.tpu.buffers import JaxView, value_of
 from accelkit_backends.tpu.lowering import Lowering, kernels, lowering
 
 aten = torch.ops.aten
@@ -152,6 +156,79 @@ def _mask_counts(counter: Specialised, x: Any, indices: Sequence[Any]) -> tuple[
     return tuple(count_true(counter, index) for index in indices if index is not None and _is_mask(index))
 
 
+_INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.uint8, torch.bool})
+
+
+def _usable_indices(indices: Sequence[Any]) -> list[Any]:
+    """``indices`` after PyTorch's dtype rule (IndexError for a float index): uint8 masks become
+    bool ones, with PyTorch's deprecation warning (its Meta kernel refuses them)."""
+    for index in indices:
+        if index is not None and torch_dtype_of(index) not in _INDEX_DTYPES:
+            raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
+    if not any(index is not None and torch_dtype_of(index) == torch.uint8 for index in indices):
+        return list(indices)
+    warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.",
+                  UserWarning, stacklevel=2)
+    return [value_of(index).astype(jnp.bool_) if index is not None and torch_dtype_of(index) == torch.uint8
+            else index for index in indices]
+
+
+def _indexed_shape(x: Any, indices: Sequence[Any], true_counts: Sequence[int], put: bool) -> tuple[int, ...]:
+    """The shape of ``x[indices]`` (masks selecting ``true_counts`` elements), with PyTorch's
+    IndexError for more indexed dimensions than ``x`` has or index shapes that do not
+    broadcast (computed on the host, from shapes alone)."""
+    shape = shape_of(x)
+    counts = iter(true_counts)
+    advanced: list[tuple[int, ...]] = []  # the shape each index tensor contributes
+    positions: list[int] = []  # where each sits among the kept dimensions
+    kept: list[int] = []
+    dim = 0
+    for index in indices:
+        if index is None:
+            if dim < len(shape):
+                kept.append(shape[dim])
+            dim += 1
+            continue
+        positions.append(len(kept))
+        if _is_mask(index):
+            count = next(counts)
+            advanced.extend([(count,)] * len(shape_of(index)))
+            dim += len(shape_of(index))
+        else:
+            advanced.append(shape_of(index))
+            dim += 1
+    if dim > len(shape):
+        suffix = f" (got {len(indices)})" if put else ""
+        raise IndexError(f"too many indices for tensor of dimension {len(shape)}{suffix}")
+    try:
+        broadcast = tuple(np.broadcast_shapes(*advanced)) if advanced else ()
+    except ValueError:
+        raise IndexError("shape mismatch: indexing tensors could not be broadcast together with shapes "
+                         + ", ".join(str(list(s)) for s in advanced)) from None
+    kept.extend(shape[dim:])
+    if not advanced:
+        return tuple(kept)
+    # Index tensors side by side (no sliced dimension between them) replace their dimensions
+    # in place; separated, their broadcast shape goes first.
+    at = positions[0] if len(set(positions)) == 1 else 0
+    return tuple(kept[:at]) + broadcast + tuple(kept[at:])
+
+
+def _fits(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether ``shape`` broadcasts to exactly ``target``."""
+    try:
+        return tuple(np.broadcast_shapes(shape, target)) == tuple(target)
+    except ValueError:
+        return False
+
+
+def _check_values(values: Any, indexed: tuple[int, ...]) -> None:
+    """PyTorch's error when ``values`` does not broadcast to the indexed shape."""
+    if not _fits(shape_of(values), indexed):
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(shape_of(values))} cannot be "
+                           f"broadcast to indexing result of shape {list(indexed)}")
+
+
 def _key(shape: tuple[int, ...], indices: Sequence[Any], true_counts: Sequence[int],
          for_write: bool = False) -> tuple:
     """A jnp index tuple: None is a full slice, a mask becomes its ``nonzero`` coordinates, an
@@ -195,7 +272,10 @@ _index_counter = true_counter()
 
 @host_step(aten.index.Tensor, uses=(_index_program, _index_counter))
 def index(x, indices):
-    return _index_program(true_counts=_mask_counts(_index_counter, x, indices))(x, indices)
+    indices = _usable_indices(indices)
+    counts = _mask_counts(_index_counter, x, indices)
+    _indexed_shape(x, indices, counts, put=False)
+    return _index_program(true_counts=counts)(x, indices)
 
 
 def _put(x, indices, values, accumulate=False, unsafe=False, true_counts=()):
@@ -255,10 +335,21 @@ def _mask_write_needs_no_count(x: Any, indices: Sequence[Any], values: Any) -> b
 
 def _index_put(programs: _PutPrograms, x, indices, values, accumulate=False, unsafe=None):
     extra = () if unsafe is None else (unsafe,)
+    present = [index for index in indices if index is not None]
+    if (len(present) == 1 and torch_dtype_of(present[0]) == torch.uint8
+            and math.prod(shape_of(values)) == 1):
+        # PyTorch's kernel takes this case as a masked_fill_, which refuses a uint8 mask.
+        raise RuntimeError("masked_fill_ only supports boolean masks, but got mask with dtype unsigned char")
+    indices = _usable_indices(indices)
     if _mask_write_needs_no_count(x, indices, values):
         _check_masks(x, indices)
+        # Values with no extent along the selection fit any number of selected elements when
+        # they fit one; only a misfit needs the count, for the error message.
+        if not _fits(shape_of(values), _indexed_shape(x, indices, (1,), put=True)):
+            _check_values(values, _indexed_shape(x, indices, _mask_counts(programs.counter, x, indices), put=True))
         return programs.through_mask(x, indices, values, accumulate)
     counts = _mask_counts(programs.counter, x, indices)
+    _check_values(values, _indexed_shape(x, indices, counts, put=True))
     return programs.by_counts(true_counts=counts)(x, indices, values, accumulate, *extra)
 
 
@@ -429,21 +520,29 @@ def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
     return _unique_dim_program(size=size)(x, dim, sorted, return_inverse, return_counts)
 
 
-_total = Lowering(aten.sum.default, lambda x, dtype=None: jnp.sum(x))
+_NEGATIVE_REPEATS = "repeats can not be negative"
+# (least, total) of the repeats, one program and one read; aminmax's Meta kernel gives the
+# shapes and dtype of such a pair.
+_least_and_total = Lowering(aten.aminmax.default, lambda x: (jnp.min(x, initial=0), jnp.sum(x)))
 
 
 def _repeated_positions(repeats, output_size=None):
-    return jnp.repeat(jnp.arange(repeats.shape[0]), repeats, total_repeat_length=output_size)
+    ok, _, _ = checks.first_where(repeats < 0, repeats)
+    checks.require(ok, RuntimeError, _NEGATIVE_REPEATS)
+    return jnp.repeat(jnp.arange(repeats.shape[0]), jnp.maximum(repeats, 0), total_repeat_length=output_size)
 
 
 _repeat_interleave_program = Lowering(aten.repeat_interleave.Tensor, _repeated_positions)
 
 
-@host_step(aten.repeat_interleave.Tensor, uses=(_repeat_interleave_program, _total))
+@host_step(aten.repeat_interleave.Tensor, uses=(_repeat_interleave_program, _least_and_total))
 def repeat_interleave(repeats, output_size=None):
-    """Each position ``i`` repeated ``repeats[i]`` times; the total is read on the host unless given."""
+    """Each position ``i`` repeated ``repeats[i]`` times; the total is read on the host unless
+    given (then negative repeats are refused on the host, else by a device-side check)."""
     if output_size is None:
-        output_size = int(_total(repeats))
+        least, output_size = (int(v) for v in jax.device_get(_least_and_total(repeats)))
+        if least < 0:
+            raise RuntimeError(_NEGATIVE_REPEATS)
     return _repeat_interleave_program(repeats, output_size=output_size)
 
 
@@ -732,6 +831,8 @@ def _side(right, side):
 @lowering(aten.searchsorted.Tensor, aten.searchsorted.Scalar)
 def searchsorted(sorted_sequence, values, out_int32=False, right=False, side=None, sorter=None):
     if sorter is not None:
+        checks.require_in_range(sorter, sorted_sequence.shape[-1], RuntimeError,
+                                "torch.searchsorted(): sorter index out of range")
         sorted_sequence = jnp.take_along_axis(sorted_sequence, sorter, axis=-1)
     return _search(sorted_sequence, values, _side(right, side))
 

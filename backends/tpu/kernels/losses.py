@@ -63,7 +63,7 @@ def _nll_parts(x, target, weight, ignore_index):
 
 def _nll_forward(x, target, weight, reduction, ignore_index):
     classes = x.shape[1] if x.ndim > 1 else x.shape[0]
-    ok, bad = checks.first_where((target != ignore_index) & ((target < 0) | (target >= classes)), target)
+    ok, bad, _ = checks.first_where((target != ignore_index) & ((target < 0) | (target >= classes)), target)
     checks.require(ok, IndexError, "Target {} is out of bounds.", bad)
     picked, w, _ = _nll_parts(x, target, weight, ignore_index)
     loss = -picked * w

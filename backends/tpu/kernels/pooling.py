@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from accelkit_backends.tpu import checks
 from accelkit_backends.tpu.lowering import lowering
 
 aten = torch.ops.aten
@@ -336,3 +337,33 @@ def adaptive_max_pool2d_backward(grad, x, indices):
 @lowering(aten.adaptive_max_pool3d_backward.default)
 def adaptive_max_pool3d_backward(grad, x, indices):
     return _max_pool_backward(grad, x, 3, indices)
+
+
+# -- max unpooling ----------------------------------------------------------------------------
+
+
+def _max_unpool(x, indices, output_size):
+    """Each value of ``x`` placed at its flat position (``indices``) in a zero output of
+    ``output_size`` per channel; a position outside it fails with CPU's error and places
+    nothing (a device-side check)."""
+    lead = x.shape[:-len(output_size)]
+    volume = math.prod(output_size)
+    flat_x = x.reshape(lead + (-1,))
+    flat_index = indices.reshape(lead + (-1,))
+    ok = checks.require_in_range(
+        flat_index, volume, RuntimeError,
+        "Found an invalid max index: {} (output volumes are of size " + "x".join(map(str, output_size)) + ")")
+    flat_index = checks.drop_unless(ok, flat_index, volume)
+    coords = tuple(jax.lax.broadcasted_iota(jnp.int64, flat_index.shape, d) for d in range(len(lead)))
+    out = jnp.zeros(lead + (volume,), x.dtype).at[coords + (flat_index,)].set(flat_x, mode="drop")
+    return out.reshape(lead + tuple(output_size))
+
+
+@lowering(aten.max_unpool2d.default)
+def max_unpool2d(x, indices, output_size):
+    return _max_unpool(x, indices, tuple(output_size))
+
+
+@lowering(aten.max_unpool3d.default)
+def max_unpool3d(x, indices, output_size, stride, padding):
+    return _max_unpool(x, indices, tuple(output_size))

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from accelkit_backends.tpu import checks
 from accelkit_backends.tpu.lowering import Lowering, kernels, lowering
 
 aten = torch.ops.aten
@@ -174,11 +175,15 @@ def multinomial(weights, num_samples, replacement=False, *, generator=None):
     replacement by ``jax.random.categorical``; without, as the ``num_samples`` largest
     ``log(w) + Gumbel`` keys (the Gumbel-top-k trick), so each row's indices are distinct.
 
-    PyTorch's CPU checks of the weights (negative, infinite or all-zero rows; more samples than
-    non-zero weights without replacement) need the values on the host and are not made here: a
-    zero-weight category is then drawn only after every positive one.
+    Weights that are negative, infinite or NaN, and rows that sum to zero, fail with CPU's
+    errors (device-side checks). Without replacement, a zero-weight category is drawn only after
+    every positive one (CPU refuses more samples than positive weights; that is not checked).
     """
     rows = weights.reshape(-1, weights.shape[-1]).astype(_sample_dtype(weights))
+    checks.require(jnp.all(jnp.isfinite(rows) & (rows >= 0)), RuntimeError,
+                   "probability tensor contains either `inf`, `nan` or element < 0")
+    checks.require(jnp.all(jnp.sum(rows, axis=-1) > 0), RuntimeError,
+                   "invalid multinomial distribution (sum of probabilities <= 0)")
     logits = jnp.where(rows > 0, jnp.log(jnp.where(rows > 0, rows, 1)), -jnp.inf)
     key = _key(generator)
     if replacement:
