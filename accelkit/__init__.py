@@ -95,7 +95,9 @@ def stats() -> dict[str, Any]:
     record = registry().get(ctx.name)
     for section in record.call("accelkit_stats", name=ctx.name):
         if section is not None and not isinstance(section, dict):
-            raise PluginError(f"plugin {record.origin}: accelkit_stats returned {type(section).__name__}, not dict")
+            raise PluginError(
+                f"plugin {record.origin}: accelkit_stats returned {type(section).__name__}, not dict"
+            )
         result.update(section or {})
     return result
 

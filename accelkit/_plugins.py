@@ -244,7 +244,8 @@ class Registry:
             )
             for c in announced:
                 others = _and([o.origin for o in announced if o is not c])
-                refusals.append(self._refuse(c, f"{others} announces {name!r} too, and accelkit chooses neither"))
+                why = f"{others} announces {name!r} too, and accelkit chooses neither"
+                refusals.append(self._refuse(c, why))
         else:  # every claim failed to load: the first one's error is the backend's reason
             self.backends[name] = BackendRecord(name, origin=claims[0].origin, load_error=refusals.pop(0))
         if refusals:
@@ -272,7 +273,10 @@ class Registry:
             if owner is not None:
                 why = f"{info.name!r} is already provided by {owner.origin}"
                 if owner.in_tree:
-                    why = f"{info.name!r} is accelkit's in-tree backend ({owner.origin}), which a plugin cannot replace"
+                    why = (
+                        f"{info.name!r} is accelkit's in-tree backend ({owner.origin}), which a "
+                        "plugin cannot replace"
+                    )
             elif _torch_device_type(info.name):
                 why = f"{info.name!r} is a PyTorch device type"
             else:

@@ -160,7 +160,8 @@ def _activate(name: str) -> torch.device:
     except Exception as exc:
         error = exc
     # A PluginError already names the plugin, the hook and the exception.
-    record.init_error = f"failed to initialise: {error if isinstance(error, PluginError) else describe(error)}"
+    why = str(error) if isinstance(error, PluginError) else describe(error)
+    record.init_error = f"failed to initialise: {why}"
     raise DeviceUnavailableError(f"backend {name!r} {record.init_error}") from error
 
 
