@@ -19,6 +19,7 @@ from accelkit._errors import (
     BackendConflictError,
     DeviceUnavailableError,
     FallbackDeniedError,
+    PluginError,
     UnknownDeviceError,
 )
 from accelkit._plugins import hookimpl
@@ -31,6 +32,7 @@ __all__ = [
     "DeviceReport",
     "DeviceUnavailableError",
     "FallbackDeniedError",
+    "PluginError",
     "UnknownDeviceError",
     "active_backend",
     "devices",
@@ -55,8 +57,10 @@ def active_backend() -> str | None:
 def register_backend(plugin: object) -> list[str]:
     """Register a backend plugin object in this process (instead of an entry point).
 
-    :returns: the backend names it announced. Entry-point plugins are loaded first, so a
-        name clash with an installed backend is an error.
+    :returns: the backend names it announced. Entry-point plugins are loaded first.
+    :raises BackendConflictError: the name is already taken (an installed or earlier registered
+        backend keeps it) or is a PyTorch device type; the message names both plugins.
+    :raises PluginError: the plugin raised while registering or announcing itself.
     """
     from accelkit._plugins import registry
 
@@ -71,6 +75,8 @@ def stats() -> dict[str, Any]:
     Keys: ``backend``, ``fallback_policy``, ``ops`` (per aten overload: native, decomposed and
     fallback executions), ``totals``, ``memory`` (the allocator's statistics), plus sections
     the backend contributes (``accelkit_stats`` hook).
+
+    :raises PluginError: the backend's ``accelkit_stats`` hook raised or returned a non-dict.
     """
     from accelkit import _runtime
     from accelkit._plugins import registry
@@ -86,23 +92,30 @@ def stats() -> dict[str, Any]:
         "totals": ctx.counters.totals(),
         "memory": ctx.allocator.memory_stats(),
     }
-    for section in registry().pm.hook.accelkit_stats(name=ctx.name):
-        if section:
-            result.update(section)
+    record = registry().get(ctx.name)
+    for section in record.call("accelkit_stats", name=ctx.name):
+        if section is not None and not isinstance(section, dict):
+            raise PluginError(
+                f"plugin {record.origin}: accelkit_stats returned {type(section).__name__}, not dict"
+            )
+        result.update(section or {})
     return result
 
 
 def reset_stats() -> None:
-    """Zero the op counters, the memory peaks and the backend's own statistics."""
-    from accelkit import _runtime
+    """Zero the op counters, the memory peaks and the backend's own statistics.
 
+    :raises PluginError: the backend's ``accelkit_reset_stats`` hook raised (the counters and
+        peaks are zeroed first).
+    """
+    from accelkit import _runtime
     from accelkit._plugins import registry
 
     ctx = _runtime.active()
     if ctx is not None:
         ctx.counters.reset()
         ctx.allocator.reset_peak_stats()
-        registry().pm.hook.accelkit_reset_stats(name=ctx.name)
+        registry().get(ctx.name).call("accelkit_reset_stats", name=ctx.name)
 
 
 def __getattr__(name: str) -> Any:

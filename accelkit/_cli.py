@@ -30,6 +30,11 @@ def _devices(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    conflicts = [(r.name, line) for r in reports for line in r.conflicts]
+    if conflicts:
+        print("\nrefused plugins (a backend name has one owner):")
+        for name, line in conflicts:
+            print(f"  {name}: {line}")
     return 0
 
 

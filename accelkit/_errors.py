@@ -14,7 +14,17 @@ class DeviceUnavailableError(AccelkitError):
 
 
 class BackendConflictError(AccelkitError):
-    """A second, different PrivateUse1 backend was asked for in a process that already has one."""
+    """Two backends compete for one slot: a second, different PrivateUse1 backend was asked for
+    in a process that already has one, or a plugin announced a backend name another owns."""
+
+
+class PluginError(AccelkitError):
+    """A backend plugin's own code raised (at import or in a hook); names the plugin and the hook.
+
+    Anything a plugin raises becomes this error, ``SystemExit``, ``GeneratorExit`` and other
+    ``BaseException`` subclasses included; only ``KeyboardInterrupt`` passes through. The
+    plugin's exception is the error's ``__cause__``.
+    """
 
 
 class FallbackDeniedError(AccelkitError, NotImplementedError):

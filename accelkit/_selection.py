@@ -15,8 +15,14 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from accelkit import _runtime
-from accelkit._errors import AccelkitError, BackendConflictError, DeviceUnavailableError, UnknownDeviceError
-from accelkit._plugins import BackendRecord, registry
+from accelkit._errors import (
+    AccelkitError,
+    BackendConflictError,
+    DeviceUnavailableError,
+    PluginError,
+    UnknownDeviceError,
+)
+from accelkit._plugins import BackendRecord, describe, registry
 
 DEVICE_ENV = "ACCELKIT_DEVICE"
 BUILTIN = ("cuda", "xpu", "mps", "cpu")
@@ -42,6 +48,8 @@ class DeviceReport:
     reason: str | None
     origin: str
     supports: dict[str, bool] = field(default_factory=dict)
+    #: other plugins' claims on this name, each a sentence naming the plugin and why it was refused
+    conflicts: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -64,12 +72,14 @@ def _builtin_report(name: str) -> DeviceReport:
         available = hasattr(torch, "xpu") and torch.xpu.is_available()
         count = torch.xpu.device_count() if available else 0
         reason = None if available else "no Intel XPU device found"
-    return DeviceReport(name, "builtin", available, False, count, None, None, False, reason, "torch")
+    return DeviceReport(
+        name, "builtin", available, False, count, None, None, False, reason, "torch",
+        conflicts=list(registry().conflicts.get(name, ())),
+    )
 
 
 def _plugin_report(record: BackendRecord) -> DeviceReport:
-    reg = registry()
-    probe = record.probe(reg.pm)
+    probe = record.probe()
     ctx = _runtime.active()
     available = probe.available and record.load_error is None and record.init_error is None
     reason = record.init_error or probe.reason
@@ -85,16 +95,27 @@ def _plugin_report(record: BackendRecord) -> DeviceReport:
         reason=reason,
         origin=record.origin,
         supports={area: record.supports(hook) for area, hook in OPTIONAL_AREAS.items()},
+        conflicts=list(registry().conflicts.get(record.name, ())),
+    )
+
+
+def _refused_report(name: str, conflicts: list[str]) -> DeviceReport:
+    """A name only refused claims were made on (a PyTorch device type without a row here)."""
+    return DeviceReport(
+        name, "plugin", False, False, 0, None, None, False, conflicts[0], "", conflicts=list(conflicts)
     )
 
 
 def devices() -> list[DeviceReport]:
     """Every discovered backend and built-in device, in automatic-selection order."""
+    reg = registry()
     plugins = sorted(
-        (_plugin_report(r) for r in registry().records()),
+        (_plugin_report(r) for r in reg.records()),
         key=lambda d: (d.simulated, -(d.priority or 0), d.name),
     )
-    return plugins + [_builtin_report(n) for n in BUILTIN]
+    listed = {r.name for r in plugins} | set(BUILTIN)
+    refused = [_refused_report(n, lines) for n, lines in reg.conflicts.items() if n not in listed]
+    return plugins + sorted(refused, key=lambda d: d.name) + [_builtin_report(n) for n in BUILTIN]
 
 
 def parse_spec(spec: str | torch.device | Sequence[str | torch.device]) -> list[tuple[str, int | None]]:
@@ -131,14 +152,16 @@ def _activate(name: str) -> torch.device:
     if ctx is not None and ctx.name != name:
         raise _runtime.conflict_error(ctx.name, name)
     try:
-        return _runtime.activate(record, registry())
-    except AccelkitError as exc:
-        if not isinstance(exc, DeviceUnavailableError):
-            raise  # a conflict or a bad setting (ACCELKIT_FALLBACK=...): not the backend's failure
+        return _runtime.activate(record)
+    except (DeviceUnavailableError, PluginError) as exc:
         error: Exception = exc
+    except AccelkitError:
+        raise  # a conflict or a bad setting (ACCELKIT_FALLBACK=...): not the backend's failure
     except Exception as exc:
         error = exc
-    record.init_error = f"failed to initialise: {type(error).__name__}: {error}"
+    # A PluginError already names the plugin, the hook and the exception.
+    why = str(error) if isinstance(error, PluginError) else describe(error)
+    record.init_error = f"failed to initialise: {why}"
     raise DeviceUnavailableError(f"backend {name!r} {record.init_error}") from error
 
 

@@ -2,13 +2,14 @@
 
 A backend is a plugin module (or object) registered through the entry-point group
 ``accelkit.backends``. It announces itself with :func:`accelkit_register_backend`; every other
-hook takes the backend's ``name`` and is answered only by the plugin that owns that name (the
-others return ``None``). Loading a plugin registers it; it never opens a device.
+hook takes the backend's ``name`` and is called on the plugin that announced that name only.
+Loading a plugin registers it; it never opens a device.
 
 Hook kinds, stated on each spec:
 
 - *firstresult*: "who provides X" — the first non-``None`` answer wins.
-- *1:N*: every plugin answers; the results are collected in a list.
+- *1:N*: every plugin answers; the results are collected in a list. A per-backend 1:N hook
+  (``accelkit_stats``, ...) is called on the owning plugin only, so the list has one answer.
 
 A backend that leaves out an optional hook (compiler, collectives, ...) is reported as
 "not supported" for that area; the runtime never crashes on a missing hook.
@@ -91,8 +92,9 @@ def accelkit_device_model(name: str) -> DeviceModel | None:
 def accelkit_backend_activated(name: str, device: torch.device) -> None:
     """React to ``name`` becoming this process's PrivateUse1 device.
 
-    1:N — every plugin is told; plugins not named ``name`` ignore it. The place for lazy
-    initialisation that must not happen at load time (opening a PJRT client, say).
+    1:N, called on the owning plugin only. The place for lazy initialisation that must not
+    happen at load time (opening a PJRT client, say). It runs after PrivateUse1 is taken: if it
+    raises, the activation fails and no backend can be activated in this process.
 
     :param name: the activated backend.
     :param device: ``torch.device(name, 0)``.
@@ -216,8 +218,8 @@ def accelkit_conformance_expectations(name: str) -> Expectations | None:
 def accelkit_stats(name: str) -> dict[str, Any] | None:
     """Contribute backend-specific sections to :func:`accelkit.stats`.
 
-    1:N — each plugin may return a dict merged into the stats under its keys (compile-cache
-    counts, estimated device time, ...). Plugins not named ``name`` return ``None``.
+    1:N, called on the owning plugin only: it may return a dict merged into the stats under its
+    keys (compile-cache counts, estimated device time, ...).
     """
 
 
@@ -225,6 +227,6 @@ def accelkit_stats(name: str) -> dict[str, Any] | None:
 def accelkit_reset_stats(name: str) -> None:
     """Zero the backend-specific statistics contributed by :func:`accelkit_stats`.
 
-    1:N — called by :func:`accelkit.reset_stats`; plugins not named ``name`` ignore it.
+    1:N, called by :func:`accelkit.reset_stats` on the owning plugin only.
     Compile caches are not statistics and stay.
     """

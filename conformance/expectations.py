@@ -48,8 +48,10 @@ def load(backend: str) -> Declared:
     """Gather ``backend``'s declarations from its plugin.
 
     :raises LookupError: no installed plugin provides ``backend``.
-    :raises ValueError: the plugin's expectations are malformed (the message names the file).
+    :raises ValueError: the plugin's expectations are malformed (the message names the file),
+        or its ``accelkit_conformance_expectations`` hook raised.
     """
+    from accelkit._errors import PluginError
     from accelkit._plugins import registry
 
     reg = registry()
@@ -58,7 +60,10 @@ def load(backend: str) -> Declared:
         known = sorted(r.name for r in reg.records() if r.info is not None)
         why = f": {record.load_error}" if record is not None and record.load_error else ""
         raise LookupError(f"no accelkit backend named {backend!r}{why} (installed: {', '.join(known) or 'none'})")
-    answer = reg.pm.hook.accelkit_conformance_expectations(name=backend)
+    try:
+        answer = record.call("accelkit_conformance_expectations", name=backend)
+    except PluginError as exc:
+        raise ValueError(str(exc)) from exc
     if answer is None:
         answer = Expectations()
     elif not isinstance(answer, Expectations):

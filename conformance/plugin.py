@@ -76,7 +76,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"accelkit conformance: {exc}") from None
     from accelkit._plugins import registry
 
-    probe = registry().get(backend).probe(registry().pm)
+    probe = registry().get(backend).probe()
     if not probe.available:
         raise pytest.UsageError(f"accelkit conformance: backend {backend!r} cannot run here: {probe.reason}")
     runs_tests = not _distributing(config)

@@ -46,7 +46,7 @@ def environment(backend: str, *, profile: str, dtypes: list[str], jobs: int, tim
 
     reg = registry()
     record = reg.get(backend)
-    probe = record.probe(reg.pm) if record is not None else None
+    probe = record.probe() if record is not None else None
     policy = policy_from_env(record.info.default_fallback) if record is not None and record.info else None
     env = {
         "accelkit": _version("accelkit") or "unknown",

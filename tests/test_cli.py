@@ -92,6 +92,67 @@ def test_devices_marks_the_backend_autoloaded_from_the_env_as_active():
     assert table(proc.stdout)["ref"]["STATUS"] == "active"
 
 
+def _install(site: Path, dist: str, entry: str, source: str) -> None:
+    """An ``accelkit.backends`` entry point ``entry`` of distribution ``dist`` (module ``dist``)."""
+    (site / f"{dist}.py").write_text(source)
+    info = site / f"{dist}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[accelkit.backends]\n{entry}\n")
+
+
+ANNOUNCE = "from accelkit.sdk import BackendInfo, hookimpl\n\n@hookimpl\ndef accelkit_register_backend():\n    return BackendInfo(name={!r})\n"
+
+
+def test_devices_shows_broken_and_refused_plugins_with_their_origins(tmp_path):
+    _install(tmp_path, "exits_at_import", "exiting = exits_at_import", "raise SystemExit('no driver')\n")
+    _install(tmp_path, "fake_ref", "ref = fake_ref", ANNOUNCE.format("ref"))
+    _install(tmp_path, "twin_one", "twin = twin_one", ANNOUNCE.format("twin"))
+    _install(tmp_path, "twin_two", "twin = twin_two", ANNOUNCE.format("twin"))
+    env = {"PYTHONPATH": os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH", "")) if p)}
+    exiting = "plugin exits_at_import (exits_at_import) failed to import: SystemExit: no driver"
+    fake_ref = (
+        "plugin fake_ref (fake_ref) announces 'ref', refused: 'ref' is accelkit's in-tree backend "
+        "(accelkit_backends.ref (accelkit)), which a plugin cannot replace; rename the plugin's backend"
+    )
+    twin = (
+        "backend name 'twin' is announced by 2 plugins, twin_one (twin_one) and twin_two (twin_two); "
+        "accelkit uses none of them. Uninstall all but one."
+    )
+
+    proc = accelkit_cli("devices", env=env)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    listing, refused = proc.stdout.split("\n\nrefused plugins (a backend name has one owner):\n")
+    rows = table(listing)
+    assert (rows["exiting"]["STATUS"], rows["exiting"]["NOTE"]) == ("unavailable", exiting)
+    assert (rows["twin"]["STATUS"], rows["twin"]["NOTE"]) == ("unavailable", twin)
+    assert (rows["ref"]["STATUS"], rows["ref"]["NOTE"]) == ("available", "select by name: select_device('ref')")
+    assert sorted(refused.splitlines()) == [  # in the table's order, which the probes decide
+        f"  ref: {fake_ref}",
+        "  twin: plugin twin_one (twin_one) announces 'twin', refused: twin_two (twin_two) announces 'twin' "
+        "too, and accelkit chooses neither",
+        "  twin: plugin twin_two (twin_two) announces 'twin', refused: twin_one (twin_one) announces 'twin' "
+        "too, and accelkit chooses neither",
+    ]
+
+    proc = accelkit_cli("devices", "--json", env=env)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    listed = {e["name"]: e for e in json.loads(proc.stdout)}
+    assert (listed["exiting"]["available"], listed["exiting"]["reason"]) == (False, exiting)
+    assert (listed["ref"]["available"], listed["ref"]["origin"], listed["ref"]["conflicts"]) == (
+        True, "accelkit_backends.ref (accelkit)", [fake_ref]
+    )
+    assert (listed["twin"]["available"], listed["twin"]["reason"], len(listed["twin"]["conflicts"])) == (
+        False, twin, 2
+    )
+    assert listed["twin"]["origin"] == "twin_one (twin_one), twin_two (twin_two)"
+
+    proc = accelkit_cli("select", "twin", env=env)
+    assert (proc.returncode, proc.stderr) == (2, f"accelkit: error: device 'twin' is unavailable: {twin}\n")
+    proc = accelkit_cli("select", "ref", env=env)
+    assert (proc.returncode, proc.stdout) == (0, "selected ref:0\n")
+
+
 # -- accelkit select -----------------------------------------------------------------------------
 
 

@@ -23,6 +23,8 @@ from accelkit._cli import main as cli_main
 from accelkit.sdk import BackendInfo, DeviceModel, DeviceProbe
 
 BUILTIN_ORDER = ["cuda", "xpu", "mps", "cpu"]
+#: How a plugin registered with accelkit.register_backend is named in messages.
+RUNTIME_ORIGIN = "FakeBackend object (accelkit.register_backend)"
 
 
 class FakeBackend:
@@ -76,18 +78,93 @@ class FakeBackend:
         return RefAllocator(f"{name}:0", device_model.memory_bytes)
 
 
-#: What a fresh interpreter needs to build FakeBackend plugins.
+class Broken(FakeBackend):
+    """A FakeBackend whose hooks listed in ``hooks`` misbehave: they raise ``exc()`` or, without
+    ``exc``, return ``answer``. The other hooks answer normally. ``calls`` records every hook
+    the core called, with the ``name`` it passed."""
+
+    def __init__(self, name, hooks, exc=None, answer=None, **kwargs):
+        super().__init__(name, **kwargs)
+        self.hooks = set(hooks)
+        self.exc = exc
+        self.answer = answer
+        self.calls = []
+
+    def _answer(self, hook, asked, normal=lambda: None):
+        self.calls.append((hook, asked))
+        if hook not in self.hooks:
+            return normal()
+        if self.exc is not None:
+            raise self.exc()
+        return self.answer
+
+    @accelkit.hookimpl
+    def accelkit_register_backend(self):
+        return self._answer("register_backend", None, super().accelkit_register_backend)
+
+    @accelkit.hookimpl
+    def accelkit_probe(self, name):
+        return self._answer("probe", name, lambda: super(Broken, self).accelkit_probe(name))
+
+    @accelkit.hookimpl
+    def accelkit_device_model(self, name):
+        return self._answer("device_model", name, lambda: super(Broken, self).accelkit_device_model(name))
+
+    @accelkit.hookimpl
+    def accelkit_make_allocator(self, name, device_model):
+        return self._answer(
+            "make_allocator", name, lambda: super(Broken, self).accelkit_make_allocator(name, device_model)
+        )
+
+    @accelkit.hookimpl
+    def accelkit_kernels(self, name):
+        return self._answer("kernels", name)
+
+    @accelkit.hookimpl
+    def accelkit_decompositions(self, name):
+        return self._answer("decompositions", name)
+
+    @accelkit.hookimpl
+    def accelkit_dtype_rules(self, name):
+        return self._answer("dtype_rules", name)
+
+    @accelkit.hookimpl
+    def accelkit_autocast_policy(self, name):
+        return self._answer("autocast_policy", name)
+
+    @accelkit.hookimpl
+    def accelkit_make_compiler(self, name):
+        return self._answer("make_compiler", name)
+
+    @accelkit.hookimpl
+    def accelkit_backend_activated(self, name, device):
+        return self._answer("backend_activated", name)
+
+    @accelkit.hookimpl
+    def accelkit_stats(self, name):
+        return self._answer("stats", name, lambda: {"broken": {"name": name}})
+
+    @accelkit.hookimpl
+    def accelkit_reset_stats(self, name):
+        return self._answer("reset_stats", name)
+
+
+class Abort(BaseException):
+    """A plugin's own BaseException subclass."""
+
+
+#: What a fresh interpreter needs to build FakeBackend and Broken plugins.
 PRELUDE = (
     "import json\nimport torch\nimport accelkit\n"
     "from accelkit.sdk import BackendInfo, DeviceModel, DeviceProbe\n\n"
-    + textwrap.dedent(inspect.getsource(FakeBackend))
+    + "\n\n".join(textwrap.dedent(inspect.getsource(c)) for c in (FakeBackend, Broken, Abort))
     + "\n"
 )
 
 
 def run_json(code: str, env: dict[str, str] | None = None) -> dict:
-    """Run ``code`` (after PRELUDE) in a fresh interpreter; it prints one JSON object last."""
-    proc = run_python(PRELUDE + textwrap.dedent(code), env=env)
+    """Run ``code`` (after PRELUDE and VIEW) in a fresh interpreter; it prints one JSON object last."""
+    proc = run_python(PRELUDE + VIEW + textwrap.dedent(code), env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -101,19 +178,19 @@ def register():
     """
     from accelkit._plugins import registry
 
+    reg = registry()
+    conflicts = {name: list(lines) for name, lines in reg.conflicts.items()}
     added = []
 
     def _register(plugin):
-        names = accelkit.register_backend(plugin)
-        added.append((plugin, names))
-        return names
+        added.append(plugin)
+        return accelkit.register_backend(plugin)
 
     yield _register
-    reg = registry()
-    for plugin, names in added:
-        reg.pm.unregister(plugin)
-        for name in names:
-            reg.backends.pop(name, None)
+    for plugin in added:
+        reg.unregister(plugin)
+    reg.conflicts.clear()
+    reg.conflicts.update(conflicts)
 
 
 def report(name: str) -> accelkit.DeviceReport:
@@ -313,7 +390,7 @@ def test_a_typo_in_a_preference_list_is_an_error_not_skipped():
 
 def test_a_probe_that_raises_makes_the_backend_unavailable_with_the_error_as_reason(register, capsys):
     register(FakeBackend("flaky", probe_error=RuntimeError("driver libflaky.so not found")))
-    reason = "probe failed: RuntimeError: driver libflaky.so not found"
+    reason = f"plugin {RUNTIME_ORIGIN}: accelkit_probe raised RuntimeError: driver libflaky.so not found"
 
     flaky = report("flaky")
     assert (flaky.available, flaky.device_count, flaky.reason) == (False, 0, reason)
@@ -361,7 +438,7 @@ def test_a_failed_activation_keeps_its_reason_and_leaves_the_process_usable():
         }))
         """
     )
-    reason = "failed to initialise: RuntimeError: firmware upload failed"
+    reason = f"failed to initialise: plugin {RUNTIME_ORIGIN}: accelkit_make_allocator raised RuntimeError: firmware upload failed"
     assert out["first"] == f"backend 'fw' {reason}"
     assert (out["available"], out["reason"]) == (False, reason)
     assert out["second"] == f"device 'fw' is unavailable: {reason}"
@@ -382,7 +459,10 @@ def test_automatic_selection_skips_a_real_backend_whose_activation_fails():
     )
     lines = out["explanation"].splitlines()
     assert lines[0] != "selected fw:0" and out["active"] is None
-    assert "  not chosen: fw: backend 'fw' failed to initialise: RuntimeError: firmware upload failed" in lines
+    assert (
+        f"  not chosen: fw: backend 'fw' failed to initialise: plugin {RUNTIME_ORIGIN}: "
+        "accelkit_make_allocator raised RuntimeError: firmware upload failed"
+    ) in lines
 
 
 BROKEN_PLUGIN = 'raise ImportError("libbroken.so: cannot open shared object file")\n'
@@ -407,7 +487,7 @@ def test_a_plugin_that_fails_to_import_is_listed_unavailable_with_the_import_err
         env=with_path(tmp_path),
     )
     reason = (
-        "plugin broken_accel_plugin failed to import: ImportError: "
+        "plugin broken_accel_plugin (broken_accel_plugin) failed to import: ImportError: "
         "libbroken.so: cannot open shared object file"
     )
     broken = out["reports"]["brokenaccel"]
@@ -416,6 +496,428 @@ def test_a_plugin_that_fails_to_import_is_listed_unavailable_with_the_import_err
     assert out["error"] == f"device 'brokenaccel' is unavailable: {reason}"
     row = next(line for line in out["table"].splitlines() if line.startswith("brokenaccel "))
     assert "unavailable" in row.split() and row.endswith(reason)
+
+
+# -- plugins that raise anything -----------------------------------------------------------------
+
+#: What a plugin raises (source for a fresh interpreter) and how accelkit names it. Only
+#: KeyboardInterrupt passes through; ordinary exceptions are covered by the tests above.
+BASE_EXCEPTIONS = [
+    ("SystemExit(3)", "SystemExit: 3"),
+    ("GeneratorExit()", "GeneratorExit"),
+    ("Abort('firmware gone')", "Abort: firmware gone"),
+]
+KIND_IDS = ["SystemExit", "GeneratorExit", "BaseException-subclass"]
+
+#: Helpers for a fresh interpreter: the process's view (reports, both `accelkit devices`
+#: outputs) and an exception as "Type: message".
+VIEW = """
+import contextlib, io
+from accelkit._cli import main as cli
+
+def cli_out(*args):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli(list(args))
+    return code, out.getvalue()
+
+def view():
+    code, text = cli_out("devices")
+    json_code, listed = cli_out("devices", "--json")
+    return {"reports": {r.name: r.as_dict() for r in accelkit.devices()}, "codes": [code, json_code],
+            "table": text, "json": {d["name"]: d for d in json.loads(listed)}}
+
+def error_of(call, *args):
+    try:
+        call(*args)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+"""
+
+#: How a Broken plugin registered with accelkit.register_backend is named in messages.
+BROKEN_ORIGIN = "Broken object (accelkit.register_backend)"
+
+
+def row(table_text: str, name: str) -> str:
+    return next(line for line in table_text.splitlines() if line.startswith(f"{name} "))
+
+
+def assert_shown_unavailable(out: dict, name: str, reason: str) -> None:
+    """``name`` is unavailable with ``reason`` in devices(), the table and the JSON."""
+    assert (out["reports"][name]["available"], out["reports"][name]["reason"]) == (False, reason)
+    assert (out["json"][name]["available"], out["json"][name]["reason"]) == (False, reason)
+    line = row(out["table"], name)
+    assert "unavailable" in line.split() and line.endswith(reason)
+    assert out["codes"] == [0, 0]
+
+
+def last_json(proc) -> dict:
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("raised, described", BASE_EXCEPTIONS, ids=KIND_IDS)
+def test_a_plugin_raising_anything_at_import_or_while_loading_is_shown_and_torch_imports(
+    tmp_path, raised, described
+):
+    install_entry_point(tmp_path, "importfail = import_fail_plugin", "import_fail_plugin",
+                        f"{PRELUDE}\nraise {raised}\n")
+    install_entry_point(
+        tmp_path,
+        "registerfail = hook_fail_plugins:registerfail\nprobefail = hook_fail_plugins:probefail",
+        "hook_fail_plugins",
+        f"{PRELUDE}\nregisterfail = Broken('registerfail', ['register_backend'], lambda: {raised})\n"
+        f"probefail = Broken('probefail', ['probe'], lambda: {raised})\n",
+    )
+    # `import torch` runs accelkit's autoload, which loads every plugin and walks the list.
+    proc = run_python(
+        PRELUDE + VIEW + textwrap.dedent("""
+        out = view()
+        out["active"] = accelkit.active_backend()
+        out["errors"] = {n: error_of(accelkit.select_device, n) for n in ("importfail", "registerfail", "probefail")}
+        out["sum"] = (torch.arange(4.0, device=accelkit.select_device("ref")) * 2).sum().item()
+        print(json.dumps(out))
+        """),
+        env=with_path(tmp_path, ACCELKIT_DEVICE="importfail,registerfail,probefail,ref"),
+    )
+    out = last_json(proc)
+    assert proc.stderr == ""
+    reasons = {
+        "importfail": f"plugin import_fail_plugin (import_fail_plugin) failed to import: {described}",
+        "registerfail": (
+            "plugin hook_fail_plugins:registerfail (hook_fail_plugins): "
+            f"accelkit_register_backend raised {described}"
+        ),
+        "probefail": f"plugin hook_fail_plugins:probefail (hook_fail_plugins): accelkit_probe raised {described}",
+    }
+    for name, reason in reasons.items():
+        assert_shown_unavailable(out, name, reason)
+        assert out["errors"][name] == f"DeviceUnavailableError: device {name!r} is unavailable: {reason}"
+    assert out["active"] == "ref", "autoload passed over the broken backends"
+    assert out["reports"]["ref"]["available"] and out["reports"]["tpu"]["origin"] == "accelkit_backends.tpu (accelkit)"
+    assert out["sum"] == 12.0
+
+
+#: The hooks the core calls while activating, before anything is installed.
+ACTIVATION_HOOKS = [
+    "device_model", "make_allocator", "decompositions", "kernels", "dtype_rules", "autocast_policy",
+    "make_compiler",
+]
+
+
+@pytest.mark.parametrize("raised, described", BASE_EXCEPTIONS, ids=KIND_IDS)
+def test_a_hook_raising_anything_fails_that_activation_and_the_process_stays_usable(raised, described):
+    out = run_json(
+        f"""
+        RAISED = lambda: {raised}
+        out = {{"register": error_of(accelkit.register_backend, Broken("regfail", ["register_backend"], RAISED)),
+               "errors": {{}}}}
+        for hook in {ACTIVATION_HOOKS!r}:
+            accelkit.register_backend(Broken("bad" + hook.replace("_", ""), [hook], RAISED))
+            out["errors"][hook] = error_of(accelkit.select_device, "bad" + hook.replace("_", ""))
+        out.update(view())
+        # Nothing was installed: another backend still activates, and its stats hooks may raise too.
+        flaky_stats = Broken("statsfail", ["stats", "reset_stats"], RAISED)
+        accelkit.register_backend(flaky_stats)
+        dev = accelkit.select_device("statsfail")
+        x = torch.arange(4.0, device=dev)
+        out["sum"] = (x * 2).sum().item()
+        out["stats"] = error_of(accelkit.stats)
+        out["reset"] = error_of(accelkit.reset_stats)
+        from accelkit import _runtime
+        out["counted_after_reset"] = _runtime.active().counters.totals()
+        out["after"] = (x + 1).cpu().tolist()
+        out["active"] = accelkit.active_backend()
+        out["asked"] = sorted({{name for _, name in flaky_stats.calls if name is not None}})
+        print(json.dumps(out))
+        """
+    )
+    assert out["register"] == f"PluginError: plugin {BROKEN_ORIGIN}: accelkit_register_backend raised {described}"
+    assert "regfail" not in out["reports"]
+    for hook in ACTIVATION_HOOKS:
+        name = "bad" + hook.replace("_", "")
+        reason = f"failed to initialise: plugin {BROKEN_ORIGIN}: accelkit_{hook} raised {described}"
+        assert out["errors"][hook] == f"DeviceUnavailableError: backend {name!r} {reason}", hook
+        assert_shown_unavailable(out, name, reason)
+    assert (out["active"], out["sum"], out["after"]) == ("statsfail", 12.0, [1.0, 2.0, 3.0, 4.0])
+    assert out["stats"] == f"PluginError: plugin {BROKEN_ORIGIN}: accelkit_stats raised {described}"
+    assert out["reset"] == f"PluginError: plugin {BROKEN_ORIGIN}: accelkit_reset_stats raised {described}"
+    assert sum(out["counted_after_reset"].values()) == 0, "the core's counters were reset before the hook"
+    assert out["asked"] == ["statsfail"], "the active backend's hooks are asked about it only"
+
+
+@pytest.mark.parametrize("raised, described", BASE_EXCEPTIONS, ids=KIND_IDS)
+def test_a_failing_activated_hook_fails_the_activation_and_says_to_start_a_new_process(raised, described):
+    out = run_json(
+        f"""
+        accelkit.register_backend(Broken("lateboom", ["backend_activated"], lambda: {raised}))
+        out = {{"first": error_of(accelkit.select_device, "lateboom"),
+               "again": error_of(accelkit.select_device, "lateboom"),
+               "ref": error_of(accelkit.select_device, "ref"),
+               "active": accelkit.active_backend(),
+               "cpu": str(accelkit.select_device("cpu")), "cpu_sum": (torch.ones(3) * 2).sum().item()}}
+        out.update(view())
+        print(json.dumps(out))
+        """
+    )
+    reason = f"failed to initialise: plugin {BROKEN_ORIGIN}: accelkit_backend_activated raised {described}"
+    assert out["first"] == f"DeviceUnavailableError: backend 'lateboom' {reason}"
+    assert out["again"] == f"DeviceUnavailableError: device 'lateboom' is unavailable: {reason}"
+    assert out["ref"] == (
+        "BackendConflictError: cannot activate 'ref': 'lateboom' was installed as PrivateUse1, then its "
+        f"plugin failed (plugin {BROKEN_ORIGIN}: accelkit_backend_activated raised {described}). PyTorch "
+        "registers PrivateUse1 once per process, so start a new process."
+    )
+    assert_shown_unavailable(out, "lateboom", reason)
+    assert out["reports"]["ref"]["available"], "ref is not broken; this process is"
+    assert (out["active"], out["cpu"], out["cpu_sum"]) == (None, "cpu", 6.0)
+
+
+def test_keyboard_interrupt_from_a_plugin_is_not_swallowed(tmp_path):
+    install_entry_point(tmp_path, "interrupted = interrupted_plugin", "interrupted_plugin",
+                        "raise KeyboardInterrupt\n")
+    out = run_json(
+        """
+        try:
+            accelkit.devices()
+            at_import = "not raised"
+        except KeyboardInterrupt:
+            at_import = "KeyboardInterrupt"
+        try:
+            accelkit.register_backend(Broken("kiprobe", ["probe"], KeyboardInterrupt))
+            accelkit.devices()
+            in_hook = "not raised"
+        except KeyboardInterrupt:
+            in_hook = "KeyboardInterrupt"
+        print(json.dumps({"at_import": at_import, "in_hook": in_hook}))
+        """,
+        env=with_path(tmp_path, ACCELKIT_AUTOLOAD="0"),
+    )
+    assert out == {"at_import": "KeyboardInterrupt", "in_hook": "KeyboardInterrupt"}
+
+
+WRONG_ANSWERS = [
+    ("device_model", "{'memory': 1}", "dict", "DeviceModel"),
+    ("make_allocator", "object()", "object", "DeviceAllocator"),
+    ("kernels", "{}", "dict", "KernelTable"),
+    ("decompositions", "[1]", "list", "Mapping"),
+    ("make_compiler", "'inductor'", "str", "Callable"),
+]
+
+
+def test_a_hook_answering_with_the_wrong_type_is_named_and_nothing_is_installed():
+    answers = "[" + ", ".join(f"({hook!r}, {answer})" for hook, answer, _, _ in WRONG_ANSWERS) + "]"
+    out = run_json(
+        f"""
+        out = {{"register": error_of(accelkit.register_backend,
+                                    Broken("badinfo", ["register_backend"], answer="badinfo"))}}
+        accelkit.register_backend(Broken("badprobe", ["probe"], answer="yes"))
+        for hook, answer in {answers}:
+            accelkit.register_backend(Broken("bad" + hook.replace("_", ""), [hook], answer=answer))
+            out[hook] = error_of(accelkit.select_device, "bad" + hook.replace("_", ""))
+        out.update(view())
+        out["sum"] = torch.ones(2, device=accelkit.select_device("ref")).sum().item()
+        print(json.dumps(out))
+        """
+    )
+    assert out["register"] == (
+        f"PluginError: plugin {BROKEN_ORIGIN}: accelkit_register_backend returned str, not accelkit.sdk.BackendInfo"
+    )
+    assert_shown_unavailable(
+        out, "badprobe", f"plugin {BROKEN_ORIGIN}: accelkit_probe returned str, not accelkit.sdk.DeviceProbe"
+    )
+    for hook, _, got, expected in WRONG_ANSWERS:
+        name = "bad" + hook.replace("_", "")
+        assert out[hook] == (
+            f"DeviceUnavailableError: backend {name!r} failed to initialise: plugin {BROKEN_ORIGIN}: "
+            f"accelkit_{hook} returned {got}, not {expected}"
+        )
+    assert out["sum"] == 2.0, "no failed activation installed anything"
+
+
+# -- hooks go to the backend's own plugin only ---------------------------------------------------
+
+
+def test_a_plugin_that_ignores_name_answers_for_its_own_backend_only():
+    out = run_json(
+        """
+        class Greedy(FakeBackend):
+            # Answers every hook whatever the name: before hooks were routed, it shadowed every backend.
+            def __init__(self):
+                super().__init__("greedy", priority=1000)
+                self.asked = set()
+            @accelkit.hookimpl
+            def accelkit_probe(self, name):
+                self.asked.add(name)
+                return DeviceProbe(False, False, reason="greedy says no")
+            @accelkit.hookimpl
+            def accelkit_device_model(self, name):
+                self.asked.add(name)
+                return DeviceModel(name="greedy-v1", vendor="greedy", memory_bytes=1)
+            @accelkit.hookimpl
+            def accelkit_make_allocator(self, name, device_model):
+                self.asked.add(name)
+                raise RuntimeError("greedy allocator")
+            @accelkit.hookimpl
+            def accelkit_kernels(self, name):
+                self.asked.add(name)
+                return {}
+            @accelkit.hookimpl
+            def accelkit_autocast_policy(self, name):
+                self.asked.add(name)
+                return "greedy policy"
+            @accelkit.hookimpl
+            def accelkit_backend_activated(self, name, device):
+                self.asked.add(name)
+                raise RuntimeError("greedy activation")
+            @accelkit.hookimpl
+            def accelkit_stats(self, name):
+                self.asked.add(name)
+                return {"greedy": name}
+            @accelkit.hookimpl
+            def accelkit_reset_stats(self, name):
+                self.asked.add(name)
+                raise RuntimeError("greedy reset")
+            @accelkit.hookimpl
+            def accelkit_conformance_expectations(self, name):
+                self.asked.add(name)
+                raise RuntimeError("greedy expectations")
+
+        greedy = Greedy()
+        accelkit.register_backend(greedy)
+        out = view()
+        dev = accelkit.select_device("ref")
+        out["sum"] = torch.ones(3, device=dev).sum().item()
+        out["stats_keys"] = sorted(accelkit.stats())
+        accelkit.reset_stats()
+        from accelkit_conformance import expectations
+        out["declared"] = expectations.load("ref").backend
+        out["asked"] = sorted(greedy.asked)
+        print(json.dumps(out))
+        """
+    )
+    ref = out["reports"]["ref"]
+    assert (ref["available"], ref["target"], ref["reason"]) == (True, "host", report("ref").reason)
+    assert out["reports"]["greedy"]["reason"] == "greedy says no"
+    assert out["sum"] == 3.0
+    assert "greedy" not in out["stats_keys"]
+    assert out["declared"] == "ref"
+    assert out["asked"] == ["greedy"], "the core asked the greedy plugin about its own backend only"
+
+
+# -- backend names are owned ---------------------------------------------------------------------
+
+
+def test_an_in_tree_backend_cannot_be_replaced_by_an_installed_plugin(tmp_path):
+    install_entry_point(tmp_path, "ref = evil_ref:plugin", "evil_ref",
+                        f"{PRELUDE}\nplugin = Broken('ref', [], priority=99)\n")
+    install_entry_point(tmp_path, "ref = broken_ref", "broken_ref", "raise SystemExit(2)\n")
+    proc = run_python(
+        PRELUDE + VIEW + textwrap.dedent("""
+        import importlib.metadata
+        out = view()
+        out["order"] = [ep.dist.name for ep in importlib.metadata.entry_points(group="accelkit.backends")
+                        if ep.name == "ref"]
+        out["active"] = accelkit.active_backend()
+        out["sum"] = (torch.arange(3.0, device=accelkit.select_device("ref")) + 1).sum().item()
+        import evil_ref
+        out["evil_calls"] = evil_ref.plugin.calls
+        print(json.dumps(out))
+        """),
+        env=with_path(tmp_path, ACCELKIT_DEVICE="ref"),
+    )
+    out = last_json(proc)
+    assert proc.stderr == ""
+    assert out["order"][-1] == "accelkit" and len(out["order"]) == 3, "the third parties are found first"
+    ref = out["reports"]["ref"]
+    assert (ref["available"], ref["active"], ref["origin"], ref["target"]) == (
+        True, True, "accelkit_backends.ref (accelkit)", "host"
+    )
+    refused = sorted([
+        "plugin evil_ref:plugin (evil_ref) announces 'ref', refused: 'ref' is accelkit's in-tree backend "
+        "(accelkit_backends.ref (accelkit)), which a plugin cannot replace; rename the plugin's backend",
+        "plugin broken_ref (broken_ref) failed to import: SystemExit: 2",
+    ])
+    assert sorted(ref["conflicts"]) == refused
+    assert sorted(out["json"]["ref"]["conflicts"]) == refused
+    section = out["table"].split("refused plugins (a backend name has one owner):\n", 1)[1]
+    assert sorted(section.splitlines()) == [f"  ref: {line}" for line in refused]
+    assert (out["active"], out["sum"]) == ("ref", 6.0)
+    assert out["evil_calls"] == [["register_backend", None]], "none of the refused plugin's other hooks ran"
+
+
+def test_two_installed_plugins_with_one_name_are_a_conflict_and_neither_is_used(tmp_path):
+    for dist in ("twin_a", "twin_b"):
+        install_entry_point(tmp_path, f"twinaccel = {dist}:plugin", dist,
+                            f"{PRELUDE}\nplugin = FakeBackend('twinaccel', priority=5)\n")
+    install_entry_point(tmp_path, "xla = xla_plugin:plugin", "xla_plugin",
+                        f"{PRELUDE}\nplugin = FakeBackend('xla', priority=5)\n")
+    proc = run_python(
+        PRELUDE + VIEW + textwrap.dedent("""
+        out = view()
+        out["active"] = accelkit.active_backend()
+        out["error"] = error_of(accelkit.select_device, "twinaccel")
+        out["xla"] = error_of(accelkit.select_device, "xla")
+        out["explanation"] = accelkit.explain_selection().splitlines()
+        out["sum"] = torch.ones(4, device=accelkit.select_device("ref")).sum().item()
+        print(json.dumps(out))
+        """),
+        env=with_path(tmp_path),
+    )
+    out = last_json(proc)
+    assert proc.stderr == "", "autoload finds no unambiguous accelerator and says nothing"
+    a, b = "twin_a:plugin (twin_a)", "twin_b:plugin (twin_b)"
+    reason = (
+        f"backend name 'twinaccel' is announced by 2 plugins, {a} and {b}; accelkit uses none of "
+        "them. Uninstall all but one."
+    )
+    assert_shown_unavailable(out, "twinaccel", reason)
+    conflicts = [
+        f"plugin {a} announces 'twinaccel', refused: {b} announces 'twinaccel' too, and accelkit chooses neither",
+        f"plugin {b} announces 'twinaccel', refused: {a} announces 'twinaccel' too, and accelkit chooses neither",
+    ]
+    assert out["json"]["twinaccel"]["conflicts"] == conflicts
+    assert all(f"  twinaccel: {line}" in out["table"].splitlines() for line in conflicts)
+    assert out["error"] == f"DeviceUnavailableError: device 'twinaccel' is unavailable: {reason}"
+    assert f"  not chosen: twinaccel: {reason}" in out["explanation"]
+    assert out["active"] is None
+    xla = "plugin xla_plugin:plugin (xla_plugin) announces 'xla', refused: 'xla' is a PyTorch device type"
+    assert_shown_unavailable(out, "xla", xla)
+    assert out["xla"] == f"DeviceUnavailableError: device 'xla' is unavailable: {xla}"
+    assert out["sum"] == 4.0
+
+
+def test_registering_a_taken_name_is_refused_and_the_owner_keeps_it(register, dev):
+    in_tree = (
+        f"plugin {RUNTIME_ORIGIN} announces 'ref', refused: 'ref' is accelkit's in-tree backend "
+        "(accelkit_backends.ref (accelkit)), which a plugin cannot replace"
+    )
+    with pytest.raises(accelkit.BackendConflictError) as err:
+        register(FakeBackend("ref", priority=99))
+    assert str(err.value) == f"{in_tree}. Give the backend another name."
+    assert report("ref").conflicts == [in_tree]
+    assert (report("ref").origin, report("ref").active) == ("accelkit_backends.ref (accelkit)", True)
+    assert torch.equal((torch.ones(2, device=dev) + 1).cpu(), torch.full((2,), 2.0))
+
+    assert register(FakeBackend("dupaccel")) == ["dupaccel"]
+    with pytest.raises(accelkit.BackendConflictError) as err:
+        register(FakeBackend("dupaccel", priority=7))
+    assert str(err.value) == (
+        f"plugin {RUNTIME_ORIGIN} announces 'dupaccel', refused: 'dupaccel' is already provided by "
+        f"{RUNTIME_ORIGIN}. Give the backend another name."
+    )
+    assert (report("dupaccel").available, report("dupaccel").priority) == (True, 0), "the first one keeps it"
+
+    for torch_name in ("cuda", "meta"):
+        with pytest.raises(accelkit.BackendConflictError, match=f"'{torch_name}' is a PyTorch device type"):
+            register(FakeBackend(torch_name))
+    assert report("cuda").kind == "builtin" and report("cuda").conflicts == [
+        f"plugin {RUNTIME_ORIGIN} announces 'cuda', refused: 'cuda' is a PyTorch device type"
+    ]
+    assert (report("meta").available, report("meta").reason) == (
+        False, f"plugin {RUNTIME_ORIGIN} announces 'meta', refused: 'meta' is a PyTorch device type"
+    )
 
 
 # -- one backend per process ---------------------------------------------------------------------

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import io
+import struct
+import zipfile
 
 import pytest
 import torch
@@ -256,3 +258,91 @@ def test_loaded_and_copied_tensors_release_device_memory(dev, no_gc):
     assert grown < 3 * x.nbytes
     del objs
     assert torch.ref.memory_allocated() == base
+
+
+# -- storage locations ---------------------------------------------------------------------------
+
+
+def _pickled_str(text: str) -> bytes:
+    """How ``torch.save``'s pickle (protocol 2) writes a str: BINUNICODE, 4-byte length."""
+    data = text.encode()
+    return b"X" + struct.pack("<I", len(data)) + data
+
+
+def saved_at(obj, location: str, dev) -> io.BytesIO:
+    """``torch.save(obj)`` with every storage location tag (``ref:0``) rewritten to ``location``,
+    as a checkpoint from another machine or a tampered file would carry."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    tag = f"{dev.type}:0"
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(buf.getvalue())) as zin, zipfile.ZipFile(out, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename.endswith("data.pkl"):
+                assert data.count(_pickled_str(tag)) == 1, "one storage, tagged once"
+                data = data.replace(_pickled_str(tag), _pickled_str(location))
+            zout.writestr(item, data)
+    out.seek(0)
+    return out
+
+
+FIX = (
+    "Please use torch.load with map_location to map your storages to an existing device "
+    "(e.g. map_location='ref:0', or map_location='cpu')."
+)
+
+
+@pytest.mark.parametrize("location", ["ref:0", "ref"])
+@pytest.mark.parametrize("map_location", [None, "cpu", "device"])
+def test_a_location_naming_this_backend_loads(dev, location, map_location):
+    cpu = torch.randn(2, 3)
+    loaded = torch.load(saved_at(cpu.to(dev), location, dev), map_location=_map(map_location, dev))
+    assert loaded.device == (torch.device("cpu") if map_location == "cpu" else dev)
+    assert torch.equal(loaded.cpu(), cpu)
+
+
+@pytest.mark.parametrize(
+    "location, message",
+    [
+        ("ref:7", f"Attempting to deserialize object on REF device 7 but torch.ref.device_count() is 1. {FIX}"),
+        ("ref:1", f"Attempting to deserialize object on REF device 1 but torch.ref.device_count() is 1. {FIX}"),
+        *[
+            (bad, f"Attempting to deserialize object on an invalid REF location {bad!r}: a ref storage "
+                  "location is 'ref' or 'ref:<index>' with an index below torch.ref.device_count(), "
+                  f"which is 1. {FIX}")
+            for bad in ["refzz", "ref:0:../x", "ref:-1", "ref:", "ref:01", "ref0", "refzz:0"]
+        ],
+        ("tpu:0", "Attempting to deserialize object on a 'tpu' device (storage location 'tpu:0'), but "
+                  f"this process runs 'ref': accelkit activates one backend per process. {FIX}"),
+    ],
+)
+def test_a_location_that_is_not_an_existing_device_of_this_backend_is_refused(dev, location, message):
+    cpu = torch.randn(4)
+    with pytest.raises(RuntimeError) as err:
+        torch.load(saved_at({"w": cpu.to(dev)}, location, dev))
+    assert str(err.value) == message
+    # The fix the message names works, and the process is fine afterwards.
+    for target in ("cpu", dev):
+        loaded = torch.load(saved_at({"w": cpu.to(dev)}, location, dev), map_location=target)
+        assert loaded["w"].device == torch.device(target) and torch.equal(loaded["w"].cpu(), cpu)
+    assert torch.equal((torch.ones(2, device=dev) * 2).cpu(), torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize("target", ["ref:7", "refzz", "ref:0:../x", torch.device("ref", 3)])
+def test_a_map_location_that_is_not_an_existing_device_is_refused(dev, target):
+    with pytest.raises(RuntimeError, match="Attempting to deserialize object on (REF device|an invalid REF)"):
+        roundtrip(torch.randn(3).to(dev), map_location=target)
+    with pytest.raises(RuntimeError, match="REF device 7 but torch.ref.device_count"):
+        roundtrip(torch.randn(3).to(dev), map_location={"ref:0": "ref:7"})
+
+
+def test_locations_of_other_devices_are_left_to_pytorch(dev):
+    from accelkit import _runtime
+    from accelkit._runtime._serialization import location_index
+
+    ctx = _runtime.active()
+    assert [location_index(ctx, loc) for loc in ("cpu", "cuda:0", "meta", "mps", "xla:1")] == [None] * 5
+    assert [location_index(ctx, loc) for loc in ("ref", "ref:0")] == [0, 0]
+    cpu = torch.randn(3)
+    assert torch.equal(torch.load(saved_at(cpu.to(dev), "cpu", dev)), cpu)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch._C import _acc
 
-from accelkit._errors import BackendConflictError, DeviceUnavailableError
-from accelkit._plugins import BackendRecord, Registry
+from accelkit._errors import BackendConflictError, DeviceUnavailableError, PluginError
+from accelkit._plugins import BackendRecord
 from accelkit._runtime import _tensors
 from accelkit._runtime._autocast import install_autocast
 from accelkit._runtime._context import BackendContext, policy_from_env
@@ -28,7 +29,15 @@ from accelkit._runtime._fallback import CPU_EQUIVALENTS
 from accelkit._runtime._schema import is_inplace_op, variants_of
 from accelkit._runtime._rnn import RNN_DECOMPOSITIONS
 from accelkit._runtime._serialization import install_serialization
-from accelkit.sdk import CUDA_LIKE_AUTOCAST, KernelTable, default_decompositions
+from accelkit.sdk import (
+    CUDA_LIKE_AUTOCAST,
+    AutocastPolicy,
+    DeviceAllocator,
+    DeviceModel,
+    DtypeRules,
+    KernelTable,
+    default_decompositions,
+)
 
 _lock = threading.RLock()
 _active: BackendContext | None = None
@@ -41,11 +50,17 @@ def active() -> BackendContext | None:
     return _active
 
 
-def activate(record: BackendRecord, registry: Registry) -> torch.device:
+def activate(record: BackendRecord) -> torch.device:
     """Make ``record``'s backend this process's PrivateUse1 device and return ``<name>:0``.
 
-    :raises BackendConflictError: another backend is already active.
+    The plugin's hooks are asked first, and their answers checked, before anything is
+    installed: a hook that raises or answers wrongly fails this activation and leaves the
+    process as it was. Only ``accelkit_backend_activated`` runs after PrivateUse1 is taken
+    (the backend is then the device); if it fails, no backend can be activated in this process.
+
+    :raises BackendConflictError: another backend is already active, or PrivateUse1 is taken.
     :raises DeviceUnavailableError: the backend's probe says it cannot run here.
+    :raises PluginError: one of the plugin's hooks raised or answered with the wrong type.
     """
     global _active, _failed
     with _lock:
@@ -54,7 +69,7 @@ def activate(record: BackendRecord, registry: Registry) -> torch.device:
                 return _active.device
             raise conflict_error(_active.name, record.name)
         if _failed is not None:
-            raise DeviceUnavailableError(
+            raise BackendConflictError(
                 f"cannot activate {record.name!r}: {_failed}. PyTorch registers PrivateUse1 once "
                 "per process, so start a new process."
             )
@@ -65,18 +80,24 @@ def activate(record: BackendRecord, registry: Registry) -> torch.device:
                 f"{record.name!r} cannot be activated in this process. Start a new process "
                 f"without {foreign!r} (e.g. TORCH_DEVICE_BACKEND_AUTOLOAD=0)."
             )
-        probe = record.probe(registry.pm)
+        probe = record.probe()
         if not probe.available:
             raise DeviceUnavailableError(f"backend {record.name!r} is unavailable: {probe.reason}")
-        ctx = _build_context(record, probe, registry)
+        ctx = _build_context(record, probe)
         _check_kernels(ctx)
         try:
             _install(ctx)
-        except Exception as exc:
+        except BaseException as exc:
             _failed = f"activating {record.name!r} failed part-way ({type(exc).__name__}: {exc})"
             raise
         _active = ctx
-    registry.pm.hook.accelkit_backend_activated(name=ctx.name, device=ctx.device)
+    try:
+        record.call("accelkit_backend_activated", name=ctx.name, device=ctx.device)
+    except PluginError as exc:
+        with _lock:
+            _active = None
+            _failed = f"{record.name!r} was installed as PrivateUse1, then its plugin failed ({exc})"
+        raise
     return ctx.device
 
 
@@ -90,32 +111,41 @@ def conflict_error(active_name: str, requested: str) -> BackendConflictError:
     )
 
 
-def _build_context(record: BackendRecord, probe: Any, registry: Registry) -> BackendContext:
-    hook = registry.pm.hook
+def _build_context(record: BackendRecord, probe: Any) -> BackendContext:
     name = record.name
-    model = hook.accelkit_device_model(name=name)
+    model = _answer(record, "accelkit_device_model", DeviceModel)
     if model is None:
         raise DeviceUnavailableError(f"backend {name!r} does not describe its device (accelkit_device_model)")
-    allocator = hook.accelkit_make_allocator(name=name, device_model=model)
+    allocator = _answer(record, "accelkit_make_allocator", DeviceAllocator, device_model=model)
     if allocator is None:
         raise DeviceUnavailableError(f"backend {name!r} provides no allocator (accelkit_make_allocator)")
-    decompositions = hook.accelkit_decompositions(name=name)
+    decompositions = _answer(record, "accelkit_decompositions", Mapping)
     return BackendContext(
         name=name,
         info=record.info,
         probe=probe,
         model=model,
         allocator=allocator,
-        kernels=hook.accelkit_kernels(name=name) or KernelTable(name),
+        kernels=_answer(record, "accelkit_kernels", KernelTable) or KernelTable(name),
         decompositions=guard_decompositions({
             **RNN_DECOMPOSITIONS,  # no CPU kernel to fall back to: a backend may only replace them
             **(default_decompositions() if decompositions is None else decompositions),
         }),
-        dtype_rules=hook.accelkit_dtype_rules(name=name),
-        autocast=hook.accelkit_autocast_policy(name=name) or CUDA_LIKE_AUTOCAST,
+        dtype_rules=_answer(record, "accelkit_dtype_rules", DtypeRules),
+        autocast=_answer(record, "accelkit_autocast_policy", AutocastPolicy) or CUDA_LIKE_AUTOCAST,
         fallback_policy=policy_from_env(record.info.default_fallback),
-        compiler=hook.accelkit_make_compiler(name=name),
+        compiler=_answer(record, "accelkit_make_compiler", Callable),
     )
+
+
+def _answer(record: BackendRecord, hook: str, expected: type, **kwargs: Any) -> Any:
+    """The backend's answer to ``hook`` (its plugin only): ``None`` or an ``expected``."""
+    value = record.call(hook, name=record.name, **kwargs)
+    if value is not None and not isinstance(value, expected):
+        raise PluginError(
+            f"plugin {record.origin}: {hook} returned {type(value).__name__}, not {expected.__name__}"
+        )
+    return value
 
 
 class _Hooks(_acc.PrivateUse1Hooks):

@@ -36,6 +36,65 @@ def _device_storage(ctx: BackendContext, host: torch.UntypedStorage) -> torch.Un
     return tensor.untyped_storage()
 
 
+def location_index(ctx: BackendContext, location: str) -> int | None:
+    """The device index a checkpoint's storage location names on this backend, checked.
+
+    ``None`` when the location is not this backend's (another deserializer's: ``cpu``,
+    ``cuda:0``, ``meta``). This backend's locations are ``<name>`` and ``<name>:<index>`` with an
+    index below ``torch.<name>.device_count()``; anything else that starts with the name
+    (``ref:7``, ``refzz``, ``ref:0:../x``, ``ref:-1``) is refused, as PyTorch's CUDA loader
+    refuses a CUDA device that does not exist, and so is a location naming another accelkit
+    backend: PyTorch would only say it does not know the location.
+
+    :raises RuntimeError: the location is malformed, names a missing device or another backend;
+        the message names it, the device count and the fix (``map_location``).
+    """
+    name = ctx.name
+    count = getattr(torch, name).device_count()
+    fix = (
+        "Please use torch.load with map_location to map your storages to an existing device "
+        f"(e.g. map_location='{name}:0', or map_location='cpu')."
+    )
+    kind, colon, index = location.partition(":")
+    if kind == name:
+        if not colon:
+            return 0
+        if index.isdigit() and (index == "0" or not index.startswith("0")):  # as torch.device parses
+            if int(index) < count:
+                return int(index)
+            raise RuntimeError(
+                f"Attempting to deserialize object on {name.upper()} device {int(index)} but "
+                f"torch.{name}.device_count() is {count}. {fix}"
+            )
+    elif not kind.startswith(name) or _torch_parses(kind):
+        if kind in _other_backends(name):
+            raise RuntimeError(
+                f"Attempting to deserialize object on a {kind!r} device (storage location "
+                f"{location!r}), but this process runs {name!r}: accelkit activates one backend per "
+                f"process. {fix}"
+            )
+        return None
+    raise RuntimeError(
+        f"Attempting to deserialize object on an invalid {name.upper()} location {location!r}: a "
+        f"{name} storage location is {name!r} or '{name}:<index>' with an index below "
+        f"torch.{name}.device_count(), which is {count}. {fix}"
+    )
+
+
+def _torch_parses(kind: str) -> bool:
+    try:
+        torch.device(kind)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _other_backends(active: str) -> set[str]:
+    from accelkit._plugins import registry
+
+    return {record.name for record in registry().records() if record.name != active}
+
+
 def install_serialization(ctx: BackendContext) -> None:
     """Register the deserializer and wrap the three storage methods for ``ctx``'s device."""
     allocator = ctx.allocator
@@ -44,7 +103,7 @@ def install_serialization(ctx: BackendContext) -> None:
         return None  # PyTorch's own tagger already writes "<name>:0"
 
     def deserializer(storage: Any, location: str) -> torch.UntypedStorage | None:
-        if not location.startswith(ctx.name):
+        if location_index(ctx, location) is None:
             return None
         if isinstance(storage, torch.storage.TypedStorage):
             storage = storage.untyped()

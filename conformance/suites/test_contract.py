@@ -310,7 +310,7 @@ def _policy():
     from accelkit._plugins import registry
     from accelkit.sdk import CUDA_LIKE_AUTOCAST
 
-    return registry().pm.hook.accelkit_autocast_policy(name=NAME) or CUDA_LIKE_AUTOCAST
+    return registry().get(NAME).call("accelkit_autocast_policy", name=NAME) or CUDA_LIKE_AUTOCAST
 
 
 def _low_dtype() -> torch.dtype:
