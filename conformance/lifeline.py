@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping
 #: Set by the runner for the controller: the file descriptor of the lifeline's read end.
 LIFELINE_ENV = "ACCELKIT_CONFORMANCE_LIFELINE"
 #: Set by the controller for its workers when the runner made it lead a process group of its
-#: own: that group's id (the controller's pid). Only then may a worker end the whole group.
+#: own: that group's id, which is the controller's pid (the parent a worker must not outlive).
 GROUP_ENV = "ACCELKIT_CONFORMANCE_GROUP"
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>

@@ -216,13 +216,13 @@ def run_backend(backend: str, args: argparse.Namespace, stream: TextIO = sys.std
     with open(out / "pytest.log", "w", encoding="utf-8") as log:
         log.write("$ " + shlex.join(cmd) + "\n\n")
         log.flush()
-        line = lifeline.Lifeline()
+        life = lifeline.Lifeline()
         try:
             # A group of its own: it can be interrupted and killed as a whole, workers and what
             # tests started included, and a Ctrl-C in the terminal reaches this process only.
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=line.environ(_environ(args)),
-                                    pass_fds=line.pass_fds, process_group=0)
-            line.started()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=life.environ(_environ(args)),
+                                    pass_fds=life.pass_fds, process_group=0)
+            life.started()
             try:
                 while not lifeline.has_exited(proc):
                     time.sleep(0.5)
@@ -233,12 +233,14 @@ def run_backend(backend: str, args: argparse.Namespace, stream: TextIO = sys.std
             finally:
                 returncode = lifeline.end_group(proc)  # strays of a crashed or killed run too
         finally:
-            line.close()
+            life.close()
         if (out / JSONL).exists():
             drop_torn_tail(out / JSONL)  # the writer is dead: a cut last line can only be its last
         progress.poll(out / JSONL)
         progress.draw(final=True)
     if not (out / JSONL).exists() or not (out / JSONL).stat().st_size:
+        if interrupted:
+            raise KeyboardInterrupt  # before the suite started: nothing to assemble
         tail = (out / "pytest.log").read_text(errors="replace").strip().splitlines()[-15:]
         raise RunError(f"{backend}: the suite did not start (exit status {returncode}); "
                        f"the end of {out / 'pytest.log'}:\n  " + "\n  ".join(tail))

@@ -15,6 +15,10 @@ exactly as an installed third-party backend is. Its kernels misbehave on purpose
 ``sqrt``  needs float64 internally, which fake declares it does not hold (a declared skip)
 ``rsqrt`` needs float16 internally, which fake does not declare (an error)
 ========  =======================================================================
+
+The kill tests run the contract suite on ref with a pytest plugin that makes each worker hang in
+its second test with a child process of its own, and find the run's processes by their process
+group (the pytest subprocess leads one) through ``/proc``.
 """
 
 from __future__ import annotations
