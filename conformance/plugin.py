@@ -11,6 +11,9 @@ Load it with ``-p accelkit_conformance.plugin --accelkit-backend NAME``. It is i
 - **the controller** never runs tests. It turns the reports of each test, or the news that a
   worker died running it, into one result record and appends it to ``results.jsonl`` at once.
 
+Workers die with the controller, and a controller started by ``accelkit conformance run`` ends
+its run when the runner dies (:mod:`accelkit_conformance.lifeline`).
+
 Without xdist one process does both.
 """
 
@@ -27,7 +30,7 @@ from typing import Any
 import pytest
 
 from accelkit.sdk import UnsupportedDtypeError
-from accelkit_conformance import expectations, profiles, schema, session
+from accelkit_conformance import expectations, lifeline, profiles, schema, session
 from accelkit_conformance.cases import parse_nodeid
 from accelkit_conformance.recording import Recorder
 
@@ -62,6 +65,8 @@ def pytest_configure(config: pytest.Config) -> None:
     backend = config.getoption("accelkit_backend")
     if not backend:
         return
+    if _is_worker(config):
+        lifeline.die_with_parent()  # a worker must not outlive the controller it reports to
     profile = profiles.get(config.getoption("accelkit_profile"))
     dtypes_opt = config.getoption("accelkit_dtypes")
     dtypes = tuple(d.strip() for d in dtypes_opt.split(",") if d.strip()) if dtypes_opt else profile.dtypes
@@ -99,8 +104,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if runs_tests:
         config.pluginmanager.register(_Worker(config, declared), "accelkit-conformance-worker")
     if not _is_worker(config):
-        config.pluginmanager.register(_Controller(config, declared, profile, dtypes, workers_dir),
-                                      "accelkit-conformance-controller")
+        controller = _Controller(config, declared, profile, dtypes, workers_dir)
+        config.pluginmanager.register(controller, "accelkit-conformance-controller")
+        # Started by `accelkit conformance run`: if the runner dies, stop writing and end the run.
+        lifeline.watch_runner(stop_writing=controller.writer.close if controller.writer else lambda: None)
 
 
 @pytest.fixture

@@ -4,11 +4,12 @@ no script and nothing fetched from the network (content and order: :mod:`.render
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import re
 from html import escape
 from typing import Any
 
 from .render_model import Block, build
-from .render_words import INCOMPLETE_MARK, OUTCOME_WORDS, percent
+from .render_words import INCOMPLETE_MARK, OUTCOME_WORDS, percent, visible_controls
 from .schema import BAD_OUTCOMES, OUTCOMES
 
 #: Segment colours; ``pass-fallback`` is a pass that used the CPU fallback.
@@ -18,6 +19,8 @@ COLORS = {
     "skip-declared": "#dde3ea", "skip-other": "#f1e3a6", "bad": "#d64541",
 }
 _LEGEND = {"pass": "pass (native)", "pass-fallback": "pass via CPU fallback", "bad": "fail / error / crash / timeout"}
+
+_LINE_BREAK = re.compile(r"\r\n?|\n")
 
 _CSS = """
 :root { --fg: #1d2330; --muted: #5f6b7a; --line: #d9dee5; --bg-alt: #f5f7fa; }
@@ -120,15 +123,20 @@ def _outcome_chart(data: Mapping[str, Any]) -> str:
     return _legend([k for k in keys if k in used]) + _bars(rows)
 
 
+def _text(text: str) -> str:
+    """``text`` escaped for HTML, its line breaks kept as ``<br>``, other control characters as escapes."""
+    return "<br>".join(escape(visible_controls(line)) for line in _LINE_BREAK.split(text)) if text else ""
+
+
 def _cell(text: str, header: str, numeric: bool) -> str:
     lowered = text.lower()
     if lowered in OUTCOMES:
         style = f' style="background:{COLORS[lowered]}{";color:#1d2330" if lowered.startswith("skip") else ""}"'
         body = f'<span class="tag"{style}>{escape(text)}</span>'
     elif "WRONG" in text:
-        body = escape(text).replace("WRONG", '<span class="wrong">WRONG</span>')
+        body = _text(text).replace("WRONG", '<span class="wrong">WRONG</span>')
     else:
-        body = escape(text)
+        body = _text(text)
     cls = ("num" if numeric else "id" if header in ("test", "expectation entry to remove")
            else "nowrap" if header in ("case", "shapes", "family") else "")
     return f"<td{f' class={cls!r}' if cls else ''}>{body}</td>"
@@ -140,7 +148,7 @@ def _table(block: Block, provenance: bool) -> str:
     body = []
     for row in block.rows:
         if provenance:
-            cells = f'<th scope="row">{escape(row[0])}</th>' + "".join(f"<td>{escape(c)}</td>" for c in row[1:])
+            cells = f'<th scope="row">{_text(row[0])}</th>' + "".join(f"<td>{_text(c)}</td>" for c in row[1:])
         else:
             cells = "".join(_cell(c, h, i in block.numeric) for i, (c, h) in enumerate(zip(row, block.headers)))
         body.append(f"<tr>{cells}</tr>")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -77,3 +78,16 @@ def labels(summaries: list[Mapping[str, Any]]) -> list[str]:
         seen[name] += 1
         out.append(name if names.count(name) == 1 else f"{name} #{seen[name]}")
     return out
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_LINE_BREAKS = re.compile(r"[\x00-\x09\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_CONTROL_NAMES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def visible_controls(text: str, *, but_line_breaks: bool = False) -> str:
+    """``text`` with its control characters written as Python escapes (``\\n``, ``\\x1b``), so
+    that text from a test can neither move a terminal's cursor nor hide in a page; with
+    ``but_line_breaks``, ``\\n`` and ``\\r`` are left for the view to lay out."""
+    pattern = _CONTROL_BUT_LINE_BREAKS if but_line_breaks else _CONTROL
+    return pattern.sub(lambda m: _CONTROL_NAMES.get(m[0], f"\\x{ord(m[0]):02x}"), text)

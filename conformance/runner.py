@@ -13,6 +13,12 @@ finishes; at the end this module writes ``results.json``, ``report.md`` and ``re
 next to it; the pytest output is in ``pytest.log`` and each worker's faulthandler log (the
 source of crash reasons) in ``.workers/``.
 
+No process of a run outlives it: the pytest subprocess leads a process group with its workers,
+which is killed when this process dies (even by SIGKILL), and whatever the subprocess leaves
+behind is killed when it exits (:mod:`accelkit_conformance.lifeline`). Ctrl-C and SIGTERM
+interrupt the run, keep what it recorded and write the reports of the partial run, marked
+incomplete (exit status 130).
+
 Exit status: 0 when every run completed without a failing outcome (fail, error, crash,
 timeout; with ``--strict`` also xpass), 1 when some test has one, 2 when a run could not
 complete or the arguments are wrong.
@@ -32,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from accelkit_conformance import profiles, schema
+from accelkit_conformance import lifeline, profiles, schema
 from accelkit_conformance.cases import SUITE_FILES
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -86,6 +92,8 @@ def pytest_command(backend: str, args: argparse.Namespace, out: Path) -> list[st
         "--timeout", str(timeout), "--timeout-method", "signal",
         # The suites' own configuration, whatever directory the user is in.
         "--rootdir", str(PACKAGE_DIR), "-c", os.devnull, "-p", "no:cacheprovider",
+        # No suite uses it, and it imports all of hypothesis when each process ends its session.
+        "-p", "no:hypothesispytest",
         "-q", "-rN", "--tb=line", "--color=no", "-W", "ignore::DeprecationWarning",
     ]
     if args.dtypes:
@@ -189,10 +197,13 @@ def _clock(seconds: float) -> str:
 def run_backend(backend: str, args: argparse.Namespace, stream: TextIO = sys.stderr) -> dict[str, Any]:
     """Run the suites for one backend in a subprocess; return its assembled results document.
 
-    The pytest subprocess is stopped (and the partial results kept) on KeyboardInterrupt,
-    which is re-raised after ``results.json`` is written.
+    The pytest subprocess leads a process group of its own, tied to this process by a lifeline
+    (:mod:`accelkit_conformance.lifeline`): if this process dies, the group is killed. On
+    KeyboardInterrupt (Ctrl-C, or SIGTERM through :func:`run_command`) the group is interrupted,
+    killed if it does not stop within a grace period, and the partial results are assembled;
+    the :class:`Interrupted` raised then carries them.
     """
-    from accelkit_conformance.results import JSONL, assemble
+    from accelkit_conformance.results import JSONL, assemble, drop_torn_tail
 
     out = Path(args.out) / backend
     out.mkdir(parents=True, exist_ok=True)
@@ -205,43 +216,61 @@ def run_backend(backend: str, args: argparse.Namespace, stream: TextIO = sys.std
     with open(out / "pytest.log", "w", encoding="utf-8") as log:
         log.write("$ " + shlex.join(cmd) + "\n\n")
         log.flush()
-        # Same process group: Ctrl-C reaches pytest and its workers too, and pytest records
-        # the interruption; killing the group kills the whole run.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_environ(args))
+        life = lifeline.Lifeline()
         try:
-            while proc.poll() is None:
-                time.sleep(0.5)
-                progress.poll(out / JSONL)
-        except KeyboardInterrupt:
-            interrupted = True
-            _stop(proc)
+            # A group of its own: it can be interrupted and killed as a whole, workers and what
+            # tests started included, and a Ctrl-C in the terminal reaches this process only.
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=life.environ(_environ(args)),
+                                    pass_fds=life.pass_fds, process_group=0)
+            life.started()
+            try:
+                while not lifeline.has_exited(proc):
+                    time.sleep(0.5)
+                    progress.poll(out / JSONL)
+            except KeyboardInterrupt:
+                interrupted = True
+                _stop(proc)
+            finally:
+                returncode = lifeline.end_group(proc)  # strays of a crashed or killed run too
+        finally:
+            life.close()
+        if (out / JSONL).exists():
+            drop_torn_tail(out / JSONL)  # the writer is dead: a cut last line can only be its last
         progress.poll(out / JSONL)
         progress.draw(final=True)
-    if not (out / JSONL).exists():
+    if not (out / JSONL).exists() or not (out / JSONL).stat().st_size:
+        if interrupted:
+            raise KeyboardInterrupt  # before the suite started: nothing to assemble
         tail = (out / "pytest.log").read_text(errors="replace").strip().splitlines()[-15:]
-        raise RunError(f"{backend}: the suite did not start (exit status {proc.returncode}); "
+        raise RunError(f"{backend}: the suite did not start (exit status {returncode}); "
                        f"the end of {out / 'pytest.log'}:\n  " + "\n  ".join(tail))
     path = assemble(out)
     doc = schema.load_results(path)
     if interrupted:
-        raise KeyboardInterrupt
-    if not doc["complete"] and proc.returncode not in (0, 1):
-        stream.write(f"{backend}: the run ended early (pytest exit status {proc.returncode}); "
+        raise Interrupted(doc)
+    if not doc["complete"] and returncode not in (0, 1):
+        stream.write(f"{backend}: the run ended early (pytest exit status {returncode}); "
                      f"see {out / 'pytest.log'}\n")
     return doc
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """Stop pytest: SIGINT (it records the interruption and stops its workers), then SIGKILL."""
-    for sig, wait in ((signal.SIGINT, 15), (signal.SIGKILL, 5)):
-        try:
-            proc.send_signal(sig)
-            proc.wait(wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            return
+    """Stop the run: SIGINT to its group (pytest records the interruption, workers stop), then SIGKILL."""
+    for sig, wait in ((signal.SIGINT, 15.0), (signal.SIGKILL, 5.0)):
+        lifeline.signal_group(proc, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if lifeline.has_exited(proc):
+                return
+            time.sleep(0.1)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was interrupted; ``doc`` is the assembled partial results (``complete`` False)."""
+
+    def __init__(self, doc: dict[str, Any]):
+        super().__init__()
+        self.doc = doc
 
 
 class RunError(Exception):
@@ -257,13 +286,11 @@ def write_reports(directory: Path, paths: Sequence[Path]) -> list[Path]:
         from accelkit_conformance import report
     except ImportError:
         return []
+    from accelkit_conformance.results import write_text_atomically
+
     runs = [report.load_results(p) for p in paths]
-    written = []
-    for name, render in (("report.md", report.render_markdown), ("report.html", report.render_html)):
-        target = directory / name
-        target.write_text(render(runs), encoding="utf-8")
-        written.append(target)
-    return written
+    return [write_text_atomically(directory / name, render(runs))
+            for name, render in (("report.md", report.render_markdown), ("report.html", report.render_html))]
 
 
 def run_command(args: argparse.Namespace) -> int:
@@ -300,8 +327,13 @@ def _run_all(args: argparse.Namespace) -> int:
             print(f"accelkit: error: {exc}", file=sys.stderr)
             status = 2
             continue
-        except KeyboardInterrupt:
-            print(f"\ninterrupted; the results so far are in {Path(args.out) / backend}", file=sys.stderr)
+        except KeyboardInterrupt as exc:
+            out = Path(args.out) / backend
+            reports = []
+            if isinstance(exc, Interrupted) and not args.no_report:
+                reports = write_reports(out, [out / "results.json"])  # marked as an incomplete run
+            print(f"\ninterrupted; the results so far are in {out}"
+                  + "".join(f"\n  report:  {r}" for r in reports), file=sys.stderr)
             return 130
         out = Path(args.out) / backend
         done.append(out / "results.json")

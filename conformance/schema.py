@@ -8,7 +8,9 @@ Two files per backend, in ``<out>/<backend>/``:
 ``results.jsonl`` — written while the run goes, one JSON object per line, each line flushed:
     line 1: ``{"schema": SCHEMA, "environment": {...}}`` (the header);
     then one result record per finished test, in completion order.
-    A killed run leaves a valid prefix: every line is a complete record.
+    A killed run leaves a valid prefix: every line is a complete record. Only a writer killed
+    in the middle of writing a line (not by the runner, which stops it between two lines) can
+    leave a cut last line; the runner removes it if it outlives the writer, and readers ignore it.
 
 ``results.json`` — assembled at the end (or from an interrupted ``results.jsonl``)::
 

@@ -6,8 +6,10 @@ expected figures can be counted by hand. Nothing here needs a device.
 
 from __future__ import annotations
 
+import html
 import json
 import re
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -249,7 +251,7 @@ def test_dynamic_case_without_a_compile_count_still_shows_its_result(tmp_path):
     case = record("mm", suite="dynamic", dynamic={"shapes": [[1, 3], [1, 5]], "recompiles": None, "correct": True})
     run = report.load_results(write_json(tmp_path / "d.json", document("ref", [case])))
     assert report.summarize(run)["suites"]["dynamic"]["dynamic"][0]["total_recompiles"] is None
-    assert "| mm [float32] | 1×3 → 1×5 | not counted · correct · pass |" in report.render_markdown([run])
+    assert r"| mm \[float32\] | 1×3 → 1×5 | not counted · correct · pass |" in report.render_markdown([run])
 
 
 def test_percent_never_rounds_to_a_misleading_figure():
@@ -297,11 +299,123 @@ def test_html_is_self_contained_and_ordered(runs):
     assert order == sorted(order)
 
 
-def test_html_escapes_result_text(tmp_path):
-    evil = record("add", "fail", reason="<script>alert(1)</script>")
-    run = report.load_results(write_json(tmp_path / "e.json", document("ref", [evil])))
-    html = report.render_html([run])
-    assert "<script>" not in html and "&lt;script&gt;" in html
+# -- text from tests is shown as it is ------------------------------------------------------------
+
+HOSTILE_ID = "conformance/test_ops.py::test_ops[a|b-<script>alert('id')</script>-x&amp;y\nz]"
+HOSTILE_REASON = ("AssertionError: <script>alert(1)</script> | 2 * 3_000 & [x](http://e.com) `c` $x$ \\| \x1b[2J\n"
+                  "second line")
+HOSTILE_SKIP = "needs <b>bold</b> | x & y"
+HOSTILE_PLATFORM = "Linux <u>|</u> & co\nline 2"
+#: The report gives the first line of a reason (the JSON has all of it), its control characters
+#: written as escapes.
+SHOWN_REASON = HOSTILE_REASON.splitlines()[0].replace("\x1b", r"\x1b")
+
+
+def hostile_run(tmp_path) -> dict:
+    records = [record("add", "fail", reason=HOSTILE_REASON, test_id=HOSTILE_ID),
+               record("mul", "skip-other", reason=HOSTILE_SKIP)]
+    return report.load_results(write_json(tmp_path / "h.json", document("ref", records, platform=HOSTILE_PLATFORM)))
+
+
+_MD_TOKEN = re.compile(r"\\([!-/:-@\[-`{-~])|&(?:amp|lt|gt);|<br>|(.)", re.S)
+
+
+def md_shown(markdown: str) -> str:
+    """What a CommonMark renderer shows for inline Markdown made of plain text and escapes only
+    (backslash escapes, the entities &amp; &lt; &gt;, <br>); fails on any character it would act on."""
+    shown = []
+    for m in _MD_TOKEN.finditer(markdown):
+        if m[1] is not None:
+            shown.append(m[1])
+        elif m[2] is None:
+            shown.append("\n" if m[0] == "<br>" else html.unescape(m[0]))
+        else:
+            assert m[2] not in "\\`*_[]|<>&~$\n", f"unescaped {m[2]!r} in {markdown!r}"
+            shown.append(m[2])
+    return "".join(shown)
+
+
+def md_tables(markdown: str) -> list[list[list[str]]]:
+    """The GFM tables of ``markdown``: rows of raw cells, split at the pipes that are not escaped."""
+    tables, rows = [], []
+    for line in [*markdown.splitlines(), ""]:
+        if line.startswith("|"):
+            cells = "".join("\0" if t == "|" else t for t in re.findall(r"\\.|[^|\\]+|\|", line)).split("\0")
+            rows.append([c.strip() for c in cells[1:-1]])
+        elif rows:
+            tables.append(rows)
+            rows = []
+    return tables
+
+
+def test_markdown_shows_ids_and_reasons_as_they_are_without_html_or_broken_tables(tmp_path):
+    md = report.render_markdown([hostile_run(tmp_path)])
+    assert set(re.findall(r"<[^>]*>", md)) == {"<br>"}  # the only tag: line breaks inside cells
+    assert "\x1b" not in md
+    tables = md_tables(md)
+    for rows in tables:  # every row has its header's cells: no pipe or newline split one
+        assert {len(row) for row in rows} == {len(rows[0])}, rows
+    shown = [[md_shown(c) for c in row] for rows in tables for row in rows[2:]]
+    assert ["ref", "FAIL", HOSTILE_ID, SHOWN_REASON] in shown
+    assert ["skip-other", "1", HOSTILE_SKIP] in shown
+    assert ["platform", HOSTILE_PLATFORM] in shown
+
+
+def test_markdown_code_spans_and_blocks_hold_any_backend_name(tmp_path):
+    name = "x`` |<b>\n# y"
+    run = report.load_results(write_json(tmp_path / "n.json", document(name, [record("add")])))
+    md = report.render_markdown([run])
+    verdict = next(line for line in md.splitlines() if line.startswith("- "))
+    assert verdict.startswith(r"- ```x`` |<b>\n# y``` **PASS**")  # a fence longer than any backtick run
+    fence, *lines = md[md.index("## Summary"):].split("\n\n")[1].splitlines()
+    assert fence == "```" and lines[0].startswith(r"x`` |<b>\n# y: 1 passed") and lines[-1] == fence
+
+
+class _Cells(HTMLParser):
+    """The text of every table row (``<br>`` read as a newline) and every tag name of a page."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.rows: list[list[str]] = []
+        self.tags: set[str] = set()
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.add(tag)
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+        elif tag == "br" and self._cell is not None:
+            self._cell.append("\n")
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.rows[-1].append("".join(self._cell))
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def test_html_shows_ids_and_reasons_as_they_are(tmp_path):
+    page = report.render_html([hostile_run(tmp_path)])
+    cells = _Cells()
+    cells.feed(page)
+    assert "script" not in cells.tags and "u" not in cells.tags
+    assert ["ref", "FAIL", HOSTILE_ID, SHOWN_REASON] in cells.rows
+    assert ["skip-other", "1", HOSTILE_SKIP] in cells.rows
+    assert ["platform", HOSTILE_PLATFORM] in cells.rows
+
+
+def test_terminal_view_keeps_each_row_on_one_line_and_sends_no_control_characters(tmp_path):
+    text = report.render_terminal([hostile_run(tmp_path)])
+    assert "\x1b" not in text
+    row = next(line for line in text.splitlines() if "alert(1)" in line)
+    assert row.endswith(r"$x$ \| \x1b[2J") and "FAIL" in row
+    assert r"\nz]" in row  # the id's newline, written as an escape
+    assert r"Linux <u>|</u> & co\nline 2" in text
 
 
 # -- diff ----------------------------------------------------------------------------------------

@@ -15,6 +15,10 @@ exactly as an installed third-party backend is. Its kernels misbehave on purpose
 ``sqrt``  needs float64 internally, which fake declares it does not hold (a declared skip)
 ``rsqrt`` needs float16 internally, which fake does not declare (an error)
 ========  =======================================================================
+
+The kill tests run the contract suite on ref with a pytest plugin that makes each worker hang in
+its second test with a child process of its own, and find the run's processes by their process
+group (the pytest subprocess leads one) through ``/proc``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +40,7 @@ from accelkit_conformance import schema
 from accelkit_conformance.cases import Case, parse_nodeid
 from accelkit_conformance.plugin import crash_cause
 from accelkit_conformance.recording import Recorder
+from accelkit_conformance.results import ResultsWriter, drop_torn_tail
 
 FAKE_PLUGIN = '''
 import ctypes
@@ -289,34 +295,184 @@ def test_hung_tests_are_recorded_as_timeouts_and_the_run_goes_on(misbehaving_run
     assert elapsed < 180  # two 600 s sleeps cost seconds
 
 
-# -- a killed run -----------------------------------------------------------------------------
+# -- a killed or interrupted run ---------------------------------------------------------------
+
+HANG_PLUGIN = '''
+"""A pytest plugin for the kill tests: in each worker, the second test starts a child process,
+notes its pid and process group in $AKHANG_DIR, and hangs."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+_ran = 0
 
 
-def test_killing_the_run_keeps_every_result_already_recorded(fake_site, tmp_path):
-    out = tmp_path / "fake"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "accelkit", "conformance", "run", "--backend", "fake", "--suite", "ops",
-         "--jobs", "1", "--out", str(tmp_path), "--no-report",
-         "-k", "float32 and forward and not sin and not cos and not tan"],
-        env=_env(fake_site), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )
+def pytest_runtest_call(item):
+    global _ran
+    _ran += 1
+    if _ran >= 2 and "PYTEST_XDIST_WORKER" in os.environ:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        Path(os.environ["AKHANG_DIR"], str(child.pid)).write_text(str(os.getpgrp()))
+        time.sleep(600)
+'''
+
+
+@pytest.fixture(scope="module")
+def hang_site(tmp_path_factory) -> Path:
+    site = tmp_path_factory.mktemp("hang-site")
+    (site / "akhang.py").write_text(HANG_PLUGIN)
+    return site
+
+
+def _recorded_ids(jsonl: Path) -> list[str]:
+    text = jsonl.read_text() if jsonl.exists() else ""
+    return [json.loads(line)["id"] for line in text.splitlines(keepends=True) if line.endswith("\n") and '"id"' in line]
+
+
+def _live_members(group: int) -> list[int]:
+    """Processes of process group ``group`` that are alive (zombies are dead, waiting to be reaped)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path("/proc", entry, "stat").read_text()
+        except OSError:
+            continue
+        state, _ppid, pgrp = stat[stat.rindex(")") + 2:].split()[:3]
+        if int(pgrp) == group and state != "Z":
+            members.append(int(entry))
+    return members
+
+
+def _left_after_grace(group: int, grace: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + grace
+    while (left := _live_members(group)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+@pytest.fixture
+def hanging_run(hang_site, tmp_path):
+    """Start ``accelkit conformance run`` on ref whose workers each record one test, then hang in
+    the next with a child process of their own; yields (runner, results.jsonl, the run's process
+    group, recorded ids) once they all hang. Kills whatever of the group is left at the end."""
+    hung = tmp_path / "hung"
+    hung.mkdir()
+    jobs = 2
+    with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "accelkit", "conformance", "run", "--backend", "ref", "--suite", "contract",
+             "--jobs", str(jobs), "--timeout", "120", "--out", str(tmp_path / "out"),
+             "-k", "accelerator or transfer", "--", "-p", "akhang"],
+            env={**_env(hang_site), "AKHANG_DIR": str(hung)}, stdout=stdout, stderr=stderr,
+        )
+    jsonl = tmp_path / "out" / "ref" / "results.jsonl"
+    groups: set[int] = set()
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            lines = (out / "results.jsonl").read_text().splitlines() if (out / "results.jsonl").exists() else []
-            if sum('"id"' in line for line in lines) >= 8:
-                break
+        deadline = time.monotonic() + 180
+        while len(groups := {int(f.read_text()) for f in hung.iterdir() if f.read_text()}) < 1 \
+                or len(list(hung.iterdir())) < jobs or not _recorded_ids(jsonl):
+            assert runner.poll() is None, (tmp_path / "stderr").read_text()
+            assert time.monotonic() < deadline, "the workers did not reach their hanging test in 180 s"
             time.sleep(0.2)
-        else:
-            pytest.fail("the run recorded fewer than 8 results in 120 s")
+        (group,) = groups
+        assert group not in (os.getpgrp(), runner.pid)  # the controller's own group
+        assert len(_live_members(group)) >= 1 + 2 * jobs  # the controller, its workers and their children
+        yield runner, jsonl, group, _recorded_ids(jsonl)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # runner, pytest and its worker at once
-        proc.wait(30)
-    doc = schema.read_jsonl(out / "results.jsonl")
+        if runner.poll() is None:
+            runner.kill()
+        runner.wait()
+        for group in groups:
+            if _live_members(group):
+                os.killpg(group, signal.SIGKILL)
+
+
+def _assert_whole_lines(jsonl: Path) -> list[dict]:
+    text = jsonl.read_text()
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]  # every line parses
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the run's processes through /proc")
+@pytest.mark.parametrize("victims", ["runner", "controller, then runner"])
+def test_a_sigkilled_run_leaves_no_process_behind_and_keeps_every_line_whole(hanging_run, victims):
+    runner, jsonl, group, recorded = hanging_run
+    if victims != "runner":
+        os.kill(group, signal.SIGKILL)  # the controller leads the group; the runner cannot sweep it
+    os.kill(runner.pid, signal.SIGKILL)
+    runner.wait(10)
+    assert _left_after_grace(group) == []  # workers and the processes they started included
+    lines = _assert_whole_lines(jsonl)
+    assert not any(line.get("event") == "finished" for line in lines)
+    doc = schema.read_jsonl(jsonl)
     schema.validate_results(doc)
     assert doc["complete"] is False
-    assert len(doc["results"]) >= 8
-    assert not (out / "results.json").exists()  # the runner never got to assemble it
+    assert set(recorded) <= {r["id"] for r in doc["results"]}  # nothing recorded was lost
+    assert not (jsonl.parent / "results.json").exists()  # the runner never got to assemble it
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the run's processes through /proc")
+def test_a_sigkilled_controller_is_swept_and_its_partial_run_reported(hanging_run, tmp_path):
+    runner, jsonl, group, recorded = hanging_run
+    os.kill(group, signal.SIGKILL)  # the pytest subprocess, which leads the group
+    assert runner.wait(60) == 2
+    assert _left_after_grace(group) == []
+    _assert_whole_lines(jsonl)
+    doc = schema.load_results(jsonl.parent / "results.json")
+    assert doc["complete"] is False and set(recorded) <= {r["id"] for r in doc["results"]}
+    assert "INCOMPLETE" in (jsonl.parent / "report.md").read_text()
+    assert "ended early (pytest exit status -9)" in (tmp_path / "stderr").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the run's processes through /proc")
+def test_sigterm_stops_the_run_keeps_its_results_and_reports_it_incomplete(hanging_run, tmp_path):
+    runner, jsonl, group, recorded = hanging_run
+    os.kill(runner.pid, signal.SIGTERM)  # as Ctrl-C: interrupt the group, keep what it recorded
+    assert runner.wait(60) == 130, (tmp_path / "stderr").read_text()
+    assert _left_after_grace(group) == []
+    lines = _assert_whole_lines(jsonl)
+    assert lines[-1]["event"] == "finished" and lines[-1]["complete"] is False  # pytest saw the interruption
+    doc = schema.load_results(jsonl.parent / "results.json")
+    assert doc["complete"] is False and set(recorded) <= {r["id"] for r in doc["results"]}
+    assert "INCOMPLETE (interrupted; results so far)" in (jsonl.parent / "report.md").read_text()
+    stderr = (tmp_path / "stderr").read_text()
+    assert "interrupted; the results so far are in" in stderr and "report.md" in stderr
+
+
+def test_a_writer_closed_from_another_thread_stops_between_two_whole_lines(tmp_path):
+    env = {"backend": "x"}
+    writer = ResultsWriter(tmp_path, env)
+    stop = threading.Event()
+
+    def write() -> None:
+        n = 0
+        while not stop.is_set():
+            writer.record(_record(id=f"suites/test_ops.py::test_op[op{n}-float32-forward]", reason="x" * 5000))
+            n += 1
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    time.sleep(0.2)
+    writer.close()  # what the lifeline does before it kills the run
+    size = (tmp_path / "results.jsonl").stat().st_size
+    time.sleep(0.1)
+    stop.set()
+    thread.join()
+    assert (tmp_path / "results.jsonl").stat().st_size == size  # nothing written after close
+    lines = _assert_whole_lines(tmp_path / "results.jsonl")
+    assert len(lines) == 1 + writer.written and writer.written > 0
+
+
+def test_a_torn_tail_is_cut_once_the_writer_is_dead(tmp_path):
+    path = tmp_path / "results.jsonl"
+    whole = json.dumps({"schema": schema.SCHEMA, "environment": {}}) + "\n" + json.dumps(_record()) + "\n"
+    path.write_text(whole + '{"id": "suites/test_o')
+    assert drop_torn_tail(path) is True and path.read_text() == whole
+    assert drop_torn_tail(path) is False and path.read_text() == whole
 
 
 # -- accelkit conformance run against ref -----------------------------------------------------
