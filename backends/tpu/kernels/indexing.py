@@ -33,7 +33,7 @@ import torch
 from torch._ops import OpOverload
 
 from accelkit_backends.tpu import checks
-from accelkit_backends.tpu.buffers import JaxView, value_of
+from accelkit_backends.tpu.buffers import JaxView, torch_dtype, value_of
 from accelkit_backends.tpu.lowering import Lowering, kernels, lowering
 
 aten = torch.ops.aten
@@ -95,8 +95,6 @@ def host_step(*ops: OpOverload, uses: Sequence[Any]) -> Callable:
 
 def torch_dtype_of(argument: Any) -> torch.dtype | None:
     """The dtype of a kernel argument (a device view or an array), else None."""
-    from accelkit_backends.tpu.buffers import torch_dtype
-
     if isinstance(argument, JaxView):
         return argument.spec.dtype
     if isinstance(argument, jax.Array):
@@ -151,21 +149,40 @@ def _check_masks(x: Any, indices: Sequence[Any]) -> None:
             dim += 1
 
 
-def _mask_counts(counter: Specialised, x: Any, indices: Sequence[Any]) -> tuple[int, ...]:
+def _mask_counts(counter: Specialised, x: Any, indices: Sequence[Any], kinds: tuple | None = None) -> tuple[int, ...]:
+    """The true elements of each mask among ``indices`` (a synchronisation per mask; none when
+    ``kinds`` says there is no mask)."""
+    if kinds is not None and not any(kind is not None and kind[0] == "mask" for kind in kinds):
+        return ()
     _check_masks(x, indices)
     return tuple(count_true(counter, index) for index in indices if index is not None and _is_mask(index))
 
 
 _INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.uint8, torch.bool})
+_MASK_DTYPES = frozenset({torch.uint8, torch.bool})
 
 
-def _usable_indices(indices: Sequence[Any]) -> list[Any]:
-    """``indices`` after PyTorch's dtype rule (IndexError for a float index): uint8 masks become
-    bool ones, with PyTorch's deprecation warning (its Meta kernel refuses them)."""
+def _index_kinds(indices: Sequence[Any]) -> tuple:
+    """What :func:`_indexed_shape` needs of ``indices``, from shapes and dtypes alone: per entry
+    None, ``("mask", ndim)`` or ``("index", shape)``; PyTorch's IndexError for a float index."""
+    kinds = []
     for index in indices:
-        if index is not None and torch_dtype_of(index) not in _INDEX_DTYPES:
+        if index is None:
+            kinds.append(None)
+            continue
+        dtype = torch_dtype_of(index)
+        if dtype not in _INDEX_DTYPES:
             raise IndexError("tensors used as indices must be long, int, byte or bool tensors")
-    if not any(index is not None and torch_dtype_of(index) == torch.uint8 for index in indices):
+        shape = shape_of(index)
+        kinds.append(("mask", len(shape)) if dtype in _MASK_DTYPES else ("index", shape))
+    return tuple(kinds)
+
+
+def _usable_indices(indices: Sequence[Any], kinds: tuple) -> list[Any]:
+    """``indices`` with uint8 masks as bool ones, with PyTorch's deprecation warning (its Meta
+    kernel refuses them)."""
+    if not any(kind is not None and kind[0] == "mask" and torch_dtype_of(index) == torch.uint8
+               for index, kind in zip(indices, kinds)):
         return list(indices)
     warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.",
                   UserWarning, stacklevel=2)
@@ -173,32 +190,32 @@ def _usable_indices(indices: Sequence[Any]) -> list[Any]:
             else index for index in indices]
 
 
-def _indexed_shape(x: Any, indices: Sequence[Any], true_counts: Sequence[int], put: bool) -> tuple[int, ...]:
-    """The shape of ``x[indices]`` (masks selecting ``true_counts`` elements), with PyTorch's
-    IndexError for more indexed dimensions than ``x`` has or index shapes that do not
-    broadcast (computed on the host, from shapes alone)."""
-    shape = shape_of(x)
+@functools.lru_cache(maxsize=1024)
+def _indexed_shape(shape: tuple[int, ...], kinds: tuple, true_counts: tuple[int, ...], put: bool) -> tuple[int, ...]:
+    """The shape of ``x[indices]`` for ``x`` of ``shape`` (``kinds`` from :func:`_index_kinds`,
+    masks selecting ``true_counts`` elements), with PyTorch's IndexError for more indexed
+    dimensions than ``x`` has or index shapes that do not broadcast."""
     counts = iter(true_counts)
     advanced: list[tuple[int, ...]] = []  # the shape each index tensor contributes
     positions: list[int] = []  # where each sits among the kept dimensions
     kept: list[int] = []
     dim = 0
-    for index in indices:
-        if index is None:
+    for kind in kinds:
+        if kind is None:
             if dim < len(shape):
                 kept.append(shape[dim])
             dim += 1
             continue
         positions.append(len(kept))
-        if _is_mask(index):
+        if kind[0] == "mask":
             count = next(counts)
-            advanced.extend([(count,)] * len(shape_of(index)))
-            dim += len(shape_of(index))
+            advanced.extend([(count,)] * kind[1])
+            dim += kind[1]
         else:
-            advanced.append(shape_of(index))
+            advanced.append(kind[1])
             dim += 1
     if dim > len(shape):
-        suffix = f" (got {len(indices)})" if put else ""
+        suffix = f" (got {len(kinds)})" if put else ""
         raise IndexError(f"too many indices for tensor of dimension {len(shape)}{suffix}")
     try:
         broadcast = tuple(np.broadcast_shapes(*advanced)) if advanced else ()
@@ -214,6 +231,7 @@ def _indexed_shape(x: Any, indices: Sequence[Any], true_counts: Sequence[int], p
     return tuple(kept[:at]) + broadcast + tuple(kept[at:])
 
 
+@functools.lru_cache(maxsize=1024)
 def _fits(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     """Whether ``shape`` broadcasts to exactly ``target``."""
     try:
@@ -247,8 +265,11 @@ def _key(shape: tuple[int, ...], indices: Sequence[Any], true_counts: Sequence[i
             dim += index.ndim
         else:
             size = shape[dim]
+            # PyTorch names the index by its place among the index tensors (a mask counting
+            # as one per dimension it covers), not by the dimension it indexes.
+            place = len(key) - sum(1 for k in key if isinstance(k, slice))
             in_range = checks.require_in_range(
-                index, size, IndexError, f"index {{}} is out of bounds for dimension {dim} with size {size}",
+                index, size, IndexError, f"index {{}} is out of bounds for dimension {place} with size {size}",
                 negative=True)
             ok = in_range if ok is True else ok & in_range
             if first is None:
@@ -272,9 +293,10 @@ _index_counter = true_counter()
 
 @host_step(aten.index.Tensor, uses=(_index_program, _index_counter))
 def index(x, indices):
-    indices = _usable_indices(indices)
-    counts = _mask_counts(_index_counter, x, indices)
-    _indexed_shape(x, indices, counts, put=False)
+    kinds = _index_kinds(indices)
+    indices = _usable_indices(indices, kinds)
+    counts = _mask_counts(_index_counter, x, indices, kinds)
+    _indexed_shape(shape_of(x), kinds, counts, False)
     return _index_program(true_counts=counts)(x, indices)
 
 
@@ -335,21 +357,23 @@ def _mask_write_needs_no_count(x: Any, indices: Sequence[Any], values: Any) -> b
 
 def _index_put(programs: _PutPrograms, x, indices, values, accumulate=False, unsafe=None):
     extra = () if unsafe is None else (unsafe,)
+    kinds = _index_kinds(indices)
     present = [index for index in indices if index is not None]
     if (len(present) == 1 and torch_dtype_of(present[0]) == torch.uint8
             and math.prod(shape_of(values)) == 1):
         # PyTorch's kernel takes this case as a masked_fill_, which refuses a uint8 mask.
         raise RuntimeError("masked_fill_ only supports boolean masks, but got mask with dtype unsigned char")
-    indices = _usable_indices(indices)
+    indices = _usable_indices(indices, kinds)
+    shape = shape_of(x)
     if _mask_write_needs_no_count(x, indices, values):
         _check_masks(x, indices)
         # Values with no extent along the selection fit any number of selected elements when
         # they fit one; only a misfit needs the count, for the error message.
-        if not _fits(shape_of(values), _indexed_shape(x, indices, (1,), put=True)):
-            _check_values(values, _indexed_shape(x, indices, _mask_counts(programs.counter, x, indices), put=True))
+        if not _fits(shape_of(values), _indexed_shape(shape, kinds, (1,), True)):
+            _check_values(values, _indexed_shape(shape, kinds, _mask_counts(programs.counter, x, indices), True))
         return programs.through_mask(x, indices, values, accumulate)
-    counts = _mask_counts(programs.counter, x, indices)
-    _check_values(values, _indexed_shape(x, indices, counts, put=True))
+    counts = _mask_counts(programs.counter, x, indices, kinds)
+    _check_values(values, _indexed_shape(shape, kinds, counts, True))
     return programs.by_counts(true_counts=counts)(x, indices, values, accumulate, *extra)
 
 
