@@ -50,7 +50,8 @@ class BadInput:
     :ivar run: runs the op on ``**inputs``; an in-place op returns its target.
     :ivar repair: replacements (by name) that make the input valid, for the follow-up; empty
         when the case is valid as it is.
-    :ivar unchanged: names of the inputs the op must leave as they were (a failed op its target).
+    :ivar unchanged: names of the inputs the op must leave as they were (a failed op its
+        target); None: every tensor input.
     :ivar core: held to by the conformance contract suite.
     :ivar valid: CPU accepts these inputs (a near miss the device must not refuse).
     :ivar accelerator_path: for an op PyTorch itself computes differently on an accelerator than
@@ -62,7 +63,7 @@ class BadInput:
     inputs: Callable[[torch.device], Inputs]
     run: Callable[..., Any]
     repair: Callable[[torch.device], Inputs] = field(default=lambda device: {})
-    unchanged: tuple[str, ...] = ()
+    unchanged: tuple[str, ...] | None = None
     core: bool = False
     valid: bool = False
     accelerator_path: Callable[..., Any] | None = None
@@ -125,7 +126,9 @@ def assert_same_outcome(got: Outcome, expected: Outcome, *, where: str) -> None:
     assert_same(got.value, expected.value, where=where)
 
 
-def _snapshot(inputs: Inputs, names: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def _snapshot(inputs: Inputs, names: tuple[str, ...] | None) -> dict[str, torch.Tensor]:
+    if names is None:
+        names = tuple(name for name, value in inputs.items() if isinstance(value, torch.Tensor))
     return {name: inputs[name].detach().to(CPU).clone() for name in names}
 
 
@@ -167,24 +170,28 @@ def _long(values: Any, device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.int64, device=device)
 
 
+def _tens(*shape: int) -> Callable[[torch.device], torch.Tensor]:
+    """A tensor of tens (values unlike the grid's, so a write shows)."""
+    return lambda device: torch.full(shape, 10.0, device=device)
+
+
 def _setitem(x: torch.Tensor, idx: Any, v: Any) -> torch.Tensor:
     x[idx] = v
     return x
 
 
-def _grid_and(**tensors: Callable[[torch.device], Any]) -> Callable[[torch.device], Inputs]:
-    """Inputs ``x`` (the 2 x 3 grid) and ``tensors`` (each built from the device)."""
-    return lambda device: {"x": _grid(device), **{name: build(device) for name, build in tensors.items()}}
-
-
-def _index(values: Any, *, host: bool = False) -> Callable[[torch.device], torch.Tensor]:
-    """An int64 index tensor on the device (on the CPU for ``host``, as users may pass)."""
-    return lambda device: _long(values, CPU if host else device)
-
-
-def _tens(*shape: int) -> Callable[[torch.device], torch.Tensor]:
-    """A tensor of tens (values unlike the grid's, so a write shows)."""
-    return lambda device: torch.full(shape, 10.0, device=device)
+def _on_grid(name: str, op: str, run: Callable[..., Any], bad: Any, good: Any, *, host: bool = False,
+             core: bool = False, **more: Callable[[torch.device], torch.Tensor]) -> BadInput:
+    """A case of ``run(x, idx, **more)`` on the 2 x 3 grid ``x`` with the index ``bad``
+    (repaired: ``good``), on the device or, for ``host``, on the CPU as users may pass it."""
+    where = (lambda device: CPU) if host else (lambda device: device)
+    return BadInput(
+        name, op,
+        inputs=lambda d: {"x": _grid(d), "idx": _long(bad, where(d)), **{k: build(d) for k, build in more.items()}},
+        run=run,
+        repair=lambda d: {"idx": _long(good, where(d))},
+        core=core,
+    )
 
 
 # -- the table ------------------------------------------------------------------------------------
@@ -194,72 +201,52 @@ def _indexing_cases() -> list[BadInput]:
     """Out-of-range indices in every indexing op: reads, writes, scatters and lookups."""
     row_out, row_in = [0, 5], [0, 1]  # rows of the 2 x 3 grid
     col_out, col_in = [[0, 3]], [[0, 2]]  # columns, as a [1, 2] gather/scatter index
+    col_list_out, col_list_in = [0, 3], [0, 2]  # columns, as a list
+    two = {"rows": lambda d: _long([0, 1], d)}
     return [
-        BadInput("getitem.row", "x[idx]", _grid_and(idx=_index(row_out)), lambda x, idx: x[idx],
-                 lambda d: {"idx": _long(row_in, d)}, ("x", "idx"), core=True),
-        BadInput("getitem.negative", "x[idx]", _grid_and(idx=_index([1, -3])), lambda x, idx: x[idx],
-                 lambda d: {"idx": _long([1, -2], d)}, ("x", "idx")),
-        BadInput("getitem.column", "x[:, idx]", _grid_and(idx=_index([2, 3])), lambda x, idx: x[:, idx],
-                 lambda d: {"idx": _long([2, 1], d)}, ("x", "idx")),
-        BadInput("getitem.two_indices", "x[rows, cols]", _grid_and(rows=_index([0, 1]), cols=_index([1, 3])),
-                 lambda x, rows, cols: x[rows, cols], lambda d: {"cols": _long([1, 2], d)}, ("x", "rows", "cols")),
-        BadInput("getitem.host_index", "x[cpu_idx]", _grid_and(idx=_index(row_out, host=True)),
-                 lambda x, idx: x[idx], lambda d: {"idx": _long(row_in, CPU)}, ("x", "idx"), core=True),
-        BadInput("setitem.row", "x[idx] = v", _grid_and(idx=_index(row_out)),
-                 lambda x, idx: _setitem(x, idx, -1.0), lambda d: {"idx": _long(row_in, d)}, ("x", "idx"), core=True),
-        BadInput("setitem.column", "x[:, idx] = v", _grid_and(idx=_index([0, 3]), v=_tens(2, 2)),
-                 lambda x, idx, v: _setitem(x, (slice(None), idx), v), lambda d: {"idx": _long([0, 2], d)},
-                 ("x", "idx", "v")),
-        BadInput("setitem.negative", "x[idx] = v", _grid_and(idx=_index([-3])),
-                 lambda x, idx: _setitem(x, idx, -1.0), lambda d: {"idx": _long([-2], d)}, ("x", "idx")),
-        BadInput("setitem.two_indices", "x[rows, cols] = v", _grid_and(rows=_index([0, 1]), cols=_index([2, 3])),
-                 lambda x, rows, cols: _setitem(x, (rows, cols), -1.0), lambda d: {"cols": _long([2, 0], d)},
-                 ("x", "rows", "cols")),
-        BadInput("setitem.host_index", "x[cpu_idx] = v", _grid_and(idx=_index(row_out, host=True)),
-                 lambda x, idx: _setitem(x, idx, -1.0), lambda d: {"idx": _long(row_in, CPU)}, ("x", "idx")),
-        BadInput("index_select", "torch.index_select", _grid_and(idx=_index([0, 3])),
-                 lambda x, idx: torch.index_select(x, 1, idx), lambda d: {"idx": _long([0, 2], d)}, ("x", "idx")),
-        BadInput("index_put_", "x.index_put_", _grid_and(idx=_index(row_out), v=_tens(3)),
-                 lambda x, idx, v: x.index_put_((idx,), v), lambda d: {"idx": _long(row_in, d)}, ("x", "idx", "v")),
-        BadInput("index_put_.accumulate", "x.index_put_(accumulate=True)", _grid_and(idx=_index([1, 5]), v=_tens(3)),
-                 lambda x, idx, v: x.index_put_((idx,), v, accumulate=True), lambda d: {"idx": _long([1, 1], d)},
-                 ("x", "idx", "v")),
-        BadInput("index_add_", "x.index_add_", _grid_and(idx=_index([0, 3]), v=_tens(2, 2)),
-                 lambda x, idx, v: x.index_add_(1, idx, v), lambda d: {"idx": _long([0, 2], d)}, ("x", "idx", "v")),
-        BadInput("index_copy_", "x.index_copy_", _grid_and(idx=_index([0, 3]), v=_tens(2, 2)),
-                 lambda x, idx, v: x.index_copy_(1, idx, v), lambda d: {"idx": _long([0, 2], d)}, ("x", "idx", "v")),
-        BadInput("index_fill_", "x.index_fill_", _grid_and(idx=_index([0, 3])),
-                 lambda x, idx: x.index_fill_(1, idx, -1.0), lambda d: {"idx": _long([0, 2], d)}, ("x", "idx")),
-        BadInput("scatter_.src", "x.scatter_(dim, index, src)", _grid_and(idx=_index(col_out), v=_tens(1, 2)),
-                 lambda x, idx, v: x.scatter_(1, idx, v), lambda d: {"idx": _long(col_in, d)}, ("x", "idx", "v"),
-                 core=True),
-        BadInput("scatter_.value", "x.scatter_(dim, index, value)", _grid_and(idx=_index(col_out)),
-                 lambda x, idx: x.scatter_(1, idx, -1.0), lambda d: {"idx": _long(col_in, d)}, ("x", "idx")),
-        BadInput("scatter_.negative", "x.scatter_(dim, index, src)", _grid_and(idx=_index([[0, -1]]), v=_tens(1, 2)),
-                 lambda x, idx, v: x.scatter_(1, idx, v), lambda d: {"idx": _long(col_in, d)}, ("x", "idx", "v")),
-        BadInput("scatter_add_", "x.scatter_add_", _grid_and(idx=_index(col_out), v=_tens(1, 2)),
-                 lambda x, idx, v: x.scatter_add_(1, idx, v), lambda d: {"idx": _long(col_in, d)}, ("x", "idx", "v")),
-        BadInput("scatter_reduce_", "x.scatter_reduce_(reduce='amax')", _grid_and(idx=_index(col_out), v=_tens(1, 2)),
-                 lambda x, idx, v: x.scatter_reduce_(1, idx, v, "amax"), lambda d: {"idx": _long(col_in, d)},
-                 ("x", "idx", "v")),
-        BadInput("gather", "torch.gather", _grid_and(idx=_index(col_out)), lambda x, idx: torch.gather(x, 1, idx),
-                 lambda d: {"idx": _long(col_in, d)}, ("x", "idx"), core=True),
-        BadInput("gather.negative", "torch.gather", _grid_and(idx=_index([[-1, 0]])),
-                 lambda x, idx: torch.gather(x, 1, idx), lambda d: {"idx": _long(col_in, d)}, ("x", "idx")),
-        BadInput("take", "torch.take", _grid_and(idx=_index([0, 6])), lambda x, idx: torch.take(x, idx),
-                 lambda d: {"idx": _long([0, 5], d)}, ("x", "idx")),
-        BadInput("take.negative", "torch.take", _grid_and(idx=_index([-7])), lambda x, idx: torch.take(x, idx),
-                 lambda d: {"idx": _long([-6], d)}, ("x", "idx")),
-        BadInput("put_", "x.put_", _grid_and(idx=_index([0, 6]), v=_tens(2)),
-                 lambda x, idx, v: x.put_(idx, v), lambda d: {"idx": _long([0, 5], d)}, ("x", "idx", "v")),
-        BadInput("put_.accumulate", "x.put_(accumulate=True)", _grid_and(idx=_index([1, -7]), v=_tens(2)),
-                 lambda x, idx, v: x.put_(idx, v, accumulate=True), lambda d: {"idx": _long([1, -1], d)},
-                 ("x", "idx", "v")),
-        BadInput("embedding", "F.embedding", lambda d: {"weight": _grid(d, 5, 3), "idx": _long([1, 10], d)},
-                 lambda weight, idx: F.embedding(idx, weight), lambda d: {"idx": _long([1, 4], d)},
-                 ("weight", "idx"), core=True),
-        BadInput("embedding.negative", "F.embedding", lambda d: {"weight": _grid(d, 5, 3), "idx": _long([-1], d)},
-                 lambda weight, idx: F.embedding(idx, weight), lambda d: {"idx": _long([0], d)}, ("weight", "idx")),
+        _on_grid("getitem.row", "x[idx]", lambda x, idx: x[idx], row_out, row_in, core=True),
+        _on_grid("getitem.negative", "x[idx]", lambda x, idx: x[idx], [1, -3], [1, -2]),
+        _on_grid("getitem.column", "x[:, idx]", lambda x, idx: x[:, idx], [2, 3], [2, 1]),
+        _on_grid("getitem.two_indices", "x[rows, idx]", lambda x, idx, rows: x[rows, idx], [1, 3], [1, 2], **two),
+        _on_grid("getitem.host_index", "x[cpu_idx]", lambda x, idx: x[idx], row_out, row_in, host=True, core=True),
+        _on_grid("setitem.row", "x[idx] = v", lambda x, idx: _setitem(x, idx, -1.0), row_out, row_in, core=True),
+        _on_grid("setitem.column", "x[:, idx] = v", lambda x, idx, v: _setitem(x, (slice(None), idx), v),
+                 col_list_out, col_list_in, v=_tens(2, 2)),
+        _on_grid("setitem.negative", "x[idx] = v", lambda x, idx: _setitem(x, idx, -1.0), [-3], [-2]),
+        _on_grid("setitem.two_indices", "x[rows, idx] = v", lambda x, idx, rows: _setitem(x, (rows, idx), -1.0),
+                 [2, 3], [2, 0], **two),
+        _on_grid("setitem.host_index", "x[cpu_idx] = v", lambda x, idx: _setitem(x, idx, -1.0), row_out, row_in,
+                 host=True),
+        _on_grid("index_select", "torch.index_select", lambda x, idx: torch.index_select(x, 1, idx),
+                 col_list_out, col_list_in),
+        _on_grid("index_put_", "x.index_put_", lambda x, idx, v: x.index_put_((idx,), v), row_out, row_in,
+                 v=_tens(3)),
+        _on_grid("index_put_.accumulate", "x.index_put_(accumulate=True)",
+                 lambda x, idx, v: x.index_put_((idx,), v, accumulate=True), [1, 5], [1, 1], v=_tens(3)),
+        _on_grid("index_add_", "x.index_add_", lambda x, idx, v: x.index_add_(1, idx, v), col_list_out, col_list_in,
+                 v=_tens(2, 2)),
+        _on_grid("index_copy_", "x.index_copy_", lambda x, idx, v: x.index_copy_(1, idx, v),
+                 col_list_out, col_list_in, v=_tens(2, 2)),
+        _on_grid("index_fill_", "x.index_fill_", lambda x, idx: x.index_fill_(1, idx, -1.0), col_list_out, col_list_in),
+        _on_grid("scatter_.src", "x.scatter_(dim, index, src)", lambda x, idx, v: x.scatter_(1, idx, v),
+                 col_out, col_in, core=True, v=_tens(1, 2)),
+        _on_grid("scatter_.value", "x.scatter_(dim, index, value)", lambda x, idx: x.scatter_(1, idx, -1.0),
+                 col_out, col_in),
+        _on_grid("scatter_.negative", "x.scatter_(dim, index, src)", lambda x, idx, v: x.scatter_(1, idx, v),
+                 [[0, -1]], col_in, v=_tens(1, 2)),
+        _on_grid("scatter_add_", "x.scatter_add_", lambda x, idx, v: x.scatter_add_(1, idx, v), col_out, col_in,
+                 v=_tens(1, 2)),
+        _on_grid("scatter_reduce_", "x.scatter_reduce_(reduce='amax')",
+                 lambda x, idx, v: x.scatter_reduce_(1, idx, v, "amax"), col_out, col_in, v=_tens(1, 2)),
+        _on_grid("gather", "torch.gather", lambda x, idx: torch.gather(x, 1, idx), col_out, col_in, core=True),
+        _on_grid("gather.negative", "torch.gather", lambda x, idx: torch.gather(x, 1, idx), [[-1, 0]], col_in),
+        _on_grid("take", "torch.take", lambda x, idx: torch.take(x, idx), [0, 6], [0, 5]),
+        _on_grid("take.negative", "torch.take", lambda x, idx: torch.take(x, idx), [-7], [-6]),
+        _on_grid("put_", "x.put_", lambda x, idx, v: x.put_(idx, v), [0, 6], [0, 5], v=_tens(2)),
+        _on_grid("put_.accumulate", "x.put_(accumulate=True)", lambda x, idx, v: x.put_(idx, v, accumulate=True),
+                 [1, -7], [1, -1], v=_tens(2)),
+        _on_grid("embedding", "F.embedding", lambda x, idx: F.embedding(idx, x), [1, 3], [1, 0], core=True),
+        _on_grid("embedding.negative", "F.embedding", lambda x, idx: F.embedding(idx, x), [-1], [0]),
     ]
 
 
@@ -275,31 +262,24 @@ def _loss_cases() -> list[BadInput]:
     }
     cases = []
     for name, loss in losses.items():
-        op = f"F.{name}"
+        core = name == "cross_entropy"
 
-        def targets(values: list[int]) -> Callable[[torch.device], Inputs]:
-            return lambda d: {"x": _logits(d), "target": _long(values, d)}
+        def case(what: str, target: list[int], run: Callable[..., Any] = loss, **more: Any) -> BadInput:
+            return BadInput(f"{name}.{what}", f"F.{name}", lambda d: {"x": _logits(d), "target": _long(target, d)},
+                            run, lambda d: {"target": _long([0, 2], d)}, **more)
 
-        repair = lambda d: {"target": _long([0, 2], d)}  # noqa: E731 - one line per case reads best
         cases += [
-            BadInput(f"{name}.target_too_large", op, targets([0, 5]), loss, repair, ("x", "target"),
-                     core=name == "cross_entropy"),
-            BadInput(f"{name}.target_negative", op, targets([0, -2]), loss, repair, ("x", "target")),
-            BadInput(f"{name}.reduction_none", op, targets([3, 1]),
-                     lambda x, target, loss=loss: loss(x, target, reduction="none"), repair, ("x", "target")),
-            BadInput(f"{name}.ignore_index", op, targets([0, -100]), loss, unchanged=("x", "target"),
-                     core=name == "cross_entropy", valid=True),
-            BadInput(f"{name}.custom_ignore_index", op, targets([7, 1]),
-                     lambda x, target, loss=loss: loss(x, target, ignore_index=7), unchanged=("x", "target"),
-                     valid=True),
+            case("target_too_large", [0, 5], core=core),
+            case("target_negative", [0, -2]),
+            case("reduction_none", [3, 1], lambda x, target, loss=loss: loss(x, target, reduction="none")),
+            case("ignore_index", [0, -100], core=core, valid=True),
+            case("custom_ignore_index", [7, 1], lambda x, target, loss=loss: loss(x, target, ignore_index=7),
+                 valid=True),
         ]
-    one_hot = lambda d: {"idx": _long([0, 2], d)}  # noqa: E731
-    cases += [
-        BadInput("one_hot.too_large", "F.one_hot", lambda d: {"idx": _long([0, 3], d)},
-                 lambda idx: F.one_hot(idx, 3), one_hot, ("idx",), accelerator_path=_one_hot_by_scatter),
-        BadInput("one_hot.negative", "F.one_hot", lambda d: {"idx": _long([-1, 1], d)},
-                 lambda idx: F.one_hot(idx, 3), one_hot, ("idx",), accelerator_path=_one_hot_by_scatter),
-    ]
+    for what, classes in (("too_large", [0, 3]), ("negative", [-1, 1])):
+        cases.append(BadInput(f"one_hot.{what}", "F.one_hot", lambda d, classes=classes: {"idx": _long(classes, d)},
+                              lambda idx: F.one_hot(idx, 3), lambda d: {"idx": _long([0, 2], d)},
+                              accelerator_path=_one_hot_by_scatter))
     return cases
 
 
@@ -311,7 +291,7 @@ def _one_hot_by_scatter(idx: torch.Tensor) -> torch.Tensor:
     return torch.zeros(*idx.shape, 3, dtype=torch.int64, device=idx.device).scatter_(-1, idx.unsqueeze(-1), 1)
 
 
-#: Integer division and remainder, by rounding: (name, functional op, in-place op, op with out=).
+#: Integer division and remainder, by rounding: (functional op, in-place op, op with out=).
 _DIVISIONS = {
     "floor_divide": (lambda a, z: a // z, lambda a, z: a.floor_divide_(z),
                      lambda a, z, out: torch.floor_divide(a, z, out=out)),
@@ -328,6 +308,18 @@ _DIVISIONS = {
 }
 
 
+def _operands(dtype: torch.dtype, divisor: list[int] | int, *, out: bool = False) -> Callable[[torch.device], Inputs]:
+    """``a = [7, -7, 6]`` and the divisor ``z`` (a tensor, or a Python int), with ``out`` zeros."""
+    def build(d: torch.device) -> Inputs:
+        inputs = {"a": torch.tensor([7, -7, 6], dtype=dtype, device=d),
+                  "z": divisor if isinstance(divisor, int) else torch.tensor(divisor, dtype=dtype, device=d)}
+        if out:
+            inputs["out"] = torch.zeros(3, dtype=dtype, device=d)
+        return inputs
+
+    return build
+
+
 def _division_cases() -> list[BadInput]:
     """Integer division and remainder by zero (CPU raises), per rounding, dtype and form: a
     tensor divisor with a zero in it, the Python scalar 0, in place and into ``out=``; and the
@@ -335,30 +327,21 @@ def _division_cases() -> list[BadInput]:
     cases = []
     for dtype in (torch.int32, torch.int64):
         dt = str(dtype).removeprefix("torch.")
-
-        def dividend(d: torch.device, dtype=dtype) -> torch.Tensor:
-            return torch.tensor([7, -7, 6], dtype=dtype, device=d)
-
-        def divisor(values: list[int], dtype=dtype) -> Callable[[torch.device], torch.Tensor]:
-            return lambda d: torch.tensor(values, dtype=dtype, device=d)
-
-        tensor = lambda d, dividend=dividend, divisor=divisor: {"a": dividend(d), "z": divisor([2, 0, -4])(d)}  # noqa: E731
-        scalar = lambda d, dividend=dividend: {"a": dividend(d), "z": 0}  # noqa: E731
-        into = lambda d, tensor=tensor: {**tensor(d), "out": torch.zeros(3, dtype=dtype, device=d)}  # noqa: E731
-        fixed = lambda d, divisor=divisor: {"z": divisor([2, 3, -4])(d)}  # noqa: E731
+        tensor, scalar, into = _operands(dtype, [2, 0, -4]), _operands(dtype, 0), _operands(dtype, [2, 0, -4], out=True)
+        nonzero = _operands(dtype, [2, 3, -4])
+        repair = lambda d, nonzero=nonzero: {"z": nonzero(d)["z"]}  # noqa: E731
         for name, (functional, in_place, with_out) in _DIVISIONS.items():
-            core = name == "floor_divide" and dtype == torch.int64 or name == "remainder" and dtype == torch.int32
+            core = (name, dtype) in (("floor_divide", torch.int64), ("remainder", torch.int32))
             cases += [
-                BadInput(f"{name}.{dt}.tensor", name, tensor, functional, fixed, ("a", "z"), core=core),
-                BadInput(f"{name}.{dt}.scalar", name, scalar, functional, lambda d: {"z": 3}, ("a",)),
-                BadInput(f"{name}.{dt}.in_place", f"{name}_", tensor, in_place, fixed, ("a", "z")),
-                BadInput(f"{name}.{dt}.out", f"{name}(out=)", into, with_out, fixed, ("a", "z", "out")),
+                BadInput(f"{name}.{dt}.tensor", name, tensor, functional, repair, core=core),
+                BadInput(f"{name}.{dt}.scalar", name, scalar, functional, lambda d: {"z": 3}),
+                BadInput(f"{name}.{dt}.in_place", f"{name}_", tensor, in_place, repair),
+                BadInput(f"{name}.{dt}.out", f"{name}(out=)", into, with_out, repair),
             ]
-        cases.append(BadInput(f"div.{dt}.true_division", "torch.div", tensor, lambda a, z: torch.div(a, z),
-                              unchanged=("a", "z"), valid=True))
+        cases.append(BadInput(f"div.{dt}.true_division", "torch.div", tensor, lambda a, z: torch.div(a, z), valid=True))
     cases.append(BadInput("floor_divide.float32", "a // z",
                           lambda d: {"a": torch.tensor([1.0, -1.0, 0.0], device=d), "z": torch.zeros(3, device=d)},
-                          lambda a, z: a // z, unchanged=("a", "z"), valid=True))
+                          lambda a, z: a // z, valid=True))
     return cases
 
 
@@ -366,41 +349,38 @@ def _int8(d: torch.device) -> torch.Tensor:
     return torch.tensor([1, 2, 3], dtype=torch.int8, device=d)
 
 
+def _full(dtype: torch.dtype, value: Any, fitting: Any = None, **more: Any) -> BadInput:
+    """``torch.full((2,), value, dtype=dtype)`` (repaired: ``fitting``)."""
+    return BadInput(f"full.{str(dtype).removeprefix('torch.')}", "torch.full", lambda d: {"value": value, "device": d},
+                    lambda value, device: torch.full((2,), value, dtype=dtype, device=device),
+                    lambda d: {} if fitting is None else {"value": fitting}, **more)
+
+
 def _fill_cases() -> list[BadInput]:
     """Fill values the dtype cannot hold (CPU: "value cannot be converted to type int8_t without
     overflow"), and the ones CPU accepts: -1 for uint8, a tensor-valued fill, True from 5."""
-    value = lambda d: {"value": 1000}  # noqa: E731
-    fixed = lambda d: {"value": 100}  # noqa: E731
+    int8 = lambda d: {"x": _int8(d), "value": 1000}  # noqa: E731
+    fitting = lambda d: {"value": 100}  # noqa: E731
     mask = lambda d: torch.tensor([True, False, True], device=d)  # noqa: E731
     return [
-        BadInput("full.int8", "torch.full", lambda d: {"value": 1000, "device": d},
-                 lambda value, device: torch.full((2,), value, dtype=torch.int8, device=device),
-                 lambda d: {"value": 100}, core=True),
-        BadInput("full.int32", "torch.full", lambda d: {"value": 2**40, "device": d},
-                 lambda value, device: torch.full((2,), value, dtype=torch.int32, device=device),
-                 lambda d: {"value": 2**30}),
-        BadInput("full.float16", "torch.full", lambda d: {"value": 1e6, "device": d},
-                 lambda value, device: torch.full((2,), value, dtype=torch.float16, device=device),
-                 lambda d: {"value": 6e4}),
+        _full(torch.int8, 1000, 100, core=True),
+        _full(torch.int32, 2**40, 2**30),
+        _full(torch.float16, 1e6, 6e4),
         BadInput("full.uint8_minus_one", "torch.full", lambda d: {"value": -1, "device": d},
                  lambda value, device: torch.full((2,), value, dtype=torch.uint8, device=device), valid=True),
-        BadInput("full.bool", "torch.full", lambda d: {"value": 5, "device": d},
-                 lambda value, device: torch.full((2,), value, dtype=torch.bool, device=device), valid=True),
-        BadInput("fill_.int8", "x.fill_", lambda d: {"x": _int8(d), **value(d)},
-                 lambda x, value: x.fill_(value), fixed, ("x",), core=True),
+        _full(torch.bool, 5, valid=True),
+        BadInput("fill_.int8", "x.fill_", int8, lambda x, value: x.fill_(value), fitting, core=True),
         BadInput("fill_.tensor_value", "x.fill_(tensor)",
                  lambda d: {"x": _int8(d), "value": torch.tensor(1000, device=d)},
                  lambda x, value: x.fill_(value), unchanged=("value",), valid=True),
-        BadInput("new_full.int8", "x.new_full", lambda d: {"x": _int8(d), **value(d)},
-                 lambda x, value: x.new_full((2,), value), fixed, ("x",)),
+        BadInput("new_full.int8", "x.new_full", int8, lambda x, value: x.new_full((2,), value), fitting),
         BadInput("new_full.uint8", "x.new_full", lambda d: {"x": _int8(d).to(torch.uint8), "value": 300},
-                 lambda x, value: x.new_full((2,), value), fixed, ("x",)),
-        BadInput("masked_fill_.int8", "x.masked_fill_", lambda d: {"x": _int8(d), "mask": mask(d), **value(d)},
-                 lambda x, mask, value: x.masked_fill_(mask, value), fixed, ("x", "mask")),
-        BadInput("index_fill_.int8", "x.index_fill_", lambda d: {"x": _int8(d), "idx": _long([0, 2], d), **value(d)},
-                 lambda x, idx, value: x.index_fill_(0, idx, value), fixed, ("x", "idx")),
-        BadInput("setitem.int8_value", "x[i] = value", lambda d: {"x": _int8(d), **value(d)},
-                 lambda x, value: _setitem(x, 1, value), fixed, ("x",)),
+                 lambda x, value: x.new_full((2,), value), fitting),
+        BadInput("masked_fill_.int8", "x.masked_fill_", lambda d: {**int8(d), "mask": mask(d)},
+                 lambda x, mask, value: x.masked_fill_(mask, value), fitting),
+        BadInput("index_fill_.int8", "x.index_fill_", lambda d: {**int8(d), "idx": _long([0, 2], d)},
+                 lambda x, idx, value: x.index_fill_(0, idx, value), fitting),
+        BadInput("setitem.int8_value", "x[i] = value", int8, lambda x, value: _setitem(x, 1, value), fitting),
     ]
 
 

@@ -34,8 +34,15 @@ def test_the_table_is_bad_input_on_cpu():
             assert isinstance(got.error, (IndexError, RuntimeError)), f"{name}: on CPU it {got.describe()}"
         repaired = outcome(case.reference, {**case.inputs(CPU), **case.repair(CPU)}, CPU)
         assert repaired.error is None, f"{name} repaired: on CPU it {repaired.describe()}"
-        for unchanged in case.unchanged:
+        for unchanged in case.unchanged or ():
             assert unchanged in case.inputs(CPU), f"{name}: no input {unchanged!r}"
+
+
+def test_the_check_catches_a_half_written_tensor():
+    """CPU itself writes row 0 of ``x[[0, 5]] = -1`` before it raises: the check, stricter than
+    the CPU, refuses that."""
+    with pytest.raises(AssertionError, match="the failed x\\[idx\\] = v changed 'x'"):
+        check_like_cpu(CASES["setitem.row"], CPU)
 
 
 # -- random indices -------------------------------------------------------------------------------

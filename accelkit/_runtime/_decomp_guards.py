@@ -52,25 +52,36 @@ GUARDS: dict[Any, Callable[..., bool]] = {
 }
 
 
+def _guarded(decomposition: Callable, declines: Callable[..., bool]) -> Callable:
+    @functools.wraps(decomposition)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if declines(*args, **kwargs):
+            return NotImplemented
+        return decomposition(*args, **kwargs)
+
+    return run
+
+
 # -- index checks ----------------------------------------------------------------------------
 
 
-def _outside(index: torch.Tensor, low: int, high: int) -> bool:
-    """Whether any element of (device) ``index`` lies outside ``[low, high)``."""
+def _outside(index: torch.Tensor, low: int, high: int, dtypes: tuple[torch.dtype, ...] = (torch.int64,)) -> bool:
+    """Whether any element of (device) ``index`` lies outside ``[low, high)``; an index of
+    a dtype the op refuses counts as outside (CPU torch words that error too)."""
+    if index.dtype not in dtypes:
+        return True
     if index.numel() == 0:
         return False
     values = index.detach().to("cpu")
     return bool(((values < low) | (values >= high)).any())
 
 
-def _dim_size(x: torch.Tensor, dim: int) -> int:
-    return x.shape[dim] if x.dim() else 1
-
-
-def _bad_index_along(dim_index_wraps: bool) -> Callable[..., bool]:
+def _bad_index_along(negative_wraps: bool, dtypes: tuple[torch.dtype, ...] = (torch.int64,)) -> Callable[..., bool]:
     def bad(x: torch.Tensor, dim: int, index: torch.Tensor, *args: Any, **kwargs: Any) -> bool:
-        size = _dim_size(x, dim)
-        return _outside(index, -size if dim_index_wraps else 0, size)
+        if not -max(x.dim(), 1) <= dim < max(x.dim(), 1):
+            return True
+        size = x.shape[dim] if x.dim() else 1
+        return _outside(index, -size if negative_wraps else 0, size, dtypes)
 
     return bad
 
@@ -80,6 +91,8 @@ def _bad_take(x: torch.Tensor, index: torch.Tensor) -> bool:
 
 
 def _bad_target(x: torch.Tensor, target: torch.Tensor, weight: Any, reduction: int, ignore_index: int) -> bool:
+    if x.dim() == 0 or target.dtype != torch.int64:
+        return True
     if target.numel() == 0:
         return False
     classes = x.shape[1] if x.dim() >= 2 else x.shape[0]
@@ -87,12 +100,12 @@ def _bad_target(x: torch.Tensor, target: torch.Tensor, weight: Any, reduction: i
     return bool(((values != ignore_index) & ((values < 0) | (values >= classes))).any())
 
 
-#: op -> predicate over the op's arguments: True when an index is out of range, so that CPU
-#: torch, given the same call, raises its own error.
+#: op -> predicate over the op's arguments: True when an index is out of range (or the call is
+#: otherwise malformed), so that CPU torch, given the same call, raises its own error.
 #: (The ``out=`` overloads run their functional op's decomposition, the in-place ones their own.)
 INDEX_CHECKS: dict[Any, Callable[..., bool]] = {
-    aten.index_add.default: _bad_index_along(False),
-    aten.index_add_.default: _bad_index_along(False),
+    aten.index_add.default: _bad_index_along(False, (torch.int32, torch.int64)),
+    aten.index_add_.default: _bad_index_along(False, (torch.int32, torch.int64)),
     aten.index_copy.default: _bad_index_along(False),
     aten.index_copy_.default: _bad_index_along(False),
     aten.index_fill.int_Scalar: _bad_index_along(True),
@@ -120,19 +133,6 @@ def _checked(op: Any, decomposition: Callable, out_of_range: Callable[..., bool]
             # CPU torch raises its error for this call; if it does not, the index was valid
             # after all (and the decomposition computes the result).
             op(*_on_host(args), **_on_host(kwargs))
-        return decomposition(*args, **kwargs)
-
-    return run
-
-
-# -- the table ---------------------------------------------------------------------------------
-
-
-def _guarded(decomposition: Callable, declines: Callable[..., bool]) -> Callable:
-    @functools.wraps(decomposition)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        if declines(*args, **kwargs):
-            return NotImplemented
         return decomposition(*args, **kwargs)
 
     return run
