@@ -1,8 +1,16 @@
 """Inputs for which PyTorch's decompositions disagree with its own CPU kernels.
 
-For these the runtime declines the decomposition (it returns ``NotImplemented``), and the
-pipeline runs the op through the CPU fallback instead, which computes exactly what CPU torch
-computes. Each guard names the inputs and why; everything else still decomposes.
+- **Guards**: for these inputs the runtime declines the decomposition (it returns
+  ``NotImplemented``), and the pipeline runs the op through the CPU fallback instead, which
+  computes exactly what CPU torch computes. Each guard names the inputs and why; everything
+  else still decomposes.
+- **Index checks**: the decompositions of ``index_add``, ``index_copy``, ``index_fill``, ``take``
+  and ``nll_loss`` meet an out-of-range index only in the op they decompose into, which raises
+  another exception type or message (``index_put``'s ``IndexError`` for index_add's
+  ``RuntimeError``, ``gather``'s wording for ``Target 5 is out of bounds.``). The runtime reads
+  the index first; when one is out of range it runs the op on host copies, so CPU torch raises
+  its own error for the call. Reading the index synchronises; a backend that wants none gives
+  the op a kernel.
 """
 
 from __future__ import annotations
@@ -54,10 +62,90 @@ def _guarded(decomposition: Callable, declines: Callable[..., bool]) -> Callable
     return run
 
 
+# -- index checks ----------------------------------------------------------------------------
+
+
+def _outside(index: torch.Tensor, low: int, high: int, dtypes: tuple[torch.dtype, ...] = (torch.int64,)) -> bool:
+    """Whether any element of (device) ``index`` lies outside ``[low, high)``; an index of
+    a dtype the op refuses counts as outside (CPU torch words that error too)."""
+    if index.dtype not in dtypes:
+        return True
+    if index.numel() == 0:
+        return False
+    values = index.detach().to("cpu")
+    return bool(((values < low) | (values >= high)).any())
+
+
+def _bad_index_along(negative_wraps: bool, dtypes: tuple[torch.dtype, ...] = (torch.int64,)) -> Callable[..., bool]:
+    def bad(x: torch.Tensor, dim: int, index: torch.Tensor, *args: Any, **kwargs: Any) -> bool:
+        if not -max(x.dim(), 1) <= dim < max(x.dim(), 1):
+            return True
+        size = x.shape[dim] if x.dim() else 1
+        return _outside(index, -size if negative_wraps else 0, size, dtypes)
+
+    return bad
+
+
+def _bad_take(x: torch.Tensor, index: torch.Tensor) -> bool:
+    return _outside(index, -x.numel(), x.numel())
+
+
+def _bad_target(x: torch.Tensor, target: torch.Tensor, weight: Any, reduction: int, ignore_index: int) -> bool:
+    if x.dim() == 0 or target.dtype != torch.int64:
+        return True
+    if target.numel() == 0:
+        return False
+    classes = x.shape[1] if x.dim() >= 2 else x.shape[0]
+    values = target.detach().to("cpu")
+    return bool(((values != ignore_index) & ((values < 0) | (values >= classes))).any())
+
+
+#: op -> predicate over the op's arguments: True when an index is out of range (or the call is
+#: otherwise malformed), so that CPU torch, given the same call, raises its own error.
+#: (The ``out=`` overloads run their functional op's decomposition, the in-place ones their own.)
+INDEX_CHECKS: dict[Any, Callable[..., bool]] = {
+    aten.index_add.default: _bad_index_along(False, (torch.int32, torch.int64)),
+    aten.index_add_.default: _bad_index_along(False, (torch.int32, torch.int64)),
+    aten.index_copy.default: _bad_index_along(False),
+    aten.index_copy_.default: _bad_index_along(False),
+    aten.index_fill.int_Scalar: _bad_index_along(True),
+    aten.index_fill.int_Tensor: _bad_index_along(True),
+    aten.index_fill_.int_Scalar: _bad_index_along(True),
+    aten.index_fill_.int_Tensor: _bad_index_along(True),
+    aten.take.default: _bad_take,
+    aten.nll_loss_forward.default: _bad_target,
+    aten.nll_loss2d_forward.default: _bad_target,
+}
+
+
+def _on_host(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_host(v) for v in value)
+    return value
+
+
+def _checked(op: Any, decomposition: Callable, out_of_range: Callable[..., bool]) -> Callable:
+    @functools.wraps(decomposition)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        if out_of_range(*args, **kwargs):
+            # CPU torch raises its error for this call; if it does not, the index was valid
+            # after all (and the decomposition computes the result).
+            op(*_on_host(args), **_on_host(kwargs))
+        return decomposition(*args, **kwargs)
+
+    return run
+
+
 def guard_decompositions(table: Mapping[Any, Callable]) -> dict[Any, Callable]:
-    """A copy of ``table`` whose entries for the ops in :data:`GUARDS` decline those inputs."""
+    """A copy of ``table`` whose entries for the ops in :data:`GUARDS` decline those inputs,
+    and whose entries for the ops in :data:`INDEX_CHECKS` raise CPU's error for a bad index."""
     guarded = dict(table)
     for op, declines in GUARDS.items():
         if op in guarded:
             guarded[op] = _guarded(guarded[op], declines)
+    for op, out_of_range in INDEX_CHECKS.items():
+        if op in guarded:
+            guarded[op] = _checked(op, guarded[op], out_of_range)
     return guarded

@@ -2,8 +2,10 @@
 
 Areas (the test name starts with its area, so ``contract/<area>*`` declares a whole area):
 aliasing, autograd, rng, serialization, autocast, memory, accelerator (``torch.accelerator``
-and the ``torch.<name>`` device module), transfer, stats. Where PyTorch defines the answer on
-the CPU, the device must give the same one.
+and the ``torch.<name>`` device module), transfer, stats, bad_input (the core cases of
+:mod:`accelkit_conformance.bad_input`: out-of-range indices, integer division by zero,
+overflowing fills). Where PyTorch defines the answer on the CPU, the device must give the
+same one.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 import accelkit
-from accelkit_conformance import session
+from accelkit_conformance import bad_input, session
+from accelkit_conformance.cases import param_id
 from accelkit_conformance.compare import assert_same
 
 SETTINGS = session.current()
@@ -518,3 +521,13 @@ def test_stats_printing_works_under_deny_and_counts_nothing():
         text = repr(x)
     assert NAME in text
     assert sum(accelkit.stats()["totals"].values()) == 0
+
+
+# -- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", [pytest.param(name, id=param_id(name)) for name in bad_input.CORE])
+def test_bad_input_matches_cpu(case):
+    """CPU's exception (type, and its message within the device's) by the next synchronisation,
+    the inputs unchanged, and the device still working (see :mod:`accelkit_conformance.bad_input`)."""
+    bad_input.check_like_cpu(bad_input.CORE[case], DEV)

@@ -14,8 +14,9 @@
   matrix built from ``iota == index`` contracts the tokens (on partitions) into a PSUM
   accumulator, the standard Trainium formulation of a scatter-add into a small table.
 
-An index outside its dimension raises as on the CPU (``IndexError`` for the lookups,
-``RuntimeError`` naming the dimension for gather/scatter); int64 indices compute as int32.
+An index outside its dimension raises before anything is written, with the CPU's exception type
+and message (``IndexError`` for the lookups and advanced indexing, ``RuntimeError`` naming the
+dimension for gather/scatter), followed by what names the op; int64 indices compute as int32.
 """
 
 from __future__ import annotations
@@ -315,12 +316,21 @@ def _gather_rows_into(k: Kernel, out_rows: np.ndarray, table: np.ndarray, values
                     k.dma(out_rows[(slice(r0, r1),) + block], rows)
 
 
+def _first_outside(values: np.ndarray, size: int) -> int | None:
+    """The first of ``values`` outside ``[0, size)``, or None."""
+    bad = values[(values < 0) | (values >= size)] if values.size else values
+    return int(bad[0]) if bad.size else None
+
+
 @tile_kernel(aten.embedding.default)
 def embedding(k: Kernel, out: list[OutSpec], weight: np.ndarray, indices: np.ndarray,
               padding_idx: int = -1, scale_grad_by_freq: bool = False, sparse: bool = False) -> np.ndarray:
     """``weight[indices]``: one indirect-DMA row gather per 128 indices."""
     result = hbm_empty(out[0])
     values = _flat_values(indices)
+    bad = _first_outside(values, weight.shape[0])
+    if bad is not None:
+        raise IndexError(f"index out of range in self (embedding: index {bad} of {weight.shape[0]} rows)")
     if values.size:
         _gather_rows_into(k, result.reshape((values.size,) + weight.shape[1:]), weight, values)
     return result
@@ -335,8 +345,20 @@ def index_select(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, index: 
     x1, result1 = _as_1d(x), _as_1d(result)
     dim %= x1.ndim
     values = _flat_values(index)
+    bad = _first_outside(values, x1.shape[dim])
+    if bad is not None:
+        raise _index_select_error(bad, x1.shape[dim], dim, x.ndim)
     _gather_rows_into(k, np.moveaxis(result1, dim, 0), np.moveaxis(x1, dim, 0), values)
     return result
+
+
+def _index_select_error(bad: int, size: int, dim: int, ndim: int) -> Exception:
+    """The CPU's error for index ``bad`` outside dimension ``dim`` (of ``size``) in index_select:
+    its kernel for dimension 1 of a 2+-d tensor words it differently from the general one."""
+    where = f"(index_select: index {bad} of dimension {dim} with size {size})"
+    if dim == 1 and ndim > 1:
+        return RuntimeError(f"INDICES element is out of DATA bounds, id={bad} axis_dim={size} {where}")
+    return IndexError(f"index out of range in self {where}")
 
 
 @tile_kernel(aten.embedding_dense_backward.default)
@@ -484,10 +506,13 @@ class _Advanced:
         self.sizes = [x.shape[d] for d in self.dims]
 
     def check(self) -> None:
-        for dim, size, values in zip(self.dims, self.sizes, self.arrays):
+        # As on the CPU, the dimension named is the index array's position among the index
+        # arrays (``x[:, [0, 3]]`` names dimension 0), not the dimension of ``x`` it indexes.
+        for position, (size, values) in enumerate(zip(self.sizes, self.arrays)):
             bad = values[(values < -size) | (values >= size)] if values.size else values
             if bad.size:
-                raise IndexError(f"index {int(bad.reshape(-1)[0])} is out of bounds for dimension {dim} with size {size}")
+                raise IndexError(f"index {int(bad.reshape(-1)[0])} is out of bounds for dimension {position} "
+                                 f"with size {size}")
 
     def expanded(self) -> list[np.ndarray]:
         """Each index array's values at every result position (row-major)."""
