@@ -340,7 +340,7 @@ class Pipeline:
     def native_out(self, op: OpOverload, fn: Callable) -> Callable:
         """Derive ``op`` (an ``out=`` overload) from the functional kernel ``fn``."""
         ctx, name, call, meta = self.ctx, str(op), self._caller(op, fn), self._meta
-        cpu_fallback = self.cpu_fallback
+        cpu_fallback, settle = self.cpu_fallback, ctx.allocator.settle
         out_names = out_arg_names(op)
         store = _undeclared_writer(ctx, op)
 
@@ -356,6 +356,7 @@ class Pipeline:
             if store is not None:
                 result = store(args, kwargs, result)
             results = result if isinstance(result, tuple) else (result,)
+            settle(results)  # a refused op must leave ``out`` unchanged
             metas = [meta(r) for r in results]
             if any(dtype != out.dtype for out, (_, dtype) in zip(outs, metas)):
                 check_out_dtypes(op, args, kwargs, outs, [dtype for _, dtype in metas])
@@ -444,6 +445,8 @@ class Pipeline:
                 kwargs.update(zip(names, outs))
                 return self.cpu_fallback(op, *args, **kwargs)
             results = result if isinstance(result, tuple) else (result,)
+            # A refused op must leave ``out`` unchanged (see DeviceAllocator.settle).
+            ctx.allocator.settle([self._to_array(r, [], op) for r in results])
             if any(r.dtype != out.dtype for out, r in zip(outs, results)):
                 check_out_dtypes(op, args, kwargs, outs, [r.dtype for r in results])
             for out, r in zip(outs, results):

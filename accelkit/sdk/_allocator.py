@@ -177,6 +177,17 @@ class DeviceAllocator:
     def synchronize(self) -> None:
         """Wait for queued device work (``torch.<name>.synchronize``); default: nothing queued."""
 
+    def settle(self, results: Any) -> None:
+        """Raise now any error still pending for the kernel that produced ``results`` (its
+        arrays, as the kernel returned them).
+
+        The runtime calls this before it stores a kernel's results into a caller's ``out=``
+        tensor. A backend that checks values on the device and reports failures at the next
+        synchronisation (tpu) waits for that kernel here, so that a refused op leaves ``out``
+        unchanged; in-place variants need no such wait, as their kernel returns the old value
+        of ``self`` when it refuses. Default: nothing is ever pending.
+        """
+
     def read_bytes(self, block: Any, nbytes: int) -> torch.Tensor:
         """The first ``nbytes`` of a block as a new host ``uint8`` tensor."""
         return self.to_host(self.read(block, ViewSpec(torch.uint8, (nbytes,), (1,), 0))).clone()

@@ -399,6 +399,10 @@ class TpuAllocator(DeviceAllocator):
         else:
             block.array = self.from_host(data)
 
+    def settle(self, results: Any) -> None:
+        if checks.pending():
+            checks.settle(results, self.device)
+
     def synchronize(self) -> None:
         checks.raise_pending(self.device)
         if self._last is not None:

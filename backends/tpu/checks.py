@@ -178,6 +178,7 @@ def drop_unless(ok: Any, index: Any, size: int) -> Any:
 class _Pending(NamedTuple):
     status: jax.Array
     op: str
+    results: frozenset[int]  # id() of each array the program returned
 
 
 _pending: collections.deque[_Pending] = collections.deque()
@@ -203,9 +204,11 @@ def raise_now(status: jax.Array, op: str, device: str) -> None:
         raise _error(found, op, device, deferred=False)
 
 
-def defer(status: jax.Array, op: str, device: str) -> None:
-    """Keep ``status`` to be read at the next synchronisation (strict mode)."""
-    _pending.append(_Pending(status, op))
+def defer(status: jax.Array, op: str, device: str, results: Any) -> None:
+    """Keep ``status`` to be read at the next synchronisation (strict mode); ``results`` are the
+    arrays its program returned (see :func:`settle`)."""
+    returned = results if isinstance(results, tuple | list) else (results,)
+    _pending.append(_Pending(status, op, frozenset(id(r) for r in returned)))
     if len(_pending) > PENDING_LIMIT:
         _settle(device, ready_only=True)
         while len(_pending) > PENDING_LIMIT:
@@ -218,6 +221,15 @@ def raise_pending(device: str) -> None:
     through it — are named in that error, not raised again: as with CUDA's device-side
     asserts, what ran after a failure is suspect, and the first failure is the one to fix."""
     if _pending:
+        _settle(device, ready_only=False)
+
+
+def settle(results: Any, device: str) -> None:
+    """Raise now the pending error of the program that returned ``results`` (arrays, or device
+    views of them), if its status is still waiting; this reads every waiting status. Nothing is
+    read for the results of a program with no waiting status."""
+    wanted = {id(r.array if hasattr(r, "spec") else r) for r in results}
+    if any(not wanted.isdisjoint(p.results) for p in reversed(_pending)):
         _settle(device, ready_only=False)
 
 

@@ -240,7 +240,7 @@ class Lowering:
             else:
                 out, status = jitted(arrays, scalars)
                 if status is not None:
-                    checks.defer(status, self.name, DEVICE)
+                    checks.defer(status, self.name, DEVICE, out)
         except checks.Refused as refused:
             raise refused.error from None
         tally = signature.only

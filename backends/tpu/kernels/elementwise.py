@@ -162,6 +162,13 @@ def div(x, y, rounding_mode=None):
     raise ValueError(f"div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '{rounding_mode}'")
 
 
+@lowering(aten.floor_divide.default, aten.floor_divide_.Tensor, aten.floor_divide.Scalar)
+def floor_divide(x, y):
+    """``x // y``. Registered for the in-place overload too: ``floor_divide_.Tensor`` has no
+    functional overload of its name to be derived from."""
+    return div(x, y, rounding_mode="floor")
+
+
 @lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
 def remainder(x, y):
     x, y = operands(x, y)
