@@ -165,3 +165,20 @@ def test_ops_with_no_conditions_return_no_status(dev):
     x = torch.arange(3.0, device=dev)
     (x * 2 + 1).sin()
     assert checks.pending() == 0
+
+
+def test_a_refused_op_leaves_its_out_tensor_unchanged_and_raises_at_the_op(dev):
+    x = torch.arange(3.0, device=dev)
+    out = torch.full((2,), -1.0, device=dev)
+    with pytest.raises(RuntimeError, match=OUT_OF_BOUNDS):
+        torch.gather(x, 0, _bad_index(dev), out=out)  # before anything is stored into out
+    assert out.tolist() == [-1.0, -1.0]
+
+
+def test_an_out_tensor_waits_only_for_the_program_that_fills_it(dev):
+    x = torch.arange(3.0, device=dev)
+    x.gather(0, torch.tensor([1], device=dev))  # a passing check, still waiting
+    waiting = checks.pending()
+    torch.add(x, 1, out=torch.empty(3, device=dev))
+    assert checks.pending() == waiting >= 1
+    torch.tpu.synchronize()
