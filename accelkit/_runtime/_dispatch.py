@@ -322,7 +322,8 @@ class Pipeline:
                 result = store(args, kwargs, result)
             results = result if isinstance(result, tuple) else (result,)
             metas = [meta(r) for r in results]
-            check_outs(op, args, given, outs, [dtype for _, dtype in metas])
+            if any(dtype != out.dtype for out, (_, dtype) in zip(outs, metas)):
+                check_outs(op, args, given, outs, [dtype for _, dtype in metas])
             for out, (shape, _) in zip(outs, metas):
                 prepare_out(ctx, out, shape)
             for out, r, (_, dtype) in zip(outs, results, metas):
@@ -410,7 +411,8 @@ class Pipeline:
             if result is NotImplemented:
                 return self.cpu_fallback(op, *args, **given)
             results = result if isinstance(result, tuple) else (result,)
-            self._check_outs(op, args, given, outs, [r.dtype for r in results])
+            if any(r.dtype != out.dtype for out, r in zip(outs, results)):
+                self._check_outs(op, args, given, outs, [r.dtype for r in results])
             for out, r in zip(outs, results):
                 prepare_out(ctx, out, tuple(r.shape))
             for out, r in zip(outs, results):
@@ -444,15 +446,13 @@ class Pipeline:
 
     def _check_outs(self, op: OpOverload, args: tuple, given: dict, outs: list[_Tensor],
                     results: list[torch.dtype] | None) -> None:
-        """PyTorch's error when ``op`` refuses ``outs`` of other dtypes than its ``results``;
-        ``results`` None: the result is to be computed in the out dtype (an op with a ``dtype``
-        argument), checked before the kernel runs. ``given`` are the caller's keyword
-        arguments."""
-        if results is None or any(dtype != out.dtype for out, dtype in zip(outs, results)):
-            names = out_arg_names(op)
-            kwargs = {k: v for k, v in given.items() if k not in names}
-            dtypes = [out.dtype for out in outs] if results is None else results
-            self._out_dtypes.check(op, args, kwargs, outs, dtypes)
+        """PyTorch's error when ``op`` refuses ``outs``, whose dtypes are not those of its
+        ``results`` (None: the result is to be computed in the out dtype, for an op with a
+        ``dtype`` argument, checked before the kernel runs); ``given`` are the caller's
+        keyword arguments."""
+        names = out_arg_names(op)
+        kwargs = {k: v for k, v in given.items() if k not in names}
+        self._out_dtypes.check(op, args, kwargs, outs, [o.dtype for o in outs] if results is None else results)
 
     def _check_host_operands(self, op: OpOverload, args: tuple, kwargs: dict) -> None:
         """PyTorch's mixed-device error when ``op``'s arguments hold a host tensor it does not

@@ -27,6 +27,9 @@ _DENSE_STAND_IN = 1 << 16
 
 _CACHE_SIZE = 4096
 
+#: What the stand-ins hold, tried in turn: zeros, ones, the arguments' own values (None).
+_FILLS = (0, 1, None)
+
 
 @functools.cache
 def _type_name(dtype: torch.dtype) -> str:
@@ -51,11 +54,14 @@ _UNKNOWN = _Unknown()
 class OutDtypeRule:
     """Checks the dtypes of a call's ``out=`` tensors as PyTorch's CPU kernel does.
 
-    :meth:`check` runs the ``out=`` overload on the CPU with stand-ins: zeros of the call's
-    shapes and dtypes, and empty ``out=`` tensors of its out dtypes. When that raises while the
+    :meth:`check` runs the ``out=`` overload on the CPU with stand-ins: tensors of the call's
+    shapes and dtypes (zeros, and ``out=`` tensors of its out dtypes). When that raises while the
     functional overload accepts the same stand-ins, the out dtypes are the culprit, and the CPU's
-    exception (same type, same words) is raised. When both raise (the stand-ins' zeros are not
-    valid input, say), the generic rule decides: no result may narrow its dtype category.
+    exception (same type, same words) is raised. When both raise, zeros are no valid input
+    (``multinomial``'s probabilities, ``lu_solve``'s 1-based pivots, ``cholesky``'s matrix):
+    the stand-ins are ones, then copies of the arguments' own values. Only if the functional
+    overload refuses those too does the generic rule decide: no result may narrow its dtype
+    category.
 
     Verdicts are kept per call signature (op, dtypes, shapes, other arguments), so a loop pays
     the CPU run once. Nothing the stand-ins do is visible: warnings are silenced, and the CPU
@@ -90,32 +96,38 @@ class OutDtypeRule:
     def _ask_cpu(self, op: OpOverload, args: tuple, kwargs: dict, outs: list[_Tensor]) -> Any:
         """True (accepted), ``(exception type, message)`` (refused because of the outs), or
         :data:`_UNKNOWN`."""
-        stand_args = [self._stand_in(a) for a in args]
-        stand_kwargs = {k: self._stand_in(v) for k, v in kwargs.items()}
-        stand_outs = {n: torch.empty(0, dtype=o.dtype) for n, o in zip(out_arg_names(op), outs)}
-        try:
-            _quietly(op, stand_args, {**stand_kwargs, **stand_outs})
-            return True
-        except Exception as refusal:
-            verdict = (type(refusal), str(refusal))
-        functional = functional_of(op)[0]
-        if functional is None:
-            return _UNKNOWN
-        try:
-            _quietly(functional, stand_args, stand_kwargs)
-        except Exception:
-            return _UNKNOWN
-        return verdict
+        names, functional = out_arg_names(op), functional_of(op)[0]
+        for fill in _FILLS:
+            stand_args = [self._stand_in(a, fill) for a in args]
+            stand_kwargs = {k: self._stand_in(v, fill) for k, v in kwargs.items()}
+            stand_outs = {n: torch.zeros(o.shape, dtype=o.dtype) for n, o in zip(names, outs)}
+            try:
+                _quietly(op, stand_args, {**stand_kwargs, **stand_outs})
+                return True
+            except Exception as refusal:
+                verdict = (type(refusal), str(refusal))
+            if functional is None:
+                return _UNKNOWN
+            try:
+                _quietly(functional, stand_args, stand_kwargs)
+            except Exception:
+                continue  # no valid input: the refusal says nothing about the outs
+            return verdict
+        return _UNKNOWN
 
-    def _stand_in(self, value: Any) -> Any:
+    def _stand_in(self, value: Any, fill: int | None) -> Any:
+        """``value`` as the CPU kernel gets it: a device tensor as a CPU tensor of its shape
+        and dtype holding ``fill`` (None: its own values)."""
         if isinstance(value, _Tensor):
             if value.device.type != self._device_type:
                 return value  # a host operand (a CPU scalar) stays as it is
+            if fill is None:
+                return value.cpu()
             if value.numel() <= _DENSE_STAND_IN:
-                return torch.zeros(value.shape, dtype=value.dtype)
-            return torch.zeros((), dtype=value.dtype).expand(value.shape)
+                return torch.full(value.shape, fill, dtype=value.dtype)
+            return torch.full((), fill, dtype=value.dtype).expand(value.shape)
         if isinstance(value, (list, tuple)):
-            return type(value)(self._stand_in(v) for v in value)
+            return type(value)(self._stand_in(v, fill) for v in value)
         if isinstance(value, torch.device) and value.type == self._device_type:
             return torch.device("cpu")
         if isinstance(value, str) and value.split(":")[0] == self._device_type:
