@@ -21,7 +21,7 @@ import torch  # noqa: E402
 import accelkit  # noqa: E402
 
 #: The device under test: ref by default; ACCELKIT_TEST_DEVICE=tpu runs the device-generic files
-#: (views, printing, training, bad input) against another backend.
+#: (views, printing, training, bad input, outs, edge inputs) against another backend.
 DEVICE = accelkit.select_device(os.environ.get("ACCELKIT_TEST_DEVICE", "ref"))
 
 

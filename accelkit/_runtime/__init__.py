@@ -25,7 +25,7 @@ from accelkit._runtime._core_ops import core_ops
 from accelkit._runtime._decomp_guards import guard_decompositions
 from accelkit._runtime._device_module import DeviceModule
 from accelkit._runtime._dispatch import Pipeline
-from accelkit._runtime._fallback import CPU_EQUIVALENTS
+from accelkit._runtime._fallback import CPU_EQUIVALENTS, ROUTED_COMPOSITES
 from accelkit._runtime._schema import is_inplace_op, variants_of
 from accelkit._runtime._rnn import RNN_DECOMPOSITIONS
 from accelkit._runtime._serialization import install_serialization
@@ -193,9 +193,10 @@ def _install(ctx: BackendContext) -> None:
         if out is not None and out not in owned:
             kernels.impl(out, pipeline.native_out(out, entry.fn), "PrivateUse1")
             owned.add(out)
-    for op in CPU_EQUIVALENTS:
-        # Device-hook ops have a CompositeExplicitAutograd kernel that only raises, which would
-        # win over the boxed fallback; route them into the pipeline explicitly.
+    for op in (*CPU_EQUIVALENTS, *ROUTED_COMPOSITES):
+        # Device-hook ops have a CompositeExplicitAutograd kernel that only raises, and a few
+        # others one that is wrong on PrivateUse1; either would win over the boxed fallback,
+        # so route them into the pipeline explicitly.
         if op not in owned:
             kernels.impl(op, functools.partial(pipeline.fallback, op), "PrivateUse1")
     fallbacks = torch.library.Library("_", "IMPL")

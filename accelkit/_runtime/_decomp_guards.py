@@ -4,6 +4,8 @@
   ``NotImplemented``), and the pipeline runs the op through the CPU fallback instead, which
   computes exactly what CPU torch computes. Each guard names the inputs and why; everything
   else still decomposes.
+- **Corrections**: where only the result's shape is off, the decomposition's result is
+  reshaped instead (:data:`CORRECTIONS`), so the op keeps running on the device.
 - **Index checks**: the decompositions of ``index_add``, ``index_copy``, ``index_fill``, ``take``
   and ``nll_loss`` meet an out-of-range index only in the op they decompose into, which raises
   another exception type or message (``index_put``'s ``IndexError`` for index_add's
@@ -38,6 +40,16 @@ def _empty_group_norm_backward(grad_output: torch.Tensor, input: torch.Tensor, *
     return input.numel() == 0
 
 
+def _multi_margin_loss_shape(result: torch.Tensor, input: torch.Tensor, target: torch.Tensor,
+                             p: Any = 1, margin: Any = 1, weight: Any = None,
+                             reduction: int = 1) -> torch.Tensor:
+    # The CPU kernel gives one loss per target element (reduction='none'), so a 0-dim target
+    # has a 0-dim loss; the decomposition makes every input 2-d and keeps the batch dim.
+    if reduction == 0 and target.dim() == 0:
+        return result.reshape(())
+    return result
+
+
 #: op -> predicate over the op's arguments: True declines the decomposition for that call.
 GUARDS: dict[Any, Callable[..., bool]] = {
     aten.linspace.default: _integral_linspace,
@@ -49,6 +61,13 @@ GUARDS: dict[Any, Callable[..., bool]] = {
     aten.linspace.Tensor_Scalar_out: _integral_linspace,
     aten.linspace.Scalar_Tensor_out: _integral_linspace,
     aten.native_group_norm_backward.default: _empty_group_norm_backward,
+}
+
+
+#: op -> ``correct(result, *args, **kwargs)``: the decomposition's result as the CPU kernel
+#: shapes it.
+CORRECTIONS: dict[Any, Callable[..., Any]] = {
+    aten.multi_margin_loss.default: _multi_margin_loss_shape,
 }
 
 
@@ -138,13 +157,28 @@ def _checked(op: Any, decomposition: Callable, out_of_range: Callable[..., bool]
     return run
 
 
+def _corrected(decomposition: Callable, correct: Callable[..., Any]) -> Callable:
+    @functools.wraps(decomposition)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        result = decomposition(*args, **kwargs)
+        if result is NotImplemented:
+            return result
+        return correct(result, *args, **kwargs)
+
+    return run
+
+
 def guard_decompositions(table: Mapping[Any, Callable]) -> dict[Any, Callable]:
     """A copy of ``table`` whose entries for the ops in :data:`GUARDS` decline those inputs,
-    and whose entries for the ops in :data:`INDEX_CHECKS` raise CPU's error for a bad index."""
+    and whose entries for the ops in :data:`CORRECTIONS` correct their results and those in
+    :data:`INDEX_CHECKS` raise CPU's error for a bad index."""
     guarded = dict(table)
     for op, declines in GUARDS.items():
         if op in guarded:
             guarded[op] = _guarded(guarded[op], declines)
+    for op, correct in CORRECTIONS.items():
+        if op in guarded:
+            guarded[op] = _corrected(guarded[op], correct)
     for op, out_of_range in INDEX_CHECKS.items():
         if op in guarded:
             guarded[op] = _checked(op, guarded[op], out_of_range)

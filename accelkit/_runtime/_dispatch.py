@@ -28,6 +28,7 @@ from torch._ops import OpOverload
 from accelkit._runtime import _tensors as T
 from accelkit._runtime._context import BackendContext
 from accelkit._runtime._fallback import HostCall
+from accelkit._runtime._out_rules import OutDtypeRule, cast_error
 from accelkit._runtime._schema import (
     UNDECLARED_WRITES,
     HostOperand,
@@ -55,12 +56,6 @@ _Tensor = torch.Tensor
 # ---------------------------------------------------------------------------------------------
 
 
-@functools.cache
-def _type_name(dtype: torch.dtype) -> str:
-    """PyTorch's name for a dtype in error messages (``Float``, ``Long``, ``BFloat16``)."""
-    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
-
-
 def check_inplace(self: _Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
     """Refuse an in-place result that cannot be stored in ``self``, before anything is written."""
     if tuple(shape) != tuple(self.shape):
@@ -68,10 +63,7 @@ def check_inplace(self: _Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> 
             f"output with shape {list(self.shape)} doesn't match the broadcast shape {list(shape)}"
         )
     if not torch.can_cast(dtype, self.dtype):
-        raise RuntimeError(
-            f"result type {_type_name(dtype)} can't be cast to the desired output type "
-            f"{_type_name(self.dtype)}"
-        )
+        raise cast_error(dtype, self.dtype)
 
 
 def _is_broadcast(t: _Tensor) -> bool:
@@ -86,13 +78,9 @@ def writable(self_: _Tensor) -> bool:
     return not (0 in self_.stride() and _is_broadcast(self_))
 
 
-def prepare_out(ctx: BackendContext, out: _Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-    """Resize an ``out=`` tensor to ``shape`` as PyTorch does, and check the dtype cast."""
-    if not torch.can_cast(dtype, out.dtype):
-        raise RuntimeError(
-            f"result type {_type_name(dtype)} can't be cast to the desired output type "
-            f"{_type_name(out.dtype)}"
-        )
+def prepare_out(ctx: BackendContext, out: _Tensor, shape: tuple[int, ...]) -> None:
+    """Resize an ``out=`` tensor to ``shape`` as PyTorch does (its dtype is checked first, by
+    :class:`~accelkit._runtime._out_rules.OutDtypeRule`)."""
     if tuple(out.shape) != tuple(shape):
         if out.numel():
             warnings.warn(
@@ -106,45 +94,15 @@ def prepare_out(ctx: BackendContext, out: _Tensor, shape: tuple[int, ...], dtype
         T.set_geometry(ctx, out, shape, T.contiguous_strides(shape), out.storage_offset())
 
 
-def _as_meta(value: Any) -> Any:
-    if isinstance(value, _Tensor):
-        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
-    if isinstance(value, (list, tuple)):
-        return type(value)(_as_meta(v) for v in value)
-    return value
-
-
-def check_out_dtypes(
-    op: OpOverload, args: tuple, kwargs: dict, outs: list[_Tensor], dtypes: list[torch.dtype]
-) -> None:
-    """Apply ``op``'s own rule for ``out=`` tensors of another dtype than the result.
-
-    No op may narrow a result's dtype category. Beyond that the rule differs per op (``exp``
-    casts, ``mm`` and ``where`` refuse), so the op's Meta kernel — which runs the checks the
-    CPU kernel runs — decides, raising PyTorch's error.
-    """
-    for out, dtype in zip(outs, dtypes):
-        if not torch.can_cast(dtype, out.dtype):
-            raise RuntimeError(
-                f"result type {_type_name(dtype)} can't be cast to the desired output type "
-                f"{_type_name(out.dtype)}"
-            )
-    meta_kwargs = {k: _as_meta(v) for k, v in kwargs.items()}
-    meta_kwargs.update(zip(out_arg_names(op), (_as_meta(o) for o in outs)))
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            op(*[_as_meta(a) for a in args], **meta_kwargs)
-    except NotImplementedError:
-        pass  # no Meta kernel: keep the generic cast rule
-
-
-def _dtype_from_out(functional_or_out: OpOverload, kwargs: dict, outs: list[_Tensor]) -> None:
-    """Ops with a ``dtype`` argument compute in the ``out=`` tensor's dtype, as on CPU."""
+def _dtype_from_out(functional_or_out: OpOverload, kwargs: dict, outs: list[_Tensor]) -> bool:
+    """Ops with a ``dtype`` argument compute in the ``out=`` tensor's dtype, as on CPU; True
+    when ``kwargs`` got that dtype (the CPU kernel then has the last word on it)."""
     if len(outs) == 1 and kwargs.get("dtype") is None and any(
         a.name == "dtype" and a.kwarg_only for a in functional_or_out._schema.arguments
     ):
         kwargs["dtype"] = outs[0].dtype
+        return True
+    return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,6 +119,7 @@ class Pipeline:
         self._plans: dict[OpOverload, Callable] = {}
         self._lanes: dict[int, Lane | None] = {}  # id(kernel) -> its lane
         self._decomposing = threading.local()
+        self._out_dtypes = OutDtypeRule(ctx.name)
 
     # -- arrays in, tensors out ------------------------------------------------------------
 
@@ -291,8 +250,10 @@ class Pipeline:
             return self._native_inplace_list(op, fn)
         ctx, name, call, stored = self.ctx, str(op), self._call, self._stored
         cpu_fallback, gen = self.cpu_fallback, generator_slot(op)
+        refuse_host_writes = self._refuse_host_writes
 
         def run(self_: _Tensor, *args: Any, **kwargs: Any) -> _Tensor:
+            refuse_host_writes(op, (self_, *args), kwargs, (self_,))
             if not writable(self_):
                 return cpu_fallback(op, self_, *args, **kwargs)
             try:
@@ -320,6 +281,7 @@ class Pipeline:
         cpu_fallback, gen = self.cpu_fallback, generator_slot(op)
 
         def run(selves: list[_Tensor], *args: Any, **kwargs: Any) -> None:
+            self._refuse_host_writes(op, (selves, *args), kwargs, selves)
             if not all(writable(s) for s in selves):
                 return cpu_fallback(op, selves, *args, **kwargs)
             try:
@@ -340,14 +302,17 @@ class Pipeline:
     def native_out(self, op: OpOverload, fn: Callable) -> Callable:
         """Derive ``op`` (an ``out=`` overload) from the functional kernel ``fn``."""
         ctx, name, call, meta = self.ctx, str(op), self._caller(op, fn), self._meta
-        cpu_fallback, settle = self.cpu_fallback, ctx.allocator.settle
+        cpu_fallback, check_outs, settle = self.cpu_fallback, self._check_outs, ctx.allocator.settle
+        refuse_host_writes = self._refuse_host_writes
         out_names = out_arg_names(op)
         store = _undeclared_writer(ctx, op)
 
         def run(*args: Any, **kwargs: Any) -> Any:
             given = dict(kwargs)
             outs = [kwargs.pop(n) for n in out_names]
-            _dtype_from_out(op, kwargs, outs)
+            refuse_host_writes(op, args, given, outs)
+            if _dtype_from_out(op, kwargs, outs):
+                check_outs(op, args, given, outs, None)
             try:
                 result = call(args, kwargs)
             except KernelDeclined:
@@ -359,9 +324,9 @@ class Pipeline:
             settle(results)  # a refused op must leave ``out`` unchanged
             metas = [meta(r) for r in results]
             if any(dtype != out.dtype for out, (_, dtype) in zip(outs, metas)):
-                check_out_dtypes(op, args, kwargs, outs, [dtype for _, dtype in metas])
-            for out, (shape, dtype) in zip(outs, metas):
-                prepare_out(ctx, out, shape, dtype)
+                check_outs(op, args, given, outs, [dtype for _, dtype in metas])
+            for out, (shape, _) in zip(outs, metas):
+                prepare_out(ctx, out, shape)
             for out, r, (_, dtype) in zip(outs, results, metas):
                 if dtype != out.dtype:
                     r = ctx.allocator.cast(r, out.dtype)
@@ -437,20 +402,22 @@ class Pipeline:
             decomposition = functional
 
         def run(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
+            given = dict(kwargs)
             names = out_arg_names(op)
             outs = [kwargs.pop(n) for n in names]
-            _dtype_from_out(op, kwargs, outs)
+            self._refuse_host_writes(op, args, given, outs)
+            if _dtype_from_out(op, kwargs, outs):
+                self._check_outs(op, args, given, outs, None)
             result = self._decompose(op, decomposition, args, kwargs)
             if result is NotImplemented:
-                kwargs.update(zip(names, outs))
-                return self.cpu_fallback(op, *args, **kwargs)
+                return self.cpu_fallback(op, *args, **given)
             results = result if isinstance(result, tuple) else (result,)
             # A refused op must leave ``out`` unchanged (see DeviceAllocator.settle).
             ctx.allocator.settle([self._to_array(r, [], op) for r in results])
             if any(r.dtype != out.dtype for out, r in zip(outs, results)):
-                check_out_dtypes(op, args, kwargs, outs, [r.dtype for r in results])
+                self._check_outs(op, args, given, outs, [r.dtype for r in results])
             for out, r in zip(outs, results):
-                prepare_out(ctx, out, tuple(r.shape), r.dtype)
+                prepare_out(ctx, out, tuple(r.shape))
             for out, r in zip(outs, results):
                 out.copy_(r)
             ctx.counters.count(str(op), "decomposed")
@@ -470,6 +437,25 @@ class Pipeline:
             return self_
 
         return run
+
+    def _refuse_host_writes(self, op: OpOverload, args: tuple, kwargs: dict, written: Any) -> None:
+        """PyTorch's mixed-device error when a tensor ``op`` writes (an ``out=`` tensor, an
+        in-place ``self``) is a host tensor, before anything runs."""
+        for t in written:
+            if t is not None and getattr(t.untyped_storage(), "payload", None) is None and (
+                t.device.type != self.ctx.name
+            ):
+                raise host_operand_error(self.ctx, op, args, kwargs, t)
+
+    def _check_outs(self, op: OpOverload, args: tuple, given: dict, outs: list[_Tensor],
+                    results: list[torch.dtype] | None) -> None:
+        """PyTorch's error when ``op`` refuses ``outs``, whose dtypes are not those of its
+        ``results`` (None: the result is to be computed in the out dtype, for an op with a
+        ``dtype`` argument, checked before the kernel runs); ``given`` are the caller's
+        keyword arguments."""
+        names = out_arg_names(op)
+        kwargs = {k: v for k, v in given.items() if k not in names}
+        self._out_dtypes.check(op, args, kwargs, outs, [o.dtype for o in outs] if results is None else results)
 
     def _check_host_operands(self, op: OpOverload, args: tuple, kwargs: dict) -> None:
         """PyTorch's mixed-device error when ``op``'s arguments hold a host tensor it does not

@@ -80,6 +80,16 @@ CPU_EQUIVALENTS: dict[OpOverload, Callable] = {
 }
 
 
+#: ``out=`` overloads PyTorch implements once for every device (CompositeExplicitAutograd) in a
+#: way that differs from its CPU and CUDA kernels on PrivateUse1, each with the reason. That
+#: kernel would win over the boxed fallback, so they are routed into the pipeline explicitly,
+#: where they run like any other ``out=`` overload (derived, decomposed or on the CPU).
+ROUTED_COMPOSITES: dict[OpOverload, str] = {
+    torch.ops.aten.mode.values: "its device check refuses PrivateUse1 (mode only supports CPU, CUDA and XPU)",
+    torch.ops.aten.addr.out: "math_addr_out writes into an out= tensor on any device, a CPU one too",
+}
+
+
 class HostCall:
     """Copies device arguments to the host (one copy per storage, so aliasing is kept), runs
     the CPU kernel, writes mutated storages back and brings results to the device."""
@@ -89,14 +99,18 @@ class HostCall:
         self.op = op
         self.hosts: dict[int, tuple[Any, torch.Tensor]] = {}  # id(buffer) -> (buffer, host bytes)
         self.twins: list[tuple[_Tensor, _Tensor]] = []  # (device tensor, host view)
+        self.written: set[int] = set()  # id(buffer) of the storages the op may resize
 
     def _host(self, t: _Tensor) -> _Tensor:
         buf = T.buffer_of(t)
         entry = self.hosts.get(id(buf))
         if entry is None:
             nbytes = t.untyped_storage().nbytes()
-            entry = (buf, self.ctx.allocator.read_bytes(buf.block, nbytes) if nbytes else
-                     torch.empty(0, dtype=torch.uint8))
+            data = (self.ctx.allocator.read_bytes(buf.block, nbytes) if nbytes else
+                    torch.empty(0, dtype=torch.uint8))
+            if id(buf) in self.written and not data.untyped_storage().resizable():
+                data = data.clone()  # bytes over the backend's memory (numpy): the CPU kernel resizes out=
+            entry = (buf, data)
             self.hosts[id(buf)] = entry
         view = torch.empty(0, dtype=t.dtype).set_(
             entry[1].untyped_storage(), t.storage_offset(), t.shape, t.stride()
@@ -131,6 +145,8 @@ class HostCall:
         schema = op._schema
         by_name = {a.name: a for a in schema.arguments}
         tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, _Tensor)]
+        mutated = self._mutated_device_args(args, kwargs)
+        self.written = {id(T.buffer_of(v)) for v in mutated.values()}
         cpu_args = [
             self._convert(v, schema.arguments[i] if i < len(schema.arguments) else None, tensors)
             for i, v in enumerate(args)
@@ -141,7 +157,6 @@ class HostCall:
         gen = generator_slot(op)
         if gen is not None:
             fill_generator(ctx, gen, cpu_args, cpu_kwargs)
-        mutated = self._mutated_device_args(args, kwargs)
         before = {id(v): (tuple(v.shape), v.stride(), v.storage_offset())
                   for d, v in self.twins if id(d) in mutated}
 
@@ -154,9 +169,10 @@ class HostCall:
         self._write_back(mutated, before)
         return self._results(result)
 
-    def _mutated_device_args(self, args: tuple, kwargs: dict) -> set[int]:
+    def _mutated_device_args(self, args: tuple, kwargs: dict) -> dict[int, _Tensor]:
+        """The device tensors the op writes, by id."""
         schema = self.op._schema
-        mutated: set[int] = set()
+        mutated: dict[int, _Tensor] = {}
         values = list(zip(schema.arguments, args)) + [
             (a, kwargs[a.name]) for a in schema.arguments if a.name in kwargs
         ]
@@ -166,10 +182,10 @@ class HostCall:
                 continue
             for v in value if isinstance(value, (list, tuple)) else (value,):
                 if isinstance(v, _Tensor) and v.device.type == self.ctx.name:
-                    mutated.add(id(v))
+                    mutated[id(v)] = v
         return mutated
 
-    def _write_back(self, mutated: set[int], before: dict) -> None:
+    def _write_back(self, mutated: dict[int, _Tensor], before: dict) -> None:
         if not mutated:
             return
         ctx = self.ctx

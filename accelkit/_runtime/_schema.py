@@ -4,6 +4,7 @@ generator goes, and which host tensors an op takes beside device tensors."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -149,8 +150,18 @@ class HostOperand(Exception):
 
 
 def takes_host_operand(op: OpOverload, tensor: torch.Tensor) -> bool:
-    """Whether ``op`` may run with host tensor ``tensor`` among its device arguments."""
+    """Whether ``op`` may run with host tensor ``tensor`` among its device arguments (read
+    ones: an argument ``op`` writes never takes a host tensor, see :func:`written_args`)."""
     return tensor.dim() == 0 or op._schema.name in _HOST_OPERAND_OPS
+
+
+@functools.cache
+def written_args(op: OpOverload) -> frozenset[str]:
+    """Names of the arguments ``op`` writes (``out=`` tensors, ``self`` of an in-place op).
+
+    PyTorch's accelerators write results only into device tensors: a CPU tensor there is
+    refused, 0-dim or not (TensorIterator admits CPU scalars as inputs only)."""
+    return frozenset(a.name for a in op._schema.arguments if is_write(a))
 
 
 def _named_values(op: OpOverload, args: tuple, kwargs: dict) -> Iterator[tuple[str, Any]]:
@@ -165,8 +176,11 @@ def _named_values(op: OpOverload, args: tuple, kwargs: dict) -> Iterator[tuple[s
 def foreign_host_tensor(ctx: BackendContext, op: OpOverload, args: tuple, kwargs: dict) -> Any:
     """The first host tensor among ``op``'s arguments (lists included) that ``op`` does not
     take beside device tensors, or None."""
-    for _, v in _named_values(op, args, kwargs):
-        if isinstance(v, torch.Tensor) and v.device.type != ctx.name and not takes_host_operand(op, v):
+    written = written_args(op)
+    for name, v in _named_values(op, args, kwargs):
+        if isinstance(v, torch.Tensor) and v.device.type != ctx.name and (
+            name in written or not takes_host_operand(op, v)
+        ):
             return v
     return None
 
@@ -175,16 +189,22 @@ def host_operand_error(ctx: BackendContext, op: OpOverload, args: tuple, kwargs:
                        host: torch.Tensor) -> RuntimeError:
     """PyTorch's mixed-device error for ``host``, a host tensor ``op`` does not take, naming
     the argument that holds it and the fix."""
-    device, where = None, "an argument"
+    device, where, written = None, "an argument", False
     for name, v in _named_values(op, args, kwargs):
         if v is host and where == "an argument":
-            where = f"argument '{name}'"
+            where, written = f"argument '{name}'", name in written_args(op)
         elif device is None and isinstance(v, torch.Tensor) and v.device.type == ctx.name:
             device = str(v.device)
-    device = device or ctx.name
+    device = device or f"{ctx.name}:0"
+    if written:
+        fix = (f"pass a {device} tensor (torch.empty(..., device='{device}')) and copy it to "
+               f"the {host.device.type} afterwards: results of {ctx.name} tensors are written "
+               f"only into {ctx.name} tensors")
+    else:
+        fix = (f"move it with .to('{device}') (a {host.device} tensor is taken beside "
+               f"{ctx.name} tensors only when it is 0-dim)")
     return RuntimeError(
         f"Expected all tensors to be on the same device, but found at least two devices, "
         f"{device} and {host.device}! {where} of {op} is a {host.device} tensor of shape "
-        f"{tuple(host.shape)}: move it with .to('{device}') (a {host.device} tensor is taken "
-        f"beside {ctx.name} tensors only when it is 0-dim)"
+        f"{tuple(host.shape)}: {fix}"
     )

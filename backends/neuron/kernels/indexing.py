@@ -22,6 +22,7 @@ dimension for gather/scatter), followed by what names the op; int64 indices comp
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -546,6 +547,9 @@ def _integer_indices(x: np.ndarray, indices: list[np.ndarray | None]) -> list[np
         if index is None or index.dtype not in (np.bool_, np.uint8):
             out.append(index)
             continue
+        if index.dtype == np.uint8:
+            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                          "torch.bool instead.", UserWarning, stacklevel=2)
         dim = len(out)
         if index.shape != x.shape[dim : dim + index.ndim]:
             raise IndexError(f"The shape of the mask {list(index.shape)} at index {dim} does not match the "
@@ -583,6 +587,7 @@ def index_put_body(k: Kernel, out: list[OutSpec], x: np.ndarray, indices: list, 
     if result.size == 0 or not any(i is not None for i in indices):
         return result
     plan = _Advanced(result, indices)
+    _check_values_shape(np.shape(values), plan.result_shape)
     plan.check()
     n = math.prod(plan.result_shape)
     if n == 0:
@@ -601,6 +606,14 @@ def index_put_body(k: Kernel, out: list[OutSpec], x: np.ndarray, indices: list, 
             for c in range(cols):
                 k.scatter_rows(table, update[:, c : c + 1], offsets[:, c : c + 1], accumulate=accumulate)
     return result
+
+
+def _check_values_shape(shape: tuple[int, ...], target: tuple[int, ...]) -> None:
+    """PyTorch's error when ``x[indices] = values`` cannot broadcast ``values`` to the indexed
+    shape (checked before the indices, as on the CPU, and also when they select nothing)."""
+    if len(shape) > len(target) or any(s not in (1, t) for s, t in zip(shape[::-1], target[::-1])):
+        raise RuntimeError(f"shape mismatch: value tensor of shape {list(shape)} cannot be broadcast "
+                           f"to indexing result of shape {list(target)}")
 
 
 def _register_with_integer_indices(op: Any, body: Any) -> None:

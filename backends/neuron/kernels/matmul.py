@@ -75,8 +75,7 @@ def matmul_2d(k: Kernel, a: np.ndarray, b: np.ndarray, out: np.ndarray,
     if m == 0 or n == 0:
         return out
     if kk == 0:
-        out[...] = 0
-        return out
+        return _empty_product(k, out, epilogue)
     k_tiles = _tiles(kk, p)
     at = a.T
     panel_bytes = len(k_tiles) * p * chip_dtype(a.dtype).itemsize
@@ -125,6 +124,22 @@ def matmul_2d(k: Kernel, a: np.ndarray, b: np.ndarray, out: np.ndarray,
         k.free(*panel.values())  # its last matmuls are issued; reuse waits for them
         panel = upcoming if resident and index + 1 < len(blocks) else {}
     flush()
+    return out
+
+
+def _empty_product(k: Kernel, out: np.ndarray, epilogue: Any) -> np.ndarray:
+    """``out = epilogue(0)`` for an empty contraction (K = 0): the product is zero, but the
+    epilogue (``beta * input`` of addmm) still applies, as on every PyTorch device."""
+    if epilogue is None:
+        out[...] = 0
+        return out
+    m, n = out.shape
+    for m0, m1 in _tiles(m, k.spec.partitions):
+        for n0, n1 in _tiles(n, k.spec.gemm_moving_fmax):
+            with k.scope():
+                zero = k.sbuf((m1 - m0, n1 - n0), np.float32, "zero")
+                k.memset(zero, 0.0)
+                _store_block(k, zero, out, m0, m1, n0, n1, epilogue)
     return out
 
 

@@ -1,0 +1,119 @@
+"""Edge inputs on the device under test, checked against the CPU: empty contractions and
+``beta=0`` in the matmul family, and 0-dim inputs of ``multi_margin_loss``.
+
+Device-generic (``ACCELKIT_TEST_DEVICE=tpu|neuron`` runs it on another backend). PyTorch's own
+device-generic tests found each case on some backend (a kernel or a decomposition that
+disagreed with the CPU); they are re-written here so that every backend is held to them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import holds
+
+NAN = float("nan")
+
+
+def filled(shape: tuple[int, ...], value: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.full(shape, value, dtype=dtype)
+
+
+def ramp(shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Small integers (exact in every dtype and in any summation order)."""
+    n = 1
+    for s in shape:
+        n *= s
+    return (torch.arange(n) % 5 - 2).to(dtype).reshape(shape)
+
+
+# -- the matmul family: empty contractions, beta = 0 -----------------------------------------
+
+#: (case, inputs on the CPU, fn(*inputs)). CPU ignores ``input`` when beta is 0 (NaN in it does
+#: not propagate), and an empty contraction (K = 0) is a zero product: the result is beta * input.
+MATMUL_CASES = [
+    ("mm K=0", lambda: [ramp((2, 0)), ramp((0, 3))], torch.mm),
+    ("bmm K=0", lambda: [ramp((4, 2, 0)), ramp((4, 0, 3))], torch.bmm),
+    ("addmm K=0", lambda: [ramp((2, 3)), ramp((2, 0)), ramp((0, 3))],
+     lambda i, a, b: torch.addmm(i, a, b, beta=2)),
+    ("addmm K=0, broadcast input", lambda: [ramp((3,)), ramp((2, 0)), ramp((0, 3))],
+     lambda i, a, b: torch.addmm(i, a, b, beta=3)),
+    ("addmm K=0, alpha", lambda: [ramp((2, 3)), ramp((2, 0)), ramp((0, 3))],
+     lambda i, a, b: torch.addmm(i, a, b, beta=1, alpha=4)),
+    ("addmm K=0, beta=0, NaN input", lambda: [filled((2, 3), NAN), ramp((2, 0)), ramp((0, 3))],
+     lambda i, a, b: torch.addmm(i, a, b, beta=0)),
+    ("addmm beta=0, NaN input", lambda: [filled((2, 3), NAN), ramp((2, 4)), ramp((4, 3))],
+     lambda i, a, b: torch.addmm(i, a, b, beta=0)),
+    ("addmm K=0, int64", lambda: [ramp((2, 3), torch.int64), ramp((2, 0), torch.int64), ramp((0, 3), torch.int64)],
+     lambda i, a, b: torch.addmm(i, a, b, beta=2)),
+    ("addmm_ K=0", lambda: [ramp((2, 3)), ramp((2, 0)), ramp((0, 3))],
+     lambda i, a, b: i.clone().addmm_(a, b, beta=2)),
+    ("addmm K=0, out=", lambda: [ramp((2, 3)), ramp((2, 0)), ramp((0, 3))],
+     lambda i, a, b: torch.addmm(i, a, b, beta=2, out=torch.empty(0, device=i.device))),
+    ("addmv K=0", lambda: [ramp((2,)), ramp((2, 0)), ramp((0,))],
+     lambda i, m, v: torch.addmv(i, m, v, beta=2)),
+    ("addmv beta=0, NaN input", lambda: [filled((2,), NAN), ramp((2, 3)), ramp((3,))],
+     lambda i, m, v: torch.addmv(i, m, v, beta=0)),
+    ("addbmm K=0", lambda: [ramp((2, 3)), ramp((4, 2, 0)), ramp((4, 0, 3))],
+     lambda i, a, b: torch.addbmm(i, a, b, beta=2)),
+    ("addbmm no batches", lambda: [ramp((2, 3)), ramp((0, 2, 5)), ramp((0, 5, 3))],
+     lambda i, a, b: torch.addbmm(i, a, b, beta=2)),
+    ("addbmm beta=0, NaN input", lambda: [filled((2, 3), NAN), ramp((4, 2, 5)), ramp((4, 5, 3))],
+     lambda i, a, b: torch.addbmm(i, a, b, beta=0)),
+    ("baddbmm K=0", lambda: [ramp((4, 2, 3)), ramp((4, 2, 0)), ramp((4, 0, 3))],
+     lambda i, a, b: torch.baddbmm(i, a, b, beta=2)),
+    ("baddbmm beta=0, NaN input", lambda: [filled((4, 2, 3), NAN), ramp((4, 2, 5)), ramp((4, 5, 3))],
+     lambda i, a, b: torch.baddbmm(i, a, b, beta=0)),
+    ("addr empty", lambda: [ramp((2, 0)), ramp((2,)), ramp((0,))],
+     lambda i, u, v: torch.addr(i, u, v, beta=2)),
+    ("addr beta=0, NaN input", lambda: [filled((2, 3), NAN), ramp((2,)), ramp((3,))],
+     lambda i, u, v: torch.addr(i, u, v, beta=0)),
+]
+
+
+@pytest.mark.parametrize("make, fn", [c[1:] for c in MATMUL_CASES], ids=[c[0] for c in MATMUL_CASES])
+def test_matmul_family_edge_inputs_match_cpu(dev, make, fn):
+    inputs = make()
+    if not all(holds(t.dtype) for t in inputs):
+        pytest.skip(f"{dev.type} does not hold {inputs[0].dtype}")
+    expected = fn(*inputs)
+    got = fn(*[t.to(dev) for t in inputs])
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert torch.equal(got.cpu(), expected), (got.cpu(), expected)
+
+
+# -- multi_margin_loss on 0-dim inputs -------------------------------------------------------
+
+#: (input, target): 0-dim input and target, a 1-d input with a 0-dim target, batches of one.
+MARGIN_INPUTS = [
+    (lambda: torch.tensor(0.5), lambda: torch.tensor(0)),
+    (lambda: torch.tensor([0.5, -0.25, 1.0]), lambda: torch.tensor(2)),
+    (lambda: torch.tensor([[0.5, -0.25, 1.0]]), lambda: torch.tensor(1)),
+    (lambda: torch.tensor([[0.5, -0.25, 1.0]]), lambda: torch.tensor([1])),
+]
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("p", [1, 2])
+@pytest.mark.parametrize("make_input, make_target", MARGIN_INPUTS,
+                         ids=["0-dim", "1-d input, 0-dim target", "batch of one, 0-dim target", "batch of one"])
+def test_multi_margin_loss_has_the_cpu_shape_values_and_gradient(dev, make_input, make_target, p, reduction):
+    x, target = make_input().requires_grad_(), make_target()
+    expected = F.multi_margin_loss(x, target, p=p, reduction=reduction)
+    expected.sum().backward()
+    xd = make_input().to(dev).requires_grad_()
+    got = F.multi_margin_loss(xd, target.to(dev), p=p, reduction=reduction)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got.detach().cpu(), expected.detach())
+    got.sum().backward()
+    torch.testing.assert_close(xd.grad.cpu(), x.grad)
+
+
+def test_multi_margin_loss_out_has_the_cpu_shape(dev):
+    x, target = torch.tensor(0.5), torch.tensor(0)
+    expected = torch.ops.aten.multi_margin_loss.out(x, target, 1, 1, None, 0, out=torch.empty(0))
+    out = torch.empty(0, device=dev)
+    torch.ops.aten.multi_margin_loss.out(x.to(dev), target.to(dev), 1, 1, None, 0, out=out)
+    assert out.shape == expected.shape == torch.Size([])
+    torch.testing.assert_close(out.cpu(), expected)
