@@ -417,6 +417,77 @@ def test_fill_and_zero_of_expanded_view_are_allowed_like_cpu(dev):
         assert base.cpu().tolist() == [[-1.0, 1.0, 2.0], [0.0, 0.0, 0.0]]
 
 
+# -- bad geometry: PyTorch's own errors -------------------------------------------------------
+
+BAD_GEOMETRY = {
+    "empty": lambda d: torch.empty((2, -1), device=d),
+    "empty_int": lambda d: torch.empty(-1, device=d),
+    "empty_strided": lambda d: torch.empty_strided((2, -1), (1, 1), device=d),
+    "empty_strided_negative_stride": lambda d: torch.empty_strided((2, 2), (-1, 1), device=d),
+    "empty_strided_rank_mismatch": lambda d: torch.empty_strided((2, 2), (1,), device=d),
+    "empty_permuted": lambda d: torch.empty_permuted((2, -1), (1, 0), device=d),
+    "zeros": lambda d: torch.zeros(2, -1, device=d),
+    "ones": lambda d: torch.ones(2, -1, device=d),
+    "full": lambda d: torch.full((2, -1), 1.0, device=d),
+    "rand": lambda d: torch.rand(2, -1, device=d),
+    "randn": lambda d: torch.randn(-3, device=d),
+    "randint": lambda d: torch.randint(5, (2, -1), device=d),
+    "randperm": lambda d: torch.randperm(-1, device=d),
+    "normal": lambda d: torch.normal(0.0, 1.0, (2, -1), device=d),
+    "new_empty": lambda d: torch.ones(2, device=d).new_empty((2, -1)),
+    "new_empty_strided": lambda d: torch.ones(2, device=d).new_empty_strided((2, -1), (1, 1)),
+    "new_zeros": lambda d: torch.ones(2, device=d).new_zeros((-2, 3)),
+    "new_ones": lambda d: torch.ones(2, device=d).new_ones((2, -1)),
+    "new_full": lambda d: torch.ones(2, device=d).new_full((2, -1), 3.0),
+    "repeat": pytest.param(
+        lambda d: torch.ones(4, device=d).repeat(-1),
+        marks=pytest.mark.xfail(
+            DEVICE.type == "tpu", strict=True,
+            reason="tpu takes result shapes from PyTorch's Meta kernels, whose repeat check words it "
+            "'Repeats cannot be negative' where the CPU reports the negative dimension",
+        ),
+    ),
+    "resize_": lambda d: torch.ones(2, device=d).resize_(2, -1),
+    "view": lambda d: torch.ones(4, device=d).view(2, -2),
+    "view_two_inferred": lambda d: torch.ones(4, device=d).view(-1, -1),
+    "reshape": lambda d: torch.ones(4, device=d).reshape(-2, 2),
+    "reshape_of_transposed": lambda d: torch.ones(4, 2, device=d).t().reshape(-2, 4),
+    "expand": lambda d: torch.ones(4, device=d).expand(-2, 4),
+    "as_strided_negative_size": lambda d: torch.ones(4, device=d).as_strided((2, -1), (1, 1)),
+    "as_strided_negative_size_zero_stride": lambda d: torch.ones(4, device=d).as_strided((-2, 4), (0, 1)),
+    "as_strided_negative_stride": lambda d: torch.ones(4, device=d).as_strided((2, -1), (-1, 1)),
+    "as_strided_negative_offset": lambda d: torch.ones(4, device=d).as_strided((2,), (1,), -1),
+    "narrow_negative_length": lambda d: torch.ones(4, device=d).narrow(0, 0, -1),
+}
+
+
+def _outcome(make, device):
+    try:
+        return ("ok", tuple(make(device).shape))
+    except Exception as error:  # noqa: BLE001 - the exception is what is compared
+        return (type(error), str(error).splitlines()[0])
+
+
+@pytest.mark.parametrize("make", BAD_GEOMETRY.values(), ids=BAD_GEOMETRY.keys())
+def test_bad_sizes_and_strides_raise_the_cpu_error(dev, make):
+    expected = _outcome(make, "cpu")
+    assert expected[0] is RuntimeError  # every case is an error on the CPU
+    assert _outcome(make, dev) == expected
+
+
+def test_failed_resize_leaves_the_tensor_and_its_storage_as_they_were(dev):
+    # The CPU raises the same error but keeps the negative size; a failed in-place op on the
+    # device changes nothing.
+    x = torch.arange(4.0, device=dev)
+    view = x[1:]
+    with pytest.raises(RuntimeError):
+        x.resize_(2, -1)
+    assert x.shape == (4,) and x.untyped_storage().nbytes() == 16
+    assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0] and view.cpu().tolist() == [1.0, 2.0, 3.0]
+    x.resize_(2, 2)  # the process and the tensor keep working
+    assert x.cpu().tolist() == [[0.0, 1.0], [2.0, 3.0]]
+
+
 # -- property: random view chains plus an in-place write ----------------------------------------
 
 

@@ -34,6 +34,39 @@ def _check_index(ctx: BackendContext, device: Any) -> None:
         )
 
 
+def _check_geometry(size: tuple[int, ...], stride: tuple[int, ...] | None = None) -> None:
+    """PyTorch's own checks (and wording) for a factory's sizes and strides, made before any
+    memory is reserved."""
+    if size and min(size) < 0:
+        dim = next(s for s in size if s < 0)
+        raise RuntimeError(f"Trying to create tensor with negative dimension {dim}: {list(size)}")
+    if stride is None:
+        return
+    if len(size) != len(stride):
+        raise RuntimeError(
+            f"dimensionality of sizes ({len(size)}) must match dimensionality of strides ({len(stride)})"
+        )
+    if stride and min(stride) < 0:
+        raise RuntimeError(
+            f"Storage size calculation overflowed with sizes={list(size)} and strides={list(stride)}"
+        )
+
+
+def _storage_size_overflows(size, stride, offset: int, itemsize: int) -> bool:
+    """Whether PyTorch's storage-size computation (``computeStorageNbytes``, in unsigned 64-bit
+    arithmetic) overflows for this geometry, as it does for a negative size with a stride."""
+    wrap = 1 << 64
+    total, overflowed = offset + 1, False
+    for s, st in zip(size, stride):
+        if s == 0:
+            return False
+        step = (st % wrap) * ((s - 1) % wrap)
+        total += step % wrap
+        overflowed |= step >= wrap or total >= wrap
+        total %= wrap
+    return overflowed or total * itemsize >= wrap
+
+
 def _strides_for(size: tuple[int, ...], memory_format: Any) -> tuple[int, ...] | None:
     if memory_format in _MEMORY_FORMAT_STRIDES and len(size) == _MEMORY_FORMAT_STRIDES[memory_format]:
         return torch.empty(size, device="meta", memory_format=memory_format).stride()
@@ -47,11 +80,27 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
     def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
         _check_index(ctx, device)
         size = tuple(size)
+        _check_geometry(size)
         return T.new_tensor(ctx, size, dtype or torch.get_default_dtype(), _strides_for(size, memory_format))
 
     def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
         _check_index(ctx, device)
-        return T.new_tensor(ctx, tuple(size), dtype or torch.get_default_dtype(), tuple(stride))
+        size, stride = tuple(size), tuple(stride)
+        _check_geometry(size, stride)
+        return T.new_tensor(ctx, size, dtype or torch.get_default_dtype(), stride)
+
+    def as_strided(self, size, stride, storage_offset=None):
+        try:
+            return aten.as_strided.default.redispatch(META, self, size, stride, storage_offset)
+        except RuntimeError:
+            # Where CPU's bounds check overflows (a negative size), Meta reports a numel overflow.
+            offset = self.storage_offset() if storage_offset is None else storage_offset
+            if (len(size) == len(stride) and min(stride, default=0) >= 0 and offset >= 0
+                    and _storage_size_overflows(size, stride, offset, self.dtype.itemsize)):
+                raise RuntimeError(
+                    f"Storage size calculation overflowed with sizes={list(size)} and strides={list(stride)}"
+                ) from None
+            raise
 
     def meta(op):
         def run(*args, **kwargs):
@@ -80,6 +129,9 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
 
     def resize_(self, size, memory_format=None):
         size = tuple(size)
+        if size and min(size) < 0:
+            # PyTorch's wording; unlike the CPU, which keeps the negative size, self is unchanged.
+            raise RuntimeError("numel: integer multiplication overflow")
         stride = _strides_for(size, memory_format) or T.contiguous_strides(size)
         return T.set_geometry(ctx, self, size, stride, self.storage_offset())
 
@@ -130,7 +182,7 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
     return {
         aten.empty.memory_format: empty,
         aten.empty_strided.default: empty_strided,
-        aten.as_strided.default: meta(aten.as_strided.default),
+        aten.as_strided.default: as_strided,
         aten.view.default: meta(aten.view.default),
         aten._reshape_alias.default: meta(aten._reshape_alias.default),
         aten.alias.default: meta(aten.alias.default),
