@@ -2,7 +2,8 @@
 
 A view on the device must have the CPU view's sizes, strides, offset and values, share its
 base's storage and version counter, and pass in-place writes through to the base and to every
-other view of it — also under autograd.
+other view of it — also under autograd. Each storage has its own data pointer, as on the CPU,
+and bad sizes and strides raise the CPU's errors.
 """
 
 from __future__ import annotations
@@ -417,6 +418,95 @@ def test_fill_and_zero_of_expanded_view_are_allowed_like_cpu(dev):
         assert base.cpu().tolist() == [[-1.0, 1.0, 2.0], [0.0, 0.0, 0.0]]
 
 
+# -- data pointers: one address per storage, as on the CPU --------------------------------------
+
+
+def _address(t: torch.Tensor) -> int:
+    """Where CPU PyTorch puts a tensor's first element: its storage's address plus its offset."""
+    return t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+
+
+def test_data_ptr_is_the_storage_address_plus_the_offset_and_views_share_it(dev):
+    base_cpu = float_base()
+    base = base_cpu.to(dev)
+    assert base.data_ptr() != 0 and base.data_ptr() == base.untyped_storage().data_ptr()
+    for name, (make_base, view) in VIEW_CASES.items():
+        if make_base is not float_base:
+            continue
+        expected, actual = view(base_cpu), view(base)
+        pairs = zip(actual, expected) if isinstance(actual, tuple) else [(actual, expected)]
+        for a, e in pairs:
+            shared = a.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+            assert shared == shares_storage(e, base_cpu), name
+            assert a.data_ptr() == (0 if a.numel() == 0 else _address(a)), name  # empty: 0, as on the CPU
+            if shared and a.numel():  # the same distance from the base's first element as on the CPU
+                assert a.data_ptr() - base.data_ptr() == e.data_ptr() - base_cpu.data_ptr(), name
+
+
+def test_empty_tensors_and_storages_report_a_null_pointer_like_the_cpu(dev):
+    for device in ("cpu", dev):
+        t = torch.empty(0, 3, device=device)
+        assert t.data_ptr() == 0 and t.untyped_storage().data_ptr() == 0
+
+
+def test_distinct_live_storages_never_overlap(dev):
+    torch.manual_seed(0)
+    live = [torch.empty(int(n), device=dev) for n in torch.randint(1, 3000, (60,))]
+    live += [torch.randn(7, 5, device=dev), torch.arange(100, device=dev), torch.ones(3, device=dev) + 1]
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()) for t in live)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+
+
+INPLACE_OPS = {
+    "add_": lambda t: t.add_(1),
+    "mul__of_view": lambda t: (t[1:].mul_(2), t)[1],
+    "copy_from_cpu": lambda t: t.copy_(torch.ones(t.shape)),
+    "fill_": lambda t: t.fill_(3),
+    "zero_": lambda t: t.zero_(),
+    "clamp_": lambda t: t.clamp_(0, 2),
+    "index_add_": lambda t: t.index_add_(0, torch.tensor([0, 2], device=t.device), torch.ones(2, 4, device=t.device)),
+    "masked_fill_": lambda t: t.masked_fill_(t > 1, -1.0),
+    "scatter_": lambda t: t.scatter_(1, torch.zeros(3, 1, dtype=torch.long, device=t.device), 5.0),
+    "unsqueeze_": lambda t: t.unsqueeze_(0),
+    "t_": lambda t: t.t_(),
+    "resize__smaller": lambda t: t.resize_(2, 2),
+    "set__own_storage": lambda t: t.set_(t.untyped_storage(), 1, (2, 2), (1, 2)),
+}
+
+
+@pytest.mark.parametrize("op", INPLACE_OPS.values(), ids=INPLACE_OPS.keys())
+def test_inplace_ops_keep_the_data_pointer(dev, op):
+    t = torch.arange(12.0, device=dev).reshape(3, 4)
+    storage_address = t.untyped_storage().data_ptr()
+    out = op(t)
+    assert out is t
+    assert t.untyped_storage().data_ptr() == storage_address
+    assert t.data_ptr() == _address(t)
+
+
+def test_a_resize_that_reallocates_moves_the_storage_and_every_tensor_on_it(dev):
+    x = torch.arange(4.0, device=dev)
+    view = x[1:]
+    old = x.untyped_storage().data_ptr()
+    x.resize_(1000)
+    assert x.untyped_storage().nbytes() == 4000  # like the CPU's resize_
+    assert view.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() != old
+    assert view.data_ptr() == x.data_ptr() + 4
+    assert x[:4].cpu().tolist() == [0.0, 1.0, 2.0, 3.0] and view[:3].cpu().tolist() == [1.0, 2.0, 3.0]
+
+
+def test_set__grows_the_storage_like_the_cpu(dev):
+    results = []
+    for device in ("cpu", dev):
+        source = torch.arange(6.0, device=device)
+        storage = source.untyped_storage()
+        t = torch.empty(0, device=device).set_(storage, 2, (4, 4), (4, 1))
+        t[0].fill_(-1)
+        assert t.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()  # one storage
+        results.append((t.shape, t.stride(), t.storage_offset(), storage.nbytes(), source[:6].cpu().tolist()))
+    assert results[1] == results[0]
+
+
 # -- bad geometry: PyTorch's own errors -------------------------------------------------------
 
 BAD_GEOMETRY = {
@@ -457,6 +547,9 @@ BAD_GEOMETRY = {
     "as_strided_negative_size_zero_stride": lambda d: torch.ones(4, device=d).as_strided((-2, 4), (0, 1)),
     "as_strided_negative_stride": lambda d: torch.ones(4, device=d).as_strided((2, -1), (-1, 1)),
     "as_strided_negative_offset": lambda d: torch.ones(4, device=d).as_strided((2,), (1,), -1),
+    "as_strided_past_the_storage": lambda d: torch.ones(4, device=d).as_strided((3,), (1,), 2),
+    "as_strided_of_a_view_past_the_storage": lambda d: torch.ones(4, device=d)[1:].as_strided((3, 3), (1, 1)),
+    "as_strided_0d_past_the_end": lambda d: torch.ones(4, device=d).as_strided((), (), 4),
     "narrow_negative_length": lambda d: torch.ones(4, device=d).narrow(0, 0, -1),
 }
 
@@ -473,6 +566,12 @@ def test_bad_sizes_and_strides_raise_the_cpu_error(dev, make):
     expected = _outcome(make, "cpu")
     assert expected[0] is RuntimeError  # every case is an error on the CPU
     assert _outcome(make, dev) == expected
+
+
+def test_as_strided_up_to_the_end_of_the_storage_is_allowed_like_cpu(dev):
+    for make in (lambda x: x.as_strided((2,), (1,), 2), lambda x: x[1:].as_strided((2, 2), (1, 1), 1),
+                 lambda x: x.as_strided((0, 3), (1, 1), 9), lambda x: x.as_strided((), (), 3)):
+        assert_same_view(make(torch.arange(4.0).to(dev)), make(torch.arange(4.0)))
 
 
 def test_failed_resize_leaves_the_tensor_and_its_storage_as_they_were(dev):

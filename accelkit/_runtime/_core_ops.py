@@ -6,6 +6,7 @@ a tensor at all. Each is registered directly on PrivateUse1.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from accelkit._runtime._context import BackendContext
 from accelkit._runtime._dispatch import META
 
 aten = torch.ops.aten
+_as_strided_meta = functools.partial(aten.as_strided.default._handle.redispatch_boxed, META)
 
 _MEMORY_FORMAT_STRIDES = {
     torch.channels_last: 4,
@@ -91,7 +93,7 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
 
     def as_strided(self, size, stride, storage_offset=None):
         try:
-            return aten.as_strided.default.redispatch(META, self, size, stride, storage_offset)
+            view = _as_strided_meta(self, size, stride, storage_offset)
         except RuntimeError:
             # Where CPU's bounds check overflows (a negative size), Meta reports a numel overflow.
             offset = self.storage_offset() if storage_offset is None else storage_offset
@@ -101,6 +103,22 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
                     f"Storage size calculation overflowed with sizes={list(size)} and strides={list(stride)}"
                 ) from None
             raise
+        # The Meta kernel skips the CPU's bounds check: a view past its storage would read and
+        # write bytes that are not the tensor's.
+        offset = view.storage_offset() if storage_offset is None else storage_offset
+        last = offset
+        for s, st in zip(size, stride):
+            if s == 0:
+                return view
+            last += (s - 1) * st
+        itemsize = self.dtype.itemsize
+        if (last + 1) * itemsize > (nbytes := self.untyped_storage().nbytes()):
+            raise RuntimeError(
+                f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and "
+                f"itemsize {itemsize} requiring a storage size of {(last + 1) * itemsize} are out of "
+                f"bounds for storage of size {nbytes}"
+            )
+        return view
 
     def meta(op):
         def run(*args, **kwargs):
@@ -116,8 +134,20 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
             )
         if size is None:
             size = (source.nbytes() // self.dtype.itemsize,)
-        stride = T.contiguous_strides(size) if stride is None else stride
-        return aten.set_.source_Storage_storage_offset.redispatch(META, self, source, storage_offset, size, stride)
+        size = tuple(size)
+        stride = tuple(stride) if stride else T.contiguous_strides(size)  # [] means contiguous
+        # PyTorch's checks and wording, made before anything changes.
+        if len(size) != len(stride):
+            raise RuntimeError(f"unequal size length ({len(size)}) and stride length ({len(stride)})")
+        if storage_offset < 0:
+            raise RuntimeError(f"Tensor: invalid storage offset {storage_offset}")
+        if size and min(size) < 0:
+            raise RuntimeError("numel: integer multiplication overflow")
+        if stride and min(stride) < 0:
+            raise RuntimeError(
+                f"Storage size calculation overflowed with sizes={list(size)} and strides={list(stride)}"
+            )
+        return T.attach_storage(ctx, self, source, size, stride, storage_offset)
 
     def set_tensor(self, source):
         T.buffer_of(source)
