@@ -471,6 +471,11 @@ INPLACE_OPS = {
     "t_": lambda t: t.t_(),
     "resize__smaller": lambda t: t.resize_(2, 2),
     "set__own_storage": lambda t: t.set_(t.untyped_storage(), 1, (2, 2), (1, 2)),
+    "out_of_the_right_shape": lambda t: torch.mul(torch.ones(3, 4, device=t.device), 2, out=t),
+    "out_of_a_smaller_shape": pytest.param(  # resized, as on the CPU (with its deprecation warning)
+        lambda t: torch.sum(torch.ones(2, 5, 2, device=t.device), 1, out=t),
+        marks=pytest.mark.filterwarnings("ignore:An output with one or more elements was resized"),
+    ),
 }
 
 
