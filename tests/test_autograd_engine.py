@@ -130,3 +130,29 @@ def test_no_guard_is_registered_when_another_backend_owns_privateuse1():
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True"]
+
+
+def test_a_child_forked_after_a_backward_can_select_and_compute_but_not_backward():
+    # PyTorch refuses backward() in such a child (as with a GPU), with its own message; the
+    # device is still usable for everything else there.
+    code = "import os, torch, accelkit\n" + CPU_BACKWARD + """
+cpu_backward()
+pid = os.fork()
+if pid == 0:
+    device = accelkit.select_device("ref")
+    print("forward", (torch.arange(3., device=device) * 2).cpu().tolist(), flush=True)
+    b = torch.arange(3., device=device, requires_grad=True)
+    try:
+        (b * b).sum().backward()
+    except RuntimeError as error:
+        print("backward refused:", str(error).splitlines()[0], flush=True)
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print("child status", status)
+"""
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert "forward [0.0, 2.0, 4.0]" in proc.stdout
+    assert "backward refused: Unable to handle autograd's threading in combination with fork" in proc.stdout
+    assert "child status 0" in proc.stdout
+    assert "INTERNAL ASSERT" not in proc.stdout + proc.stderr

@@ -188,6 +188,8 @@ def _check_autograd_engine(name: str) -> None:
         try:
             torch.autograd.backward(_EngineProbe.apply(x), _acc.create_empty_tensor([], x.dtype))
         except RuntimeError as exc:
+            if "fork-based multiprocessing" in str(exc):
+                return  # a forked child: PyTorch refuses every backward here with this reason
             if "device_ready_queues_" not in str(exc):
                 raise
             raise DeviceUnavailableError(
