@@ -153,9 +153,9 @@ def register_device_guard() -> None:
     ``ACCELKIT_AUTOLOAD`` says); with ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` it is ``import
     accelkit``. :func:`activate` checks that it came early enough.
 
-    The cost, from the first backward on: one idle autograd thread for PrivateUse1, and, as on
-    any machine with a GPU, PyTorch refuses ``backward()`` in a child forked after that
-    (use the ``spawn`` start method). Nothing is registered when another PrivateUse1 backend
+    The cost, from the first backward on (activation runs one): one idle autograd thread for
+    PrivateUse1, and, as on any machine with a GPU, PyTorch refuses ``backward()`` in a child
+    forked after that (use the ``spawn`` start method). Nothing is registered when another PrivateUse1 backend
     has already claimed the slot.
     """
     global _guard
