@@ -14,6 +14,7 @@ from typing import Any
 # submodules. Importing torch here, before them, keeps that from meeting a half-imported package.
 import torch  # noqa: F401
 
+from accelkit import _runtime
 from accelkit._errors import (
     AccelkitError,
     BackendConflictError,
@@ -25,6 +26,10 @@ from accelkit._errors import (
 from accelkit._plugins import hookimpl
 from accelkit._policy import fallback_policy
 from accelkit._selection import DeviceReport, devices, explain_selection, select_device
+
+# Before anything can run a backward(): PyTorch's autograd engine only serves devices whose guard
+# it knows at its first backward (see _runtime.register_device_guard).
+_runtime.register_device_guard()
 
 __all__ = [
     "AccelkitError",

@@ -276,6 +276,58 @@ def test_repeated_adoption_does_not_grow_reserved_memory():
     assert alloc.made == [4 * KiB]
 
 
+def _spans_overlap(buffers) -> bool:
+    spans = sorted((b.address, b.address + b.nbytes) for b in buffers if b.nbytes)
+    return any(end > start for (_, end), (start, _) in zip(spans, spans[1:]))
+
+
+def test_live_buffers_have_distinct_aligned_non_overlapping_addresses():
+    alloc = AdoptingAllocator(64 * MiB)
+    rng = random.Random(5)
+    live = []
+    for step in range(400):
+        if live and rng.random() < 0.4:
+            live.pop(rng.randrange(len(live)))
+        elif rng.random() < 0.3:
+            live.append(alloc.adopt(bytearray(rng.randrange(1, 3000))))
+        else:
+            live.append(alloc.allocate(rng.choice([1, 100, 512, 513, 4000, MiB + 3])))
+        assert not _spans_overlap(live), f"overlapping device addresses at step {step}"
+    assert all(b.address and b.address % 512 == 0 for b in live)
+    assert len({b.address for b in live}) == len(live)
+
+
+def test_addresses_lie_where_no_host_pointer_can():
+    # Non-canonical on x86-64 (bits 63..47 differ); above any user address on arm64 once its
+    # loads drop the top byte.
+    address = BytesAllocator(MiB).allocate(8).address
+    assert address < 1 << 63  # a positive int64, as PyTorch's data pointers are
+    assert (address >> 47) not in (0, (1 << 17) - 1)
+    assert (address & ((1 << 56) - 1)) >= 1 << 52
+
+
+def test_an_empty_buffer_has_no_address_like_an_empty_cpu_storage():
+    assert torch.empty(0).untyped_storage().data_ptr() == 0
+    assert BytesAllocator(MiB).allocate(0).address == 0
+
+
+def test_a_freed_address_is_reused_and_a_failed_request_keeps_none():
+    alloc = BytesAllocator(4 * MiB, max_cached=0)
+    first = alloc.allocate(3 * MiB)
+    address = first.address
+    del first
+    filler = alloc.allocate(2 * MiB)
+    for _ in range(20):
+        with pytest.raises(torch.OutOfMemoryError):
+            alloc.allocate(3 * MiB)
+    del filler
+    alloc.fail_next = True
+    with pytest.raises(MemoryError):
+        alloc.allocate(3 * MiB)
+    # Neither the out-of-memory requests nor the backend's failure kept the freed address.
+    assert alloc.allocate(3 * MiB).address == address
+
+
 def test_negative_requests_and_capacities_are_refused():
     with pytest.raises(ValueError, match="capacity"):
         BytesAllocator(0)
@@ -338,6 +390,62 @@ def _capacity() -> int:
 def test_device_capacity_is_the_configured_ref_memory():
     assert _capacity() == parse_bytes(os.environ["ACCELKIT_REF_MEMORY"])
     assert torch.ref.memory_stats()["capacity_bytes"] == _capacity()
+
+
+def test_nothing_reads_or_writes_through_a_device_address():
+    # A device storage's data pointer is an address with no memory behind it. Every PyTorch
+    # path that would use it as host memory must either work from the payload or raise; a
+    # fresh interpreter, so that a regression shows as a crash of this test only.
+    code = """
+        import io, pickle
+        import numpy as np
+        import torch, accelkit
+        d = accelkit.select_device("ref")
+        x = torch.arange(6.0, device=d)
+        storage = x.untyped_storage()
+
+        def outcome(f):
+            try:
+                f()
+            except Exception as e:
+                return type(e).__name__ + ": " + str(e).splitlines()[0]
+            return "ok"
+
+        fresh = storage.new()
+        print("new", fresh.device, fresh.nbytes())
+        host = torch.arange(6.0)
+        storage.byteswap(torch.float32); host.untyped_storage().byteswap(torch.float32)
+        print("byteswap", torch.equal(x.cpu().view(torch.int32), host.view(torch.int32)))
+        storage.byteswap(torch.float32)
+        storage.fill_(0); print("fill", x.cpu().tolist())
+        x.copy_(torch.arange(6.0))
+        expected = torch.arange(6.0).untyped_storage()
+        print("item", [storage[i] for i in range(4, 8)] == [expected[i] for i in range(4, 8)], x.tolist())
+        print("numpy", outcome(lambda: x.numpy()))
+        print("asarray", outcome(lambda: np.asarray(x)))
+        print("np.from_dlpack", outcome(lambda: np.from_dlpack(x)))
+        print("dlpack", outcome(lambda: torch.from_dlpack(torch.utils.dlpack.to_dlpack(x)) + 1))
+        print("pickle", outcome(lambda: pickle.dumps(x)))
+        print("legacy", outcome(lambda: torch.save(x, io.BytesIO(), _use_new_zipfile_serialization=False)))
+        print("resize", outcome(lambda: storage.resize_(100)))
+        print("pin", outcome(lambda: x.pin_memory()))
+        print("still", x.tolist(), (x + 1).sum().item())
+    """
+    proc = run_python(code)
+    assert proc.returncode == 0, proc.stderr
+    out = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
+    assert out["new"] == "ref:0 0"
+    assert out["byteswap"] == "True"
+    assert out["fill"] == "[0.0, 0.0, 0.0, 0.0, 0.0, 0.0]"
+    assert out["item"] == "True [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]"  # the bytes of 1.0, as on the CPU
+    assert out["numpy"].startswith("TypeError: can't convert ref:0 device type tensor to numpy")
+    assert out["asarray"].startswith("TypeError")
+    assert out["np.from_dlpack"].startswith("RuntimeError: Unsupported device")
+    for rebuilt in ("dlpack", "pickle", "legacy"):  # tensors rebuilt over the bare address
+        assert out[rebuilt].startswith("RuntimeError: a ref:0 tensor without device memory"), out[rebuilt]
+    assert out["resize"].startswith("NotImplementedError")
+    assert out["pin"].startswith("RuntimeError: cannot pin")
+    assert out["still"] == "[0.0, 1.0, 2.0, 3.0, 4.0, 5.0] 21.0"
 
 
 def test_memory_allocated_grows_with_a_tensor_and_shrinks_when_it_goes(dev):

@@ -2,7 +2,8 @@
 
 A view on the device must have the CPU view's sizes, strides, offset and values, share its
 base's storage and version counter, and pass in-place writes through to the base and to every
-other view of it — also under autograd.
+other view of it — also under autograd. Each storage has its own data pointer, as on the CPU,
+and bad sizes and strides raise the CPU's errors.
 """
 
 from __future__ import annotations
@@ -417,6 +418,180 @@ def test_fill_and_zero_of_expanded_view_are_allowed_like_cpu(dev):
         assert base.cpu().tolist() == [[-1.0, 1.0, 2.0], [0.0, 0.0, 0.0]]
 
 
+# -- data pointers: one address per storage, as on the CPU --------------------------------------
+
+
+def _address(t: torch.Tensor) -> int:
+    """Where CPU PyTorch puts a tensor's first element: its storage's address plus its offset."""
+    return t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+
+
+def test_data_ptr_is_the_storage_address_plus_the_offset_and_views_share_it(dev):
+    base_cpu = float_base()
+    base = base_cpu.to(dev)
+    assert base.data_ptr() != 0 and base.data_ptr() == base.untyped_storage().data_ptr()
+    for name, (make_base, view) in VIEW_CASES.items():
+        if make_base is not float_base:
+            continue
+        expected, actual = view(base_cpu), view(base)
+        pairs = zip(actual, expected) if isinstance(actual, tuple) else [(actual, expected)]
+        for a, e in pairs:
+            shared = a.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+            assert shared == shares_storage(e, base_cpu), name
+            assert a.data_ptr() == (0 if a.numel() == 0 else _address(a)), name  # empty: 0, as on the CPU
+            if shared and a.numel():  # the same distance from the base's first element as on the CPU
+                assert a.data_ptr() - base.data_ptr() == e.data_ptr() - base_cpu.data_ptr(), name
+
+
+def test_empty_tensors_and_storages_report_a_null_pointer_like_the_cpu(dev):
+    for device in ("cpu", dev):
+        t = torch.empty(0, 3, device=device)
+        assert t.data_ptr() == 0 and t.untyped_storage().data_ptr() == 0
+
+
+def test_distinct_live_storages_never_overlap(dev):
+    torch.manual_seed(0)
+    live = [torch.empty(int(n), device=dev) for n in torch.randint(1, 3000, (60,))]
+    live += [torch.randn(7, 5, device=dev), torch.arange(100, device=dev), torch.ones(3, device=dev) + 1]
+    spans = sorted((t.data_ptr(), t.data_ptr() + t.untyped_storage().nbytes()) for t in live)
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+
+
+INPLACE_OPS = {
+    "add_": lambda t: t.add_(1),
+    "mul__of_view": lambda t: (t[1:].mul_(2), t)[1],
+    "copy_from_cpu": lambda t: t.copy_(torch.ones(t.shape)),
+    "fill_": lambda t: t.fill_(3),
+    "zero_": lambda t: t.zero_(),
+    "clamp_": lambda t: t.clamp_(0, 2),
+    "index_add_": lambda t: t.index_add_(0, torch.tensor([0, 2], device=t.device), torch.ones(2, 4, device=t.device)),
+    "masked_fill_": lambda t: t.masked_fill_(t > 1, -1.0),
+    "scatter_": lambda t: t.scatter_(1, torch.zeros(3, 1, dtype=torch.long, device=t.device), 5.0),
+    "unsqueeze_": lambda t: t.unsqueeze_(0),
+    "t_": lambda t: t.t_(),
+    "resize__smaller": lambda t: t.resize_(2, 2),
+    "set__own_storage": lambda t: t.set_(t.untyped_storage(), 1, (2, 2), (1, 2)),
+    "out_of_the_right_shape": lambda t: torch.mul(torch.ones(3, 4, device=t.device), 2, out=t),
+    "out_of_a_smaller_shape": pytest.param(  # resized, as on the CPU (with its deprecation warning)
+        lambda t: torch.sum(torch.ones(2, 5, 2, device=t.device), 1, out=t),
+        marks=pytest.mark.filterwarnings("ignore:An output with one or more elements was resized"),
+    ),
+}
+
+
+@pytest.mark.parametrize("op", INPLACE_OPS.values(), ids=INPLACE_OPS.keys())
+def test_inplace_ops_keep_the_data_pointer(dev, op):
+    t = torch.arange(12.0, device=dev).reshape(3, 4)
+    storage_address = t.untyped_storage().data_ptr()
+    out = op(t)
+    assert out is t
+    assert t.untyped_storage().data_ptr() == storage_address
+    assert t.data_ptr() == _address(t)
+
+
+def test_a_resize_that_reallocates_moves_the_storage_and_every_tensor_on_it(dev):
+    x = torch.arange(4.0, device=dev)
+    view = x[1:]
+    old = x.untyped_storage().data_ptr()
+    x.resize_(1000)
+    assert x.untyped_storage().nbytes() == 4000  # like the CPU's resize_
+    assert view.untyped_storage().data_ptr() == x.untyped_storage().data_ptr() != old
+    assert view.data_ptr() == x.data_ptr() + 4
+    assert x[:4].cpu().tolist() == [0.0, 1.0, 2.0, 3.0] and view[:3].cpu().tolist() == [1.0, 2.0, 3.0]
+
+
+def test_set__grows_the_storage_like_the_cpu(dev):
+    results = []
+    for device in ("cpu", dev):
+        source = torch.arange(6.0, device=device)
+        storage = source.untyped_storage()
+        t = torch.empty(0, device=device).set_(storage, 2, (4, 4), (4, 1))
+        t[0].fill_(-1)
+        assert t.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()  # one storage
+        results.append((t.shape, t.stride(), t.storage_offset(), storage.nbytes(), source[:6].cpu().tolist()))
+    assert results[1] == results[0]
+
+
+# -- bad geometry: PyTorch's own errors -------------------------------------------------------
+
+BAD_GEOMETRY = {
+    "empty": lambda d: torch.empty((2, -1), device=d),
+    "empty_int": lambda d: torch.empty(-1, device=d),
+    "empty_strided": lambda d: torch.empty_strided((2, -1), (1, 1), device=d),
+    "empty_strided_negative_stride": lambda d: torch.empty_strided((2, 2), (-1, 1), device=d),
+    "empty_strided_rank_mismatch": lambda d: torch.empty_strided((2, 2), (1,), device=d),
+    "empty_permuted": lambda d: torch.empty_permuted((2, -1), (1, 0), device=d),
+    "zeros": lambda d: torch.zeros(2, -1, device=d),
+    "ones": lambda d: torch.ones(2, -1, device=d),
+    "full": lambda d: torch.full((2, -1), 1.0, device=d),
+    "rand": lambda d: torch.rand(2, -1, device=d),
+    "randn": lambda d: torch.randn(-3, device=d),
+    "randint": lambda d: torch.randint(5, (2, -1), device=d),
+    "randperm": lambda d: torch.randperm(-1, device=d),
+    "normal": lambda d: torch.normal(0.0, 1.0, (2, -1), device=d),
+    "new_empty": lambda d: torch.ones(2, device=d).new_empty((2, -1)),
+    "new_empty_strided": lambda d: torch.ones(2, device=d).new_empty_strided((2, -1), (1, 1)),
+    "new_zeros": lambda d: torch.ones(2, device=d).new_zeros((-2, 3)),
+    "new_ones": lambda d: torch.ones(2, device=d).new_ones((2, -1)),
+    "new_full": lambda d: torch.ones(2, device=d).new_full((2, -1), 3.0),
+    "repeat": pytest.param(
+        lambda d: torch.ones(4, device=d).repeat(-1),
+        marks=pytest.mark.xfail(
+            DEVICE.type == "tpu", strict=True,
+            reason="tpu takes result shapes from PyTorch's Meta kernels, whose repeat check words it "
+            "'Repeats cannot be negative' where the CPU reports the negative dimension",
+        ),
+    ),
+    "resize_": lambda d: torch.ones(2, device=d).resize_(2, -1),
+    "view": lambda d: torch.ones(4, device=d).view(2, -2),
+    "view_two_inferred": lambda d: torch.ones(4, device=d).view(-1, -1),
+    "reshape": lambda d: torch.ones(4, device=d).reshape(-2, 2),
+    "reshape_of_transposed": lambda d: torch.ones(4, 2, device=d).t().reshape(-2, 4),
+    "expand": lambda d: torch.ones(4, device=d).expand(-2, 4),
+    "as_strided_negative_size": lambda d: torch.ones(4, device=d).as_strided((2, -1), (1, 1)),
+    "as_strided_negative_size_zero_stride": lambda d: torch.ones(4, device=d).as_strided((-2, 4), (0, 1)),
+    "as_strided_negative_stride": lambda d: torch.ones(4, device=d).as_strided((2, -1), (-1, 1)),
+    "as_strided_negative_offset": lambda d: torch.ones(4, device=d).as_strided((2,), (1,), -1),
+    "as_strided_past_the_storage": lambda d: torch.ones(4, device=d).as_strided((3,), (1,), 2),
+    "as_strided_of_a_view_past_the_storage": lambda d: torch.ones(4, device=d)[1:].as_strided((3, 3), (1, 1)),
+    "as_strided_0d_past_the_end": lambda d: torch.ones(4, device=d).as_strided((), (), 4),
+    "narrow_negative_length": lambda d: torch.ones(4, device=d).narrow(0, 0, -1),
+}
+
+
+def _outcome(make, device):
+    try:
+        return ("ok", tuple(make(device).shape))
+    except Exception as error:  # noqa: BLE001 - the exception is what is compared
+        return (type(error), str(error).splitlines()[0])
+
+
+@pytest.mark.parametrize("make", BAD_GEOMETRY.values(), ids=BAD_GEOMETRY.keys())
+def test_bad_sizes_and_strides_raise_the_cpu_error(dev, make):
+    expected = _outcome(make, "cpu")
+    assert expected[0] is RuntimeError  # every case is an error on the CPU
+    assert _outcome(make, dev) == expected
+
+
+def test_as_strided_up_to_the_end_of_the_storage_is_allowed_like_cpu(dev):
+    for make in (lambda x: x.as_strided((2,), (1,), 2), lambda x: x[1:].as_strided((2, 2), (1, 1), 1),
+                 lambda x: x.as_strided((0, 3), (1, 1), 9), lambda x: x.as_strided((), (), 3)):
+        assert_same_view(make(torch.arange(4.0).to(dev)), make(torch.arange(4.0)))
+
+
+def test_failed_resize_leaves_the_tensor_and_its_storage_as_they_were(dev):
+    # The CPU raises the same error but keeps the negative size; a failed in-place op on the
+    # device changes nothing.
+    x = torch.arange(4.0, device=dev)
+    view = x[1:]
+    with pytest.raises(RuntimeError):
+        x.resize_(2, -1)
+    assert x.shape == (4,) and x.untyped_storage().nbytes() == 16
+    assert x.cpu().tolist() == [0.0, 1.0, 2.0, 3.0] and view.cpu().tolist() == [1.0, 2.0, 3.0]
+    x.resize_(2, 2)  # the process and the tensor keep working
+    assert x.cpu().tolist() == [[0.0, 1.0], [2.0, 3.0]]
+
+
 # -- property: random view chains plus an in-place write ----------------------------------------
 
 
@@ -455,7 +630,10 @@ def _view_step(draw, t: torch.Tensor):
         d = draw(st.integers(-n - 1, n))
         return f"unsqueeze({d})", lambda x: x.unsqueeze(d)
     if kind == "dtype":
-        target = draw(st.sampled_from([torch.float32, torch.int32, torch.int16, torch.float64, torch.uint8]))
+        targets = [torch.float32, torch.int32, torch.int16, torch.uint8]
+        if _computes_float64_exactly():  # a write to the view is float64 arithmetic
+            targets.append(torch.float64)
+        target = draw(st.sampled_from(targets))
         return f"view({target})", lambda x: x.view(target)
     if kind == "transpose":
         d2 = draw(st.integers(-n, n - 1))
@@ -550,6 +728,16 @@ def _write(draw, view: torch.Tensor):
 
 #: Dtypes of the random chains' bases, limited to those the device under test holds.
 BASE_DTYPES = [d for d in (torch.float32, torch.complex64, torch.int32) if holds(d)]
+
+
+@functools.cache
+def _computes_float64_exactly() -> bool:
+    """Whether float64 arithmetic on the device under test is exact (neuron's
+    ACCELKIT_NEURON_FLOAT64=downcast computes it in float32)."""
+    if not holds(torch.float64):
+        return False
+    value = torch.tensor([1 + 2.0**-40], dtype=torch.float64)
+    return torch.equal((value.to(DEVICE) + 0.0).cpu(), value)
 
 
 @functools.cache

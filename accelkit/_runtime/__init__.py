@@ -40,6 +40,7 @@ from accelkit.sdk import (
 )
 
 _lock = threading.RLock()
+_guard: _acc.DeviceGuard | None = None  # accelkit's PrivateUse1 device guard, once PyTorch holds it
 _active: BackendContext | None = None
 _failed: str | None = None  # why a half-done activation left PrivateUse1 unusable in this process
 _libraries: list[torch.library.Library] = []  # kept alive: dropping one deregisters its kernels
@@ -164,16 +165,81 @@ class _Hooks(_acc.PrivateUse1Hooks):
 
 
 class _Guard(_acc.DeviceGuard):
+    """PrivateUse1's device guard. Python defines only its device type; everything else (one
+    device, index 0, default streams) is fixed in PyTorch, so one guard serves every backend."""
+
     def type_(self) -> Any:
         return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def register_device_guard() -> None:
+    """Give PyTorch accelkit's PrivateUse1 device guard now, before any backend is active.
+
+    PyTorch's autograd engine sets up its per-device worker queues once per process, at the
+    first ``backward()``, from the device guards registered at that moment; a device whose
+    guard comes later has no queue, and its first backward fails inside PyTorch. So accelkit
+    registers the guard when it is imported, which torch's backend autoload does at the end
+    of ``import torch`` (loading ``accelkit._autoload`` imports the package, whatever
+    ``ACCELKIT_AUTOLOAD`` says); with ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` it is ``import
+    accelkit``. :func:`activate` checks that it came early enough.
+
+    The cost, from the first backward on (activation runs one): one idle autograd thread for
+    PrivateUse1, and, as on any machine with a GPU, PyTorch refuses ``backward()`` in a child
+    forked after that (use the ``spawn`` start method). Nothing is registered when another PrivateUse1 backend
+    has already claimed the slot.
+    """
+    global _guard
+    with _lock:
+        if _guard is not None or torch._C._get_privateuse1_backend_name() != "privateuseone":
+            return
+        guard = _Guard()
+        if _acc.register_python_privateuseone_device_guard(guard):
+            _guard = guard
+
+
+class _EngineProbe(torch.autograd.Function):
+    """A backward whose gradient lives on the device, running no device kernel."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return _acc.create_empty_tensor([], x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> None:
+        return None
+
+
+def _check_autograd_engine(name: str) -> None:
+    """Run one device backward now, so that a process whose autograd engine has no queue for
+    PrivateUse1 (a backward ran before :func:`register_device_guard`) fails at selection,
+    with the reason, and never inside PyTorch at the user's first backward."""
+    with torch.inference_mode(False), torch.enable_grad(), torch.autograd.set_multithreading_enabled(True):
+        x = torch.zeros((), requires_grad=True)
+        try:
+            torch.autograd.backward(_EngineProbe.apply(x), _acc.create_empty_tensor([], x.dtype))
+        except RuntimeError as exc:
+            if "fork-based multiprocessing" in str(exc):
+                return  # a forked child: PyTorch refuses every backward here with this reason
+            if "device_ready_queues_" not in str(exc):
+                raise
+            raise DeviceUnavailableError(
+                f"{name} cannot run backward() in this process: a backward() ran before accelkit "
+                "registered its device with PyTorch's autograd engine, which sets up its device "
+                "queues once, at the first backward of a process. Start a new process that imports "
+                "accelkit before its first backward: torch's backend autoload does so at "
+                "`import torch` unless TORCH_DEVICE_BACKEND_AUTOLOAD=0 is set; otherwise put "
+                "`import accelkit` at the top of the program."
+            ) from None
 
 
 def _install(ctx: BackendContext) -> None:
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
+    register_device_guard()
     _setup_privateuseone_for_python_backend(
-        rename=ctx.name, backend_module=DeviceModule(ctx), hook=_Hooks(ctx), device_guard=_Guard()
+        rename=ctx.name, backend_module=DeviceModule(ctx), hook=_Hooks(ctx), device_guard=_guard or _Guard()
     )
+    _check_autograd_engine(ctx.name)
     pipeline = Pipeline(ctx)
     kernels = torch.library.Library("aten", "IMPL")
     for op, fn in core_ops(ctx).items():
@@ -239,4 +305,4 @@ def _install_formatting(ctx: BackendContext) -> None:
     _tensor_str._str = formatted
 
 
-__all__ = ["activate", "active", "conflict_error", "_tensors"]
+__all__ = ["activate", "active", "conflict_error", "register_device_guard", "_tensors"]

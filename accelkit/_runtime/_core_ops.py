@@ -6,6 +6,7 @@ a tensor at all. Each is registered directly on PrivateUse1.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from accelkit._runtime._context import BackendContext
 from accelkit._runtime._dispatch import META
 
 aten = torch.ops.aten
+_as_strided_meta = functools.partial(aten.as_strided.default._handle.redispatch_boxed, META)
 
 _MEMORY_FORMAT_STRIDES = {
     torch.channels_last: 4,
@@ -34,6 +36,39 @@ def _check_index(ctx: BackendContext, device: Any) -> None:
         )
 
 
+def _check_geometry(size: tuple[int, ...], stride: tuple[int, ...] | None = None) -> None:
+    """PyTorch's own checks (and wording) for a factory's sizes and strides, made before any
+    memory is reserved."""
+    if size and min(size) < 0:
+        dim = next(s for s in size if s < 0)
+        raise RuntimeError(f"Trying to create tensor with negative dimension {dim}: {list(size)}")
+    if stride is None:
+        return
+    if len(size) != len(stride):
+        raise RuntimeError(
+            f"dimensionality of sizes ({len(size)}) must match dimensionality of strides ({len(stride)})"
+        )
+    if stride and min(stride) < 0:
+        raise RuntimeError(
+            f"Storage size calculation overflowed with sizes={list(size)} and strides={list(stride)}"
+        )
+
+
+def _storage_size_overflows(size, stride, offset: int, itemsize: int) -> bool:
+    """Whether PyTorch's storage-size computation (``computeStorageNbytes``, in unsigned 64-bit
+    arithmetic) overflows for this geometry, as it does for a negative size with a stride."""
+    wrap = 1 << 64
+    total, overflowed = offset + 1, False
+    for s, st in zip(size, stride):
+        if s == 0:
+            return False
+        step = (st % wrap) * ((s - 1) % wrap)
+        total += step % wrap
+        overflowed |= step >= wrap or total >= wrap
+        total %= wrap
+    return overflowed or total * itemsize >= wrap
+
+
 def _strides_for(size: tuple[int, ...], memory_format: Any) -> tuple[int, ...] | None:
     if memory_format in _MEMORY_FORMAT_STRIDES and len(size) == _MEMORY_FORMAT_STRIDES[memory_format]:
         return torch.empty(size, device="meta", memory_format=memory_format).stride()
@@ -47,11 +82,43 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
     def empty(size, *, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
         _check_index(ctx, device)
         size = tuple(size)
+        _check_geometry(size)
         return T.new_tensor(ctx, size, dtype or torch.get_default_dtype(), _strides_for(size, memory_format))
 
     def empty_strided(size, stride, *, dtype=None, layout=None, device=None, pin_memory=None):
         _check_index(ctx, device)
-        return T.new_tensor(ctx, tuple(size), dtype or torch.get_default_dtype(), tuple(stride))
+        size, stride = tuple(size), tuple(stride)
+        _check_geometry(size, stride)
+        return T.new_tensor(ctx, size, dtype or torch.get_default_dtype(), stride)
+
+    def as_strided(self, size, stride, storage_offset=None):
+        try:
+            view = _as_strided_meta(self, size, stride, storage_offset)
+        except RuntimeError:
+            # Where CPU's bounds check overflows (a negative size), Meta reports a numel overflow.
+            offset = self.storage_offset() if storage_offset is None else storage_offset
+            if (len(size) == len(stride) and min(stride, default=0) >= 0 and offset >= 0
+                    and _storage_size_overflows(size, stride, offset, self.dtype.itemsize)):
+                raise RuntimeError(
+                    f"Storage size calculation overflowed with sizes={list(size)} and strides={list(stride)}"
+                ) from None
+            raise
+        # The Meta kernel skips the CPU's bounds check: a view past its storage would read and
+        # write bytes that are not the tensor's.
+        offset = view.storage_offset() if storage_offset is None else storage_offset
+        last = offset
+        for s, st in zip(size, stride):
+            if s == 0:
+                return view
+            last += (s - 1) * st
+        itemsize = self.dtype.itemsize
+        if (last + 1) * itemsize > (nbytes := self.untyped_storage().nbytes()):
+            raise RuntimeError(
+                f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and "
+                f"itemsize {itemsize} requiring a storage size of {(last + 1) * itemsize} are out of "
+                f"bounds for storage of size {nbytes}"
+            )
+        return view
 
     def meta(op):
         def run(*args, **kwargs):
@@ -67,8 +134,20 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
             )
         if size is None:
             size = (source.nbytes() // self.dtype.itemsize,)
-        stride = T.contiguous_strides(size) if stride is None else stride
-        return aten.set_.source_Storage_storage_offset.redispatch(META, self, source, storage_offset, size, stride)
+        size = tuple(size)
+        stride = tuple(stride) if stride else T.contiguous_strides(size)  # [] means contiguous
+        # PyTorch's checks and wording, made before anything changes.
+        if len(size) != len(stride):
+            raise RuntimeError(f"unequal size length ({len(size)}) and stride length ({len(stride)})")
+        if storage_offset < 0:
+            raise RuntimeError(f"Tensor: invalid storage offset {storage_offset}")
+        if size and min(size) < 0:
+            raise RuntimeError("numel: integer multiplication overflow")
+        if stride and min(stride) < 0:
+            raise RuntimeError(
+                f"Storage size calculation overflowed with sizes={list(size)} and strides={list(stride)}"
+            )
+        return T.attach_storage(ctx, self, source, size, stride, storage_offset)
 
     def set_tensor(self, source):
         T.buffer_of(source)
@@ -80,6 +159,9 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
 
     def resize_(self, size, memory_format=None):
         size = tuple(size)
+        if size and min(size) < 0:
+            # PyTorch's wording; unlike the CPU, which keeps the negative size, self is unchanged.
+            raise RuntimeError("numel: integer multiplication overflow")
         if memory_format is None and size == tuple(self.shape):
             return self  # as on CPU: the same shape keeps its strides (factories' out= write through them)
         stride = _strides_for(size, memory_format) or T.contiguous_strides(size)
@@ -132,7 +214,7 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
     return {
         aten.empty.memory_format: empty,
         aten.empty_strided.default: empty_strided,
-        aten.as_strided.default: meta(aten.as_strided.default),
+        aten.as_strided.default: as_strided,
         aten.view.default: meta(aten.view.default),
         aten._reshape_alias.default: meta(aten._reshape_alias.default),
         aten.alias.default: meta(aten.alias.default),

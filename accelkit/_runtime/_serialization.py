@@ -1,12 +1,15 @@
 """``torch.save`` / ``torch.load`` / ``copy.deepcopy`` for device tensors, storage sharing kept.
 
-Device storages have no host data pointer, which PyTorch's serializer and ``deepcopy`` need.
-Two things make them work:
+Device storages have a device address but no memory PyTorch can reach, and no allocator,
+which PyTorch's serializer, ``deepcopy`` and a few storage methods need. Two things make them
+work:
 
 - a storage *deserializer* registered with ``torch.serialization.register_package`` builds a
   device storage from the loaded bytes (for ``map_location=None`` and ``map_location=<dev>``);
-- three methods of ``torch.UntypedStorage`` — ``data_ptr``, ``cpu`` and ``clone`` — are
-  wrapped so that, **for this device's storages only**, they answer from the payload. Every
+- four methods of ``torch.UntypedStorage`` are wrapped so that, **for this device's storages
+  only**, they work from the payload: ``cpu`` and ``clone`` copy it, ``new`` makes an empty
+  device storage and ``_byteswap`` (behind ``byteswap``) swaps the bytes through the host —
+  PyTorch's own methods would allocate with, or write through, the storage's address. Every
   other storage goes straight to PyTorch's own method. This is the one global patch accelkit
   makes to torch objects besides tensor formatting; it is installed once, on activation.
 """
@@ -112,15 +115,10 @@ def install_serialization(ctx: BackendContext) -> None:
     torch.serialization.register_package(11, tagger, deserializer)
 
     storage_cls = torch.UntypedStorage
-    original_data_ptr = storage_cls.data_ptr
     original_cpu = storage_cls.cpu
     original_clone = storage_cls.clone
-
-    def data_ptr(self: Any) -> int:
-        payload = _payload(self, ctx)
-        if payload is None:
-            return original_data_ptr(self)
-        return id(payload)  # unique while the storage lives; what sharing checks compare
+    original_new = storage_cls.new
+    original_byteswap = storage_cls._byteswap
 
     def cpu(self: Any) -> Any:
         payload = _payload(self, ctx)
@@ -137,9 +135,22 @@ def install_serialization(ctx: BackendContext) -> None:
             return original_clone(self)
         return _device_storage(ctx, cpu(self))
 
-    data_ptr.__doc__ = original_data_ptr.__doc__
-    cpu.__doc__ = original_cpu.__doc__
-    clone.__doc__ = original_clone.__doc__
-    storage_cls.data_ptr = data_ptr
-    storage_cls.cpu = cpu
-    storage_cls.clone = clone
+    def new(self: Any) -> Any:
+        if _payload(self, ctx) is None:
+            return original_new(self)
+        return T.new_tensor(ctx, (0,), torch.uint8).untyped_storage()
+
+    def _byteswap(self: Any, elem_size: int) -> None:
+        payload = _payload(self, ctx)
+        if payload is None:
+            return original_byteswap(self, elem_size)
+        host = cpu(self)
+        original_byteswap(host, elem_size)  # checks elem_size with PyTorch's own message
+        if host.nbytes():
+            allocator.write_bytes(payload.block, torch.empty(0, dtype=torch.uint8).set_(host))
+        return None
+
+    for wrapper, original in ((cpu, original_cpu), (clone, original_clone), (new, original_new),
+                              (_byteswap, original_byteswap)):
+        wrapper.__doc__ = original.__doc__
+        setattr(storage_cls, wrapper.__name__, wrapper)

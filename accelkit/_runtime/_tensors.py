@@ -1,9 +1,16 @@
 """Storage emulation: device tensors with real sizes, strides and offsets over a backend buffer.
 
 A device tensor is a PrivateUse1 tensor whose ``UntypedStorage`` Python object carries the
-backend :class:`~accelkit.sdk.Buffer` as ``payload``. Sizes, strides, offset and the storage's
-byte size are set through the Meta kernel of ``set_``, so every view PyTorch makes shares the
+backend :class:`~accelkit.sdk.Buffer` as ``payload``. Every view PyTorch makes shares the
 StorageImpl — and with it the payload — exactly as on CPU.
+
+The StorageImpl's data pointer is the buffer's device address (:attr:`Buffer.address`), so
+``data_ptr()`` is unique per storage, shared by its views and kept by in-place ops, as on the
+CPU. It comes from ``torch._C._construct_storage_from_data_pointer`` and is swapped into the
+tensor's fresh storage; PyTorch cannot read through it (no allocator, and the address lies
+where no host memory can be). Such a storage is not *resizable* to PyTorch, so geometry is set
+with the Meta kernel of ``as_strided_`` (bounds-checked against the storage), and a storage
+that must grow gets a new buffer and a new address, as a CPU reallocation does.
 """
 
 from __future__ import annotations
@@ -19,9 +26,13 @@ from accelkit._runtime._context import BackendContext
 from accelkit.sdk import Buffer, ViewSpec
 
 META = DispatchKeySet(DispatchKey.Meta)
-_set_storage = torch.ops.aten.set_.source_Storage_storage_offset
-_set_storage_meta = functools.partial(_set_storage._handle.redispatch_boxed, META)
-_create_empty = torch._C._acc.create_empty_tensor
+_set_geometry_meta = functools.partial(torch.ops.aten.as_strided_.default._handle.redispatch_boxed, META)
+_set_storage_meta = functools.partial(
+    torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed, META
+)
+_create_empty = torch._C._acc.create_empty_tensor  # contiguous, with an empty resizable storage
+_storage_at = torch._C._construct_storage_from_data_pointer  # (address, device, nbytes)
+_DEVICE = torch.device("privateuseone", 0)
 
 
 def contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
@@ -52,9 +63,32 @@ def buffer_of(tensor: torch.Tensor) -> Buffer:
     except AttributeError:
         raise RuntimeError(
             f"a {tensor.device} tensor without device memory reached accelkit; it was made by "
-            "an API that bypasses the runtime (e.g. torch.UntypedStorage(n, device=...)). "
-            "Create device tensors with torch.empty/zeros/tensor(..., device=...) or .to(device)."
+            "an API that bypasses the runtime: torch.UntypedStorage(n, device=...), or a tensor "
+            "rebuilt over a storage's raw address (DLPack, pickle and the legacy "
+            "torch.save(..., _use_new_zipfile_serialization=False) do that). Create device "
+            "tensors with torch.empty/zeros/tensor(..., device=...) or .to(device), and save "
+            "them with torch.save."
         ) from None
+
+
+def _wrap(
+    payload: Buffer, size: tuple[int, ...], dtype: torch.dtype, stride: tuple[int, ...] | None
+) -> torch.Tensor:
+    """A new device tensor over ``payload``: its storage has the payload, the payload's byte
+    size and its address; ``stride`` None means contiguous."""
+    tensor = _create_empty(size, dtype)
+    storage = tensor.untyped_storage()
+    if payload.address:
+        storage._swap_data_ptr_(_storage_at(payload.address, _DEVICE, payload.nbytes))
+    storage.payload = payload
+    # create_empty's strides are contiguous but for zero-size dimensions (which PyTorch counts
+    # as 1); other strides are set on the new storage.
+    if stride is None:
+        if 0 in size:
+            _set_geometry_meta(tensor, size, _dense_strides(size), 0)
+    elif 0 in size or stride != _dense_strides(size):
+        _set_geometry_meta(tensor, size, stride, 0)
+    return tensor
 
 
 def new_tensor(
@@ -70,13 +104,26 @@ def new_tensor(
     """
     ctx.check_dtype(dtype)
     size = tuple(size)
-    stride = contiguous_strides(size) if stride is None else tuple(stride)
-    payload = ctx.allocator.allocate(storage_bytes(size, stride, 0, dtype.itemsize))
-    tensor = _create_empty(size, dtype)
-    storage = tensor.untyped_storage()
-    storage.payload = payload
-    _set_storage_meta(tensor, storage, 0, size, stride)
-    return tensor
+    if stride is not None:
+        stride = tuple(stride)
+    nbytes = storage_bytes(size, _dense_strides(size) if stride is None else stride, 0, dtype.itemsize)
+    return _wrap(ctx.allocator.allocate(nbytes), size, dtype, stride)
+
+
+def _grow(ctx: BackendContext, storage: torch.UntypedStorage, old: Buffer, needed: int) -> None:
+    """Give ``storage`` (whose buffer is ``old``) at least ``needed`` bytes, keeping the bytes it
+    holds, as a CPU storage's resize does: a new buffer, so a new byte size and address, which
+    every tensor on the storage sees. Nothing changes if the allocation fails."""
+    if needed <= old.nbytes:
+        return
+    grown = ctx.allocator.allocate(needed)
+    if old.nbytes:
+        ctx.allocator.write_bytes(grown.block, ctx.allocator.read_bytes(old.block, old.nbytes))
+    placeholder = _storage_at(0, _DEVICE, 0)
+    storage._swap_data_ptr_(placeholder)  # byte sizes must match or one be 0: empty it first
+    storage._swap_data_ptr_(_storage_at(grown.address, _DEVICE, grown.nbytes))
+    del placeholder  # it holds the old address, which the old buffer gives back when it goes
+    storage.payload = grown
 
 
 def set_geometry(
@@ -91,16 +138,29 @@ def set_geometry(
     Growth keeps the bytes already stored (``resize_`` semantics); every other tensor sharing
     the storage sees the new buffer.
     """
-    storage = tensor.untyped_storage()
+    size, stride = tuple(size), tuple(stride)
     needed = storage_bytes(size, stride, offset, tensor.dtype.itemsize)
-    old = buffer_of(tensor)
-    if needed > old.nbytes:
-        grown = ctx.allocator.allocate(needed)
-        if old.nbytes:
-            ctx.allocator.write_bytes(grown.block, ctx.allocator.read_bytes(old.block, old.nbytes))
-        storage.payload = grown
-    _set_storage_meta(tensor, storage, offset, tuple(size), tuple(stride))
+    _grow(ctx, tensor.untyped_storage(), buffer_of(tensor), needed)
+    _set_geometry_meta(tensor, size, stride, offset)
     return tensor
+
+
+def attach_storage(
+    ctx: BackendContext,
+    tensor: torch.Tensor,
+    storage: torch.UntypedStorage,
+    size: Sequence[int],
+    stride: Sequence[int],
+    offset: int,
+) -> torch.Tensor:
+    """``tensor.set_(storage, offset, size, stride)`` for a device ``storage``: growing it as the
+    CPU does when the geometry needs more bytes. Nothing changes if that allocation fails."""
+    size, stride = tuple(size), tuple(stride)
+    _grow(ctx, storage, storage.payload, storage_bytes(size, stride, offset, tensor.dtype.itemsize))
+    # The Meta set_ insists on a resizable storage unless the geometry is empty: attach with an
+    # empty one, then set the real one.
+    _set_storage_meta(tensor, storage, offset, (0,), (1,))
+    return _set_geometry_meta(tensor, size, stride, offset)
 
 
 def read(ctx: BackendContext, tensor: torch.Tensor) -> Any:
@@ -121,7 +181,7 @@ def from_array(ctx: BackendContext, array: Any) -> torch.Tensor:
     ctx.check_dtype(dtype)
     payload = allocator.adopt(array)
     if payload is not None:
-        return adopted_tensor(payload, shape, dtype, _dense_strides(shape))
+        return _wrap(payload, tuple(shape), dtype, None)
     tensor = new_tensor(ctx, shape, dtype)
     if tensor.numel():
         write(ctx, tensor, array)
@@ -132,14 +192,8 @@ def adopted_tensor(
     payload: Buffer, shape: Sequence[int], dtype: torch.dtype, strides: Sequence[int]
 ) -> torch.Tensor:
     """A new contiguous device tensor over an adopted buffer (``strides`` are ``shape``'s
-    contiguous strides, passed in because callers have them at hand)."""
-    tensor = _create_empty(shape, dtype)
-    storage = tensor.untyped_storage()
-    storage.payload = payload
-    # The new tensor's sizes and strides are already right; set_ gives its storage the byte
-    # size that views of it are checked against.
-    _set_storage_meta(tensor, storage, 0, shape, strides)
-    return tensor
+    contiguous strides, which the new tensor has)."""
+    return _wrap(payload, tuple(shape), dtype, None)
 
 
 def has_math_bits(tensor: torch.Tensor) -> bool:

@@ -16,6 +16,13 @@ import torch
 _SMALL_LIMIT = 1 << 20  # requests up to 1 MiB are rounded to 512 bytes
 _SMALL_ROUND = 512
 
+# Device addresses (Buffer.address) come from [_ADDRESS_BASE, _ADDRESS_LIMIT): no host pointer
+# can lie there. On x86-64 the range is non-canonical; on arm64, whose loads ignore the top
+# byte, what remains is above any user address. So code that wrongly dereferences one faults
+# at once instead of reading or writing someone's memory.
+_ADDRESS_BASE = 0x40F0 << 48
+_ADDRESS_LIMIT = 0x4100 << 48
+
 
 def size_class(nbytes: int) -> int:
     """Round a request to its block size.
@@ -78,16 +85,20 @@ class Buffer:
     It returns its block to the allocator when the storage (and so the last tensor using it)
     is gone. ``block`` is the backend's raw block; ``nbytes`` what was asked for.
     ``cacheable`` is False for adopted blocks, which go back to the backend when freed.
+    ``address`` is the buffer's device address, what ``data_ptr()`` reports: 0 for an empty
+    buffer, otherwise unique among live buffers, aligned to 512 bytes, with ``nbytes`` of
+    address space that no other live buffer overlaps. Nothing can be read through it.
     """
 
-    __slots__ = ("block", "nbytes", "block_bytes", "cacheable", "_allocator", "__weakref__")
+    __slots__ = ("block", "nbytes", "block_bytes", "cacheable", "address", "_allocator", "__weakref__")
 
     def __init__(self, allocator: DeviceAllocator, block: Any, nbytes: int, block_bytes: int,
-                 cacheable: bool = True):
+                 cacheable: bool = True, address: int = 0):
         self.block = block
         self.nbytes = nbytes
         self.block_bytes = block_bytes
         self.cacheable = cacheable
+        self.address = address
         self._allocator = allocator
 
     def __del__(self) -> None:
@@ -95,7 +106,7 @@ class Buffer:
         if allocator is not None:
             self._allocator = None
             try:
-                allocator._release(self.block, self.block_bytes, self.nbytes, self.cacheable)
+                allocator._release(self.block, self.block_bytes, self.nbytes, self.cacheable, self.address)
             except Exception:  # interpreter shutdown may have torn the allocator down already
                 pass
 
@@ -146,6 +157,9 @@ class DeviceAllocator:
         self._peak_allocated = 0
         self._peak_reserved = 0
         self._counts = {"allocations": 0, "frees": 0, "cache_hits": 0, "ooms": 0}
+        # Device addresses: freed ones by size class for reuse, and the start of the unused rest.
+        self._free_addresses: dict[int, list[int]] = {}
+        self._next_address = _ADDRESS_BASE
 
     # -- backend primitives ----------------------------------------------------------------
 
@@ -211,7 +225,7 @@ class DeviceAllocator:
         # Size classes let a freed block serve the next request of its class. An allocator that
         # caches nothing gets exactly what was asked, so a whole-tensor write covers its block.
         block_bytes = size_class(nbytes) if self.max_cached else nbytes
-        block = self._reserve(nbytes, block_bytes, use_cache=True)
+        block, address = self._reserve(nbytes, block_bytes, use_cache=True)
         if block is None:
             try:
                 block = self._alloc_block(block_bytes)
@@ -219,8 +233,9 @@ class DeviceAllocator:
                 with self._lock:
                     self._allocated -= block_bytes
                     self._requested -= nbytes
+                    self._free_address(address, nbytes)
                 raise
-        return Buffer(self, block, nbytes, block_bytes)
+        return Buffer(self, block, nbytes, block_bytes, address=address)
 
     def adopt(self, array: Any) -> Buffer | None:
         """Make a freshly computed array the block of a new buffer, without a copy.
@@ -237,8 +252,9 @@ class DeviceAllocator:
             # cache emptied, or does not fit, takes the general path.
             allocated = self._allocated + nbytes
             if allocated + self._cached_bytes > self.capacity:
-                self._reserve(nbytes, nbytes, use_cache=False)
+                _, address = self._reserve(nbytes, nbytes, use_cache=False)
             else:
+                address = self._claim_address(nbytes)
                 self._allocated = allocated
                 self._requested += nbytes
                 self._counts["allocations"] += 1
@@ -246,15 +262,17 @@ class DeviceAllocator:
                     self._peak_allocated = allocated
                 if allocated + self._cached_bytes > self._peak_reserved:
                     self._peak_reserved = allocated + self._cached_bytes
-        return Buffer(self, block, nbytes, nbytes, cacheable=False)
+        return Buffer(self, block, nbytes, nbytes, cacheable=False, address=address)
 
     def _block_from_array(self, array: Any) -> tuple[Any, int] | None:
         """Backend hook for :meth:`adopt`: ``(block, nbytes)`` viewing ``array``, or None."""
         return None
 
-    def _reserve(self, nbytes: int, block_bytes: int, use_cache: bool) -> Any:
-        """Account for a new buffer; return a cached block to reuse, if any."""
+    def _reserve(self, nbytes: int, block_bytes: int, use_cache: bool) -> tuple[Any, int]:
+        """Account for a new buffer; return a cached block to reuse (or None) and the buffer's
+        device address."""
         with self._lock:
+            address = self._claim_address(nbytes)  # first: it can fail, and then nothing changed
             cached = self._cache.get(block_bytes) if use_cache else None
             if cached:
                 block = cached.pop()
@@ -266,19 +284,41 @@ class DeviceAllocator:
                     self._empty_cache_locked()
                 if self._allocated + block_bytes > self.capacity:
                     self._counts["ooms"] += 1
+                    self._free_address(address, nbytes)
                     raise torch.OutOfMemoryError(self._oom_message(nbytes))
             self._allocated += block_bytes
             self._requested += nbytes
             self._counts["allocations"] += 1
             self._peak_allocated = max(self._peak_allocated, self._allocated)
             self._peak_reserved = max(self._peak_reserved, self._reserved())
-            return block
+            return block, address
 
-    def _release(self, block: Any, block_bytes: int, nbytes: int, cacheable: bool = True) -> None:
+    def _claim_address(self, nbytes: int) -> int:
+        """A device address for a new buffer of ``nbytes`` (lock held): a freed one of its size
+        class, else the next unused range. Empty buffers have none (0), as on the CPU."""
+        if not nbytes:
+            return 0
+        span = size_class(nbytes)
+        free = self._free_addresses.get(span)
+        if free:
+            return free.pop()
+        address = self._next_address
+        if address + span > _ADDRESS_LIMIT:
+            raise RuntimeError(f"{self.device}: the allocator ran out of device addresses")
+        self._next_address = address + span
+        return address
+
+    def _free_address(self, address: int, nbytes: int) -> None:
+        if address:
+            self._free_addresses.setdefault(size_class(nbytes), []).append(address)
+
+    def _release(self, block: Any, block_bytes: int, nbytes: int, cacheable: bool = True,
+                 address: int = 0) -> None:
         with self._lock:
             self._allocated -= block_bytes
             self._requested -= nbytes
             self._counts["frees"] += 1
+            self._free_address(address, nbytes)
             # Adopted blocks are never cached: adoption does not draw on the cache, so caching
             # them would grow it by one block per kernel result until max_cached is reached.
             if cacheable and self._cached_bytes + block_bytes <= self.max_cached:
