@@ -34,8 +34,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-#: Statuses waiting to be read, at most this many; past it the oldest is read at once.
+#: Statuses waiting to be read, at most this many; past it the oldest are read at once.
 PENDING_LIMIT = 256
+#: Statuses folded into one on the device before a read (a read costs about as much as a small
+#: op, a fold about as much as one read).
+FOLD = 64
 
 
 class Refused(Exception):
@@ -178,7 +181,7 @@ def drop_unless(ok: Any, index: Any, size: int) -> Any:
 class _Pending(NamedTuple):
     status: jax.Array
     op: str
-    results: frozenset[int]  # id() of each array the program returned
+    results: tuple[int, ...]  # id() of each array the program returned
 
 
 _pending: collections.deque[_Pending] = collections.deque()
@@ -206,13 +209,12 @@ def raise_now(status: jax.Array, op: str, device: str) -> None:
 
 def defer(status: jax.Array, op: str, device: str, results: Any) -> None:
     """Keep ``status`` to be read at the next synchronisation (strict mode); ``results`` are the
-    arrays its program returned (see :func:`settle`)."""
-    returned = results if isinstance(results, tuple | list) else (results,)
-    _pending.append(_Pending(status, op, frozenset(id(r) for r in returned)))
+    arrays its program returned (see :func:`settle`). Past :data:`PENDING_LIMIT` waiting
+    statuses, the oldest are read at once (this waits for their programs)."""
+    returned = tuple(map(id, results)) if type(results) is tuple or type(results) is list else (id(results),)
+    _pending.append(_Pending(status, op, returned))
     if len(_pending) > PENDING_LIMIT:
-        _settle(device, ready_only=True)
-        while len(_pending) > PENDING_LIMIT:
-            _settle(device, ready_only=False, count=1)
+        _settle(device, count=PENDING_LIMIT // 2)
 
 
 def raise_pending(device: str) -> None:
@@ -221,7 +223,7 @@ def raise_pending(device: str) -> None:
     through it — are named in that error, not raised again: as with CUDA's device-side
     asserts, what ran after a failure is suspect, and the first failure is the one to fix."""
     if _pending:
-        _settle(device, ready_only=False)
+        _settle(device)
 
 
 def settle(results: Any, device: str) -> None:
@@ -229,21 +231,44 @@ def settle(results: Any, device: str) -> None:
     views of them), if its status is still waiting; this reads every waiting status. Nothing is
     read for the results of a program with no waiting status."""
     wanted = {id(r.array if hasattr(r, "spec") else r) for r in results}
-    if any(not wanted.isdisjoint(p.results) for p in reversed(_pending)):
-        _settle(device, ready_only=False)
+    if any(not wanted.isdisjoint(p.results) for p in _pending):
+        _settle(device)
 
 
-def _settle(device: str, ready_only: bool, count: int | None = None) -> None:
+@jax.jit
+def _fold(statuses: tuple[jax.Array, ...]) -> jax.Array:
+    """One array for many statuses: which of them failed (1/0 each), then the first failed one
+    (all zeros when none did)."""
+    stacked = jnp.stack(statuses)
+    failed = stacked[:, 0] != 0
+    return jnp.concatenate([failed.astype(jnp.int64), stacked[jnp.argmax(failed)] * jnp.any(failed)])
+
+
+def _padded(statuses: list[jax.Array]) -> tuple[jax.Array, ...]:
+    """``statuses`` padded with passing ones to a power of two, so that few folds compile."""
+    size = 1 << (len(statuses) - 1).bit_length()
+    return tuple(statuses) + (_PASSED,) * (size - len(statuses))
+
+
+_PASSED = np.zeros((1 + VALUES,), np.int64)
+
+
+def _settle(device: str, count: int | None = None) -> None:
+    """Read the oldest ``count`` waiting statuses (all by default), :data:`FOLD` at a time
+    folded into one read, and raise the first failure among them."""
     with _pending_lock:
-        taken: list[_Pending] = []
-        while _pending and (count is None or len(taken) < count):
-            if ready_only and not _pending[0].status.is_ready():
-                break
-            taken.append(_pending.popleft())
+        taken = [_pending.popleft() for _ in range(min(len(_pending), count or len(_pending)))]
         if not taken:
             return
-        statuses = jax.device_get([p.status for p in taken])
-        failed = [(status, pending.op) for status, pending in zip(statuses, taken) if status[0]]
+        chunks = [taken[i:i + FOLD] for i in range(0, len(taken), FOLD)]
+        folds = jax.device_get([_fold(_padded([p.status for p in chunk])) for chunk in chunks])
+        failed: list[tuple[np.ndarray, str]] = []
+        for chunk, folded in zip(chunks, folds):
+            marks, first = folded[:-(1 + VALUES)], folded[-(1 + VALUES):]
+            names = [p.op for p, mark in zip(chunk, marks) if mark]
+            if names:
+                failed.append((first, names[0]))
+                failed.extend((None, name) for name in names[1:])
         if failed:
             (status, op), later = failed[0], [name for _, name in failed[1:]]
             raise _error(status, op, device, deferred=True, later=later)
