@@ -64,8 +64,14 @@ def no_gc():
         gc.enable()
 
 
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter (no backend active) and return the finished process."""
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120,
+               cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter (no backend active) and return the finished process.
+
+    ``cwd``: where it runs (default: here). ``python -c`` puts its working directory first on
+    ``sys.path``, so in a source checkout with an editable install its ``accelkit.egg-info`` is
+    found before anything on ``PYTHONPATH``.
+    """
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}
     full_env.update(env or {})
     return subprocess.run(
@@ -74,4 +80,5 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 12
         capture_output=True,
         text=True,
         timeout=timeout,
+        cwd=cwd,
     )

@@ -826,6 +826,7 @@ def test_an_in_tree_backend_cannot_be_replaced_by_an_installed_plugin(tmp_path):
         print(json.dumps(out))
         """),
         env=with_path(tmp_path, ACCELKIT_DEVICE="ref"),
+        cwd=tmp_path,  # not the checkout, whose accelkit.egg-info would be found first
     )
     out = last_json(proc)
     assert proc.stderr == ""
