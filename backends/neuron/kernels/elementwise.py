@@ -14,6 +14,7 @@ import torch
 
 from accelkit_backends.neuron.kernels._launch import OutSpec, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels._tiling import map_flat
+from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.core import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
@@ -316,7 +317,10 @@ def _zeros_like(k: Kernel, tile: Tile) -> Tile:
 
 @tile_kernel(aten.clamp.default)
 def clamp(k: Kernel, out: list[OutSpec], x: np.ndarray, min: Any = None, max: Any = None) -> np.ndarray:
+    """The bounds are converted to the result's type first, as PyTorch does (a uint8 tensor's
+    bound -1 is 255)."""
     result = hbm_empty(out[0])
+    min, max = (None if v is None else nx.element(v, result.dtype) for v in (min, max))
 
     def compute(dst: Tile, srcs: list[Tile]) -> None:
         src = srcs[0] if srcs[0].shape == dst.shape else _full(k, srcs[0], dst)
