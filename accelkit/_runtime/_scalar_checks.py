@@ -205,18 +205,9 @@ def _range(dtype: torch.dtype) -> tuple[float, float, bool]:
     return -info.max, info.max, False  # symmetric: an op may negate the number (sub's alpha)
 
 
-def _dtypes_of(value: Any, into: list[torch.dtype]) -> None:
-    if isinstance(value, _Tensor):
-        into.append(value.dtype)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            if isinstance(v, _Tensor):
-                into.append(v.dtype)
-
-
 class _Call:
-    """How to find, in a call of one op, the dtypes a number must fit (see the module
-    docstring, step 2)."""
+    """Where, in a call of one op, the tensors (and the ``dtype``) are whose types a number
+    must fit (see the module docstring, step 2)."""
 
     def __init__(self, op: OpOverload, checked: tuple[tuple[int, str, str], ...]):
         numbered = {position for position, _, _ in checked}
@@ -230,33 +221,54 @@ class _Call:
             elif arg.name == "dtype":
                 self.dtype = (position, arg.name)
 
-    def dtypes(self, args: tuple, kwargs: dict, value: Any) -> list[torch.dtype]:
-        found: list[torch.dtype] = []
+    def dtypes(self, args: tuple, kwargs: dict) -> tuple[torch.dtype, ...]:
+        found = []
+        count = len(args)
         for position, name in self.tensors:
-            _dtypes_of(args[position] if position < len(args) else kwargs.get(name), found)
+            value = args[position] if position < count else kwargs.get(name)
+            if isinstance(value, _Tensor):
+                found.append(value.dtype)
+            elif type(value) is list or type(value) is tuple:
+                found.extend(v.dtype for v in value if isinstance(v, _Tensor))
         if self.dtype is not None:
             position, name = self.dtype
-            dtype = args[position] if position < len(args) else kwargs.get(name)
+            dtype = args[position] if position < count else kwargs.get(name)
             if dtype is not None:
                 found.append(dtype)
-        if not found:  # a factory without a dtype: the number's own (full's inferred dtype)
-            found.append(torch.get_default_dtype() if isinstance(value, float) else torch.int64)
-        elif isinstance(value, float) and not all(d.is_floating_point or d.is_complex for d in found):
-            found.append(torch.get_default_dtype())  # a float bound promotes an int tensor
-        return found
+        return tuple(found)
 
 
-def _fits(value: Any, dtypes: list[torch.dtype]) -> bool:
-    """Step 2: ``value`` (a Python number) fits every one of ``dtypes``."""
+#: dtypes of a call's tensors -> (lowest, highest, inf/nan fit, all floating): see _fits.
+_INTERSECTIONS: dict[tuple[torch.dtype, ...], tuple[float, float, bool, bool]] = {}
+
+
+def _intersection(dtypes: tuple[torch.dtype, ...]) -> tuple[float, float, bool, bool]:
+    found = _INTERSECTIONS.get(dtypes)
+    if found is None:
+        low, high, nonfinite = -_INF, _INF, True
+        for dtype in dtypes:
+            least, most, takes_nonfinite = _range(dtype)
+            low, high, nonfinite = max(low, least), min(high, most), nonfinite and takes_nonfinite
+        floating = all(d.is_floating_point or d.is_complex for d in dtypes)
+        if len(_INTERSECTIONS) > 4096:
+            _INTERSECTIONS.clear()
+        found = _INTERSECTIONS[dtypes] = (low, high, nonfinite, floating)
+    return found
+
+
+def _fits(value: Any, dtypes: tuple[torch.dtype, ...]) -> bool:
+    """Step 2: ``value`` (a Python number) fits beside tensors of ``dtypes``: inside all their
+    ranges — and the default float dtype's when a float meets integer tensors it may promote
+    (or stands alone in a factory without a dtype, where an int is an int64)."""
     kind = type(value)
     if kind is not int and kind is not float:
         return kind is bool
-    finite = kind is int or math.isfinite(value)
-    for dtype in dtypes:
-        low, high, nonfinite = _range(dtype)
-        if not (low <= value <= high if finite else nonfinite):
-            return False
-    return True
+    if not dtypes:
+        dtypes = (torch.get_default_dtype() if kind is float else torch.int64,)
+    low, high, nonfinite, floating = _intersection(dtypes)
+    if kind is float and not floating:
+        low, high, nonfinite, _ = _intersection((*dtypes, torch.get_default_dtype()))
+    return low <= value <= high or (nonfinite and kind is float and not math.isfinite(value))
 
 
 @functools.cache
@@ -274,7 +286,7 @@ def _values(dtype: torch.dtype) -> tuple[float, float, bool]:
     return info.min, info.max, False
 
 
-def _tensor_fits(value: _Tensor, dtypes: list[torch.dtype]) -> bool:
+def _tensor_fits(value: _Tensor, dtypes: tuple[torch.dtype, ...]) -> bool:
     """Step 2 for a tensor standing for numbers: every value its dtype can hold fits every one
     of ``dtypes`` (no need to read it from the device). Such a number is stored as it is,
     never negated, so the ranges are the dtypes' own."""
@@ -340,50 +352,61 @@ class NumberCheck:
 
     def settled(self, args: tuple, kwargs: dict) -> bool:
         """Whether steps 1-2 show that every checked argument of this call fits."""
-        dtypes = self._call.dtypes
         for position, name, how in self.checked:
             value = args[position] if position < len(args) else kwargs.get(name)
-            if value is None:
+            if value is None or _plain(value):
                 continue
+            if how is OWN_TYPE:
+                return False
+            dtypes = self._call.dtypes(args, kwargs)
             if how is TENSOR:
-                if not (isinstance(value, _Tensor) and _tensor_fits(value, dtypes(args, kwargs, None))):
+                if not (isinstance(value, _Tensor) and _tensor_fits(value, dtypes)):
                     return False
-            elif how is OWN_TYPE:
-                if not _plain(value):
+            elif type(value) is list or type(value) is tuple:
+                if not all(_plain(v) or _fits(v, dtypes) for v in value):
                     return False
-            elif isinstance(value, (list, tuple)):
-                if not all(_plain(v) or _fits(v, dtypes(args, kwargs, v)) for v in value):
-                    return False
-            elif not (_plain(value) or _fits(value, dtypes(args, kwargs, value))):
+            elif not _fits(value, dtypes):
                 return False
         return True
 
     def __call__(self, args: tuple, kwargs: dict) -> None:
         """Raise PyTorch's overflow error when a checked argument of this call does not fit."""
         if not self.settled(args, kwargs):
-            ask_the_cpu(self.ctx, self.op, args, kwargs)
+            self.ask(args, kwargs)
+
+    def ask(self, args: tuple, kwargs: dict) -> None:
+        """Step 3: the CPU's verdict on this call."""
+        ask_the_cpu(self.ctx, self.op, args, kwargs)
 
 
 def guard(ctx: BackendContext, op: OpOverload, kernel: Callable[..., Any]) -> Callable[..., Any]:
     """``kernel`` (a PrivateUse1 kernel of ``op``) behind the number check; ``kernel`` itself
-    for ops the CPU does not check."""
+    for ops the CPU does not check. Step 1 runs inline: a call whose numbers all lie in
+    [0, 127] costs one loop over them."""
     check = NumberCheck(ctx, op)
-    checked = check.checked
-    if not checked:
+    if not check.checked:
         return kernel
-    if all(op._schema.arguments[position].kwarg_only for position, _, _ in checked):
-        # add.Tensor's alpha: a call that leaves it at its default passes no keywords.
-        def keyword_checked(*args: Any, **kwargs: Any) -> Any:
-            if kwargs:
-                check(args, kwargs)
+    slots = tuple((position, name) for position, name, how in check.checked if how is not TENSOR)
+    if len(slots) < len(check.checked):  # a tensor standing for a number: always step 2
+        def tensor_checked(*args: Any, **kwargs: Any) -> Any:
+            check(args, kwargs)
             return kernel(*args, **kwargs)
 
-        return keyword_checked
-    first = min(position for position, _, _ in checked)
+        return tensor_checked
+    keyword_only = all(op._schema.arguments[position].kwarg_only for position, _ in slots)
+    settled, ask = check.settled, check.ask
 
     def checked_kernel(*args: Any, **kwargs: Any) -> Any:
-        if len(args) > first or kwargs:
-            check(args, kwargs)
+        if kwargs or not keyword_only:  # add.Tensor left at alpha=1 passes no keywords
+            count = len(args)
+            for position, name in slots:
+                value = args[position] if position < count else kwargs.get(name)
+                kind = type(value)  # step 1, as _plain
+                if value is None or kind is bool or ((kind is float or kind is int) and 0 <= value <= 127):
+                    continue
+                if not settled(args, kwargs):
+                    ask(args, kwargs)
+                break
         return kernel(*args, **kwargs)
 
     return checked_kernel
