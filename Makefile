@@ -34,7 +34,7 @@ conformance-quick: $(STAMP)
 # One process per backend (PyTorch has one PrivateUse1 slot): the core's tests on ref, the
 # device-generic ones again on tpu and on neuron, then each backend's own tests.
 GENERIC_TESTS := tests/test_views.py tests/test_printing.py tests/test_training.py tests/test_bad_input.py \
-	tests/test_outs.py tests/test_edge_inputs.py
+	tests/test_outs.py tests/test_edge_inputs.py tests/test_scalar_conversions.py
 
 test: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest tests

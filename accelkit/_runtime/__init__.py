@@ -26,6 +26,7 @@ from accelkit._runtime._decomp_guards import guard_decompositions
 from accelkit._runtime._device_module import DeviceModule
 from accelkit._runtime._dispatch import Pipeline
 from accelkit._runtime._fallback import CPU_EQUIVALENTS, ROUTED_COMPOSITES
+from accelkit._runtime._scalar_checks import guard
 from accelkit._runtime._schema import is_inplace_op, variants_of
 from accelkit._runtime._rnn import RNN_DECOMPOSITIONS
 from accelkit._runtime._serialization import install_serialization
@@ -245,19 +246,21 @@ def _install(ctx: BackendContext) -> None:
     for op, fn in core_ops(ctx).items():
         kernels.impl(op, fn, "PrivateUse1")
     owned = set(core_ops(ctx))
+    # Every native kernel goes behind PyTorch's number-fits-the-dtype check (a no-op wrapper
+    # for the ops the CPU does not check; see _scalar_checks).
     for entry in ctx.kernels:
         wrap = pipeline.native_inplace if is_inplace_op(entry.op) else pipeline.native
-        kernels.impl(entry.op, wrap(entry.op, entry.fn), "PrivateUse1")
+        kernels.impl(entry.op, guard(ctx, entry.op, wrap(entry.op, entry.fn)), "PrivateUse1")
         owned.add(entry.op)
     for entry in ctx.kernels:
         if not entry.derive_variants:
             continue
         inplace, out = variants_of(entry.op)
         if inplace is not None and inplace not in owned:
-            kernels.impl(inplace, pipeline.native_inplace(inplace, entry.fn), "PrivateUse1")
+            kernels.impl(inplace, guard(ctx, inplace, pipeline.native_inplace(inplace, entry.fn)), "PrivateUse1")
             owned.add(inplace)
         if out is not None and out not in owned:
-            kernels.impl(out, pipeline.native_out(out, entry.fn), "PrivateUse1")
+            kernels.impl(out, guard(ctx, out, pipeline.native_out(out, entry.fn)), "PrivateUse1")
             owned.add(out)
     for op in (*CPU_EQUIVALENTS, *ROUTED_COMPOSITES):
         # Device-hook ops have a CompositeExplicitAutograd kernel that only raises, and a few

@@ -29,6 +29,7 @@ from accelkit._runtime import _tensors as T
 from accelkit._runtime._context import BackendContext
 from accelkit._runtime._fallback import HostCall
 from accelkit._runtime._out_rules import OutDtypeRule, cast_error
+from accelkit._runtime._scalar_checks import guard_plan
 from accelkit._runtime._schema import (
     UNDECLARED_WRITES,
     HostOperand,
@@ -341,7 +342,10 @@ class Pipeline:
     def fallback(self, op: OpOverload, *args: Any, **kwargs: Any) -> Any:
         plan = self._plans.get(op)
         if plan is None:
-            plan = self._plans[op] = self._plan(op)
+            plan = self._plan(op)
+            if plan != self.cpu_fallback:  # the CPU kernel checks numbers itself
+                plan = guard_plan(self.ctx, op, plan)
+            self._plans[op] = plan
         return plan(op, *args, **kwargs)
 
     def _plan(self, op: OpOverload) -> Callable:

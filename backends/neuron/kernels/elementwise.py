@@ -14,6 +14,7 @@ import torch
 
 from accelkit_backends.neuron.kernels._launch import OutSpec, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels._tiling import map_flat
+from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.core import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
@@ -102,8 +103,6 @@ _BINARY = {
     "bitwise_or": (aten.bitwise_or.Tensor, aten.bitwise_or.Scalar),
     "bitwise_xor": (aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar),
     "atan2": (aten.atan2.default,),
-    "fmod": (aten.fmod.Tensor, aten.fmod.Scalar),
-    "remainder": (aten.remainder.Tensor, aten.remainder.Scalar),
     "pow": (aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar),
     "copysign": (aten.copysign.Tensor,),
     "hypot": (aten.hypot.default,),
@@ -133,11 +132,22 @@ def div(k: Kernel, out: list[OutSpec], x: Any, y: Any) -> np.ndarray:
     return binary(k, out[0], x, y, "divide")
 
 
+def check_divisor(out: OutSpec, divisor: Any) -> None:
+    """PyTorch's error for an integer division or remainder by zero, raised before the program
+    runs, so an in-place or ``out=`` form leaves its tensor unchanged (the CPU checks each
+    element as it goes). Float results divide by zero as IEEE says (inf, nan)."""
+    if out.dtype.is_floating_point or out.dtype.is_complex or 0 in out.shape:
+        return
+    if np.any(np.asarray(divisor) == 0):
+        raise RuntimeError("ZeroDivisionError")
+
+
 @tile_kernel(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def div_mode(k: Kernel, out: list[OutSpec], x: Any, y: Any, *, rounding_mode: str | None) -> np.ndarray:
     if rounding_mode is None:
         return binary(k, out[0], x, y, "divide")
     if not out[0].dtype.is_floating_point:
+        check_divisor(out[0], y)
         return binary(k, out[0], x, y, "floor_divide" if rounding_mode == "floor" else "trunc_divide")
     result = hbm_empty(out[0])
     arrays = [v for v in (x, y) if _is_array(v)]
@@ -151,6 +161,28 @@ def div_mode(k: Kernel, out: list[OutSpec], x: Any, y: Any, *, rounding_mode: st
         k.activation(dst, quotient, "floor" if rounding_mode == "floor" else "trunc")
 
     return map_flat(k, result, arrays, compute)
+
+
+@tile_kernel(aten.floor_divide.default, aten.floor_divide_.Tensor)
+def floor_divide(k: Kernel, out: list[OutSpec], x: Any, y: Any) -> np.ndarray:
+    """``x // y``: ``div(rounding_mode="floor")``. Registered for the in-place overload too
+    (``floor_divide_.Tensor`` has no functional twin of its name), so ``a // b`` and
+    ``a //= b`` run the same program."""
+    return div_mode(k, out, x, y, rounding_mode="floor")
+
+
+def _remainder_like(op: str):
+    def body(k: Kernel, out: list[OutSpec], x: Any, y: Any) -> np.ndarray:
+        check_divisor(out[0], y)
+        return binary(k, out[0], x, y, op)
+
+    body.__name__ = op
+    return body
+
+
+tile_kernel(aten.fmod.Tensor, aten.fmod.Scalar)(_remainder_like("fmod"))
+tile_kernel(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(
+    _remainder_like("remainder"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,7 +317,10 @@ def _zeros_like(k: Kernel, tile: Tile) -> Tile:
 
 @tile_kernel(aten.clamp.default)
 def clamp(k: Kernel, out: list[OutSpec], x: np.ndarray, min: Any = None, max: Any = None) -> np.ndarray:
+    """The bounds are converted to the result's type first, as PyTorch does (a uint8 tensor's
+    bound -1 is 255)."""
     result = hbm_empty(out[0])
+    min, max = (None if v is None else nx.element(v, result.dtype) for v in (min, max))
 
     def compute(dst: Tile, srcs: list[Tile]) -> None:
         src = srcs[0] if srcs[0].shape == dst.shape else _full(k, srcs[0], dst)

@@ -507,7 +507,8 @@ class Kernel:
         work = nx.compute_dtype(*(t.dtype for t in operands[1:])) if len(operands) > 1 else np.dtype(np.float32)
         if dst.dtype.kind in "iub" and all(not isinstance(t, Tile) or t.dtype.kind in "iub" for t in (on_true, on_false)):
             work = np.dtype(np.int64)
-        pick = [t.data.astype(work) if isinstance(t, Tile) else np.asarray(t, dtype=work) for t in (on_true, on_false)]
+        pick = [t.data.astype(work) if isinstance(t, Tile) else np.asarray(nx.element(t, dst.dtype)).astype(work)
+                for t in (on_true, on_false)]
         self._store(dst, np.where(mask.data.astype(bool), pick[0], pick[1]))
         self._elementwise("select", dst, tuple(operands), work)
 
@@ -538,8 +539,9 @@ class Kernel:
         self._elementwise("rng", dst, (), np.dtype(np.int64), engine="vector")
 
     def memset(self, dst: Tile, value: float) -> None:
+        """``dst = value``, the number converted to ``dst``'s type as PyTorch converts it."""
         work = nx.compute_dtype(dst.dtype)
-        self._store(dst, np.full(dst.shape, value, dtype=work))
+        self._store(dst, np.full(dst.shape, nx.element(value, dst.dtype)))
         self._elementwise("memset", dst, (), work)
 
     def partition_reduce(self, dst: Tile, src: Tile, op: str) -> None:

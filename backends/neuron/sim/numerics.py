@@ -12,6 +12,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -132,6 +133,24 @@ def round_to(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
             return np.trunc(values).astype(dtype)
     with np.errstate(over="ignore", invalid="ignore"):
         return values.astype(dtype)
+
+
+def element(value: Any, dtype: np.dtype) -> np.generic:
+    """A Python number as one ``dtype`` element, converted as PyTorch converts a number to a
+    tensor's type (c10's casts): anything nonzero (nan too) is True, a float truncates toward
+    zero into an integer, an integer wraps into a narrower one (-1 is uint8's 255), a double
+    rounds to a 16-bit float through float32. Whether it fits at all was checked before the
+    kernel ran (the runtime's number check)."""
+    dtype = np.dtype(dtype)
+    if isinstance(value, (bool, np.bool_)):
+        source = np.asarray(value, dtype=np.bool_)
+    elif isinstance(value, (int, np.integer)):
+        source = np.asarray(value, dtype=np.int64)
+    else:
+        source = np.asarray(value, dtype=np.float64)
+        if dtype.itemsize == 2 and dtype.kind != "i" and dtype.kind != "u":
+            source = source.astype(np.float32)
+    return round_to(source, dtype)[()]
 
 
 def compute_dtype(*dtypes: np.dtype) -> np.dtype:
