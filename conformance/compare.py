@@ -71,6 +71,54 @@ def to_device_leaf(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return out.requires_grad_(t.requires_grad) if t.requires_grad else out
 
 
+def copy_sample(sample: Any, device: torch.device | None = None) -> Any:
+    """A copy of an OpInfo ``SampleInput`` whose CPU tensors are on ``device`` (a CPU clone when
+    None), as the sample itself would behave there.
+
+    Each CPU storage is copied once and every tensor rebuilt as the same view of its copy (one
+    copy per tensor object), so strides, overlapping elements (an expanded input) and aliasing
+    between arguments (``out=`` the input itself) are the sample's. Tensors elsewhere (``meta``)
+    stay where they are; a ``device`` argument naming the CPU (``device=`` or positional) names
+    ``device``.
+    """
+    copies: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+    tensors: dict[int, torch.Tensor] = {}  # id(tensor) -> its copy; the sample keeps ids alive
+
+    def move(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            return t  # a dtype, or a tensor deliberately elsewhere
+        if id(t) not in tensors:
+            tensors[id(t)] = copy(t)
+        return tensors[id(t)]
+
+    def copy(t: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            if t.layout != torch.strided:
+                out = t.detach().to(device) if device is not None else t.detach().clone()
+            else:
+                storage = t.untyped_storage()
+                # A storage of no bytes has no address to share: it is its own.
+                key = (storage.data_ptr(), t.dtype) if storage.nbytes() else (id(t), t.dtype)
+                whole = copies.get(key)
+                if whole is None:
+                    flat = torch.empty(0, dtype=t.dtype).set_(storage)
+                    whole = copies[key] = flat.to(device) if device is not None else flat.clone()
+                out = whole.as_strided(t.size(), t.stride(), t.storage_offset())
+        return out.requires_grad_(t.requires_grad) if t.requires_grad else out
+
+    copied = sample.transform(move)
+    if device is not None:
+        def point(value: Any) -> Any:
+            named_cpu = (isinstance(value, torch.device) and value.type == "cpu") or (
+                isinstance(value, str) and value == "cpu")
+            return device if named_cpu else value
+
+        copied.args = tuple(point(a) for a in copied.args)
+        if "device" in copied.kwargs:
+            copied.kwargs["device"] = point(copied.kwargs["device"])
+    return copied
+
+
 def tolerance_for(dtype: torch.dtype, override: Any = None) -> tuple[float, float]:
     """(atol, rtol) for comparing a result of ``dtype``; integers and bools compare exactly."""
     if not (dtype.is_floating_point or dtype.is_complex):
