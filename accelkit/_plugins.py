@@ -34,8 +34,7 @@ import torch
 
 from accelkit import hookspecs
 from accelkit._errors import BackendConflictError, PluginError
-
-hookimpl = pluggy.HookimplMarker("accelkit")
+from accelkit.hookspecs import hookimpl  # noqa: F401 - re-exported as accelkit.hookimpl
 
 ENTRY_POINT_GROUP = "accelkit.backends"
 #: The distribution whose entry points are the in-tree backends (ref, tpu, neuron).
@@ -110,6 +109,25 @@ class BackendRecord:
         if self.plugin is None or self.pm is None:
             raise PluginError(f"backend {self.name!r} has no usable plugin: {self.load_error}")
         return call_hook(self.pm, self.plugin, self.origin, hook, **kwargs)
+
+    def answer(self, hook: str, expected: type | tuple[type, ...], **kwargs: Any) -> Any:
+        """The plugin's answer to the firstresult ``hook`` (``name`` is passed for it):
+        ``None`` or an instance of ``expected``.
+
+        :raises PluginError: the hook raised, or answered with another type (named).
+        """
+        value = self.call(hook, name=self.name, **kwargs)
+        if value is not None and not isinstance(value, expected):
+            wanted = expected.__name__ if isinstance(expected, type) else " or ".join(t.__name__ for t in expected)
+            raise PluginError(f"plugin {self.origin}: {hook} returned {type(value).__name__}, not {wanted}")
+        return value
+
+    def plugin_file(self) -> str | None:
+        """The file of the module that defines the plugin (for files shipped next to it)."""
+        import sys
+
+        module = self.plugin if isinstance(self.plugin, type(sys)) else sys.modules.get(type(self.plugin).__module__)
+        return getattr(module, "__file__", None)
 
     def probe(self) -> Any:
         """The backend's :class:`DeviceProbe`, computed once; a raising probe becomes a reason."""

@@ -2,17 +2,26 @@
 
 A backend is a plugin module (or object) registered through the entry-point group
 ``accelkit.backends``. It announces itself with :func:`accelkit_register_backend`; every other
-hook takes the backend's ``name`` and is called on the plugin that announced that name only.
-Loading a plugin registers it; it never opens a device.
+hook is called on the plugin that announced the backend and on no other, so a backend's module
+is a list of plain ``@hookimpl`` functions. An implementation names only the arguments it uses
+(pluggy passes those and no others): ``def accelkit_kernels(): ...`` is complete. ``name``, on
+every per-backend hook, is the backend's own name, for a plugin object that serves several
+instances of one class. Mind that pluggy also passes a parameter *with a default* whose name
+is a spec argument's: ``def device_model(name=None)`` as ``accelkit_device_model`` receives
+the backend's name.
 
-Hook kinds, stated on each spec:
+Every spec's docstring says, in this order: what the hook answers; its kind; its parameters;
+what it returns and what ``None`` (or leaving the hook out) means; who calls it and when.
 
-- *firstresult*: "who provides X" — the first non-``None`` answer wins.
-- *1:N*: every plugin answers; the results are collected in a list. A per-backend 1:N hook
-  (``accelkit_stats``, ...) is called on the owning plugin only, so the list has one answer.
+Kinds:
 
-A backend that leaves out an optional hook (compiler, collectives, ...) is reported as
-"not supported" for that area; the runtime never crashes on a missing hook.
+- *firstresult*: the plugin's answer, or ``None``.
+- *1:N*: pluggy collects every implementation's answer in a list; called on the owning plugin
+  only, so the list has at most one answer.
+
+Leaving out an optional hook is always allowed: the core's default applies (stated per hook),
+or the area is reported as not supported (compiler, collectives). Nothing a hook raises
+crashes the core: it becomes a :class:`accelkit.PluginError` naming the plugin and the hook.
 """
 
 from __future__ import annotations
@@ -37,7 +46,10 @@ if TYPE_CHECKING:
         KernelTable,
     )
 
-hookspec = pluggy.HookspecMarker("accelkit")
+PROJECT = "accelkit"
+hookspec = pluggy.HookspecMarker(PROJECT)
+#: Marks a backend's hook implementations (re-exported as ``accelkit.sdk.hookimpl``).
+hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -47,27 +59,31 @@ hookspec = pluggy.HookspecMarker("accelkit")
 
 @hookspec
 def accelkit_register_backend() -> BackendInfo | None:
-    """Announce a backend: its name, selection priority and defaults.
+    """Announce the backend this plugin hosts: its name, selection priority and defaults.
 
-    1:N — every plugin answers; a plugin that hosts no backend returns ``None``. Must be cheap:
-    no device is opened and no heavy library is imported here.
+    Kind: 1:N, on the plugin being loaded.
 
-    :returns: the backend's :class:`accelkit.sdk.BackendInfo`.
+    :returns: the backend's :class:`accelkit.sdk.BackendInfo`; ``None``: the plugin hosts no
+        backend, and none of its other hooks is ever called.
 
-    Implemented by: backends. Called by the core once, when plugins are loaded.
+    Called by the core once per plugin, when plugins are loaded (``import accelkit``'s first
+    use of the registry). Must be cheap: no device is opened and no heavy library imported.
     """
 
 
 @hookspec(firstresult=True)
 def accelkit_probe(name: str) -> DeviceProbe | None:
-    """Tell whether the backend ``name`` can run here, on real hardware or simulated.
+    """Tell whether the backend can run here, on real hardware or simulated.
 
-    Stops at first non-``None`` result. Called once per process, before selection and by
-    ``accelkit devices``; it may look for hardware but must not allocate device memory. Raising
-    is allowed: the core records the exception as the reason the backend is unavailable.
+    Kind: firstresult. Required.
 
     :param name: the backend's name.
-    :returns: a :class:`accelkit.sdk.DeviceProbe` (available, simulated, device count, reason).
+    :returns: a :class:`accelkit.sdk.DeviceProbe` (available, simulated, device count, target,
+        reason); ``None`` or a missing hook: unavailable, the reason says the hook is missing.
+
+    Called by the core once per process, on the first selection or ``accelkit devices``. It
+    may look for hardware but must not allocate device memory; an exception it raises becomes
+    the reason the backend is unavailable.
     """
 
 
@@ -80,24 +96,32 @@ def accelkit_probe(name: str) -> DeviceProbe | None:
 def accelkit_device_model(name: str) -> DeviceModel | None:
     """Describe the target the backend runs as: capacity, bandwidth, peak FLOPs, dtypes.
 
-    Stops at first non-``None`` result. The returned record is data with a source per figure;
-    it backs ``torch.<name>.get_device_properties()`` and the allocator's capacity.
+    Kind: firstresult. Required for activation.
 
     :param name: the backend's name.
-    :returns: a :class:`accelkit.sdk.DeviceModel`.
+    :returns: a :class:`accelkit.sdk.DeviceModel`, data with a source per figure; ``None``:
+        the backend cannot be activated (the error names this hook).
+
+    Called by the core at activation, before the allocator is made. The record backs
+    ``torch.<name>.get_device_properties()``, the allocator's capacity and
+    :func:`accelkit.sdk.active_device_model`.
     """
 
 
 @hookspec
-def accelkit_backend_activated(name: str, device: torch.device) -> None:
-    """React to ``name`` becoming this process's PrivateUse1 device.
+def accelkit_backend_activated(name: str, device: torch.device, device_model: DeviceModel) -> None:
+    """React to the backend becoming this process's PrivateUse1 device.
 
-    1:N, called on the owning plugin only. The place for lazy initialisation that must not
-    happen at load time (opening a PJRT client, say). It runs after PrivateUse1 is taken: if it
-    raises, the activation fails and no backend can be activated in this process.
+    Kind: 1:N, on the owning plugin. Optional.
 
     :param name: the activated backend.
     :param device: ``torch.device(name, 0)``.
+    :param device_model: the record :func:`accelkit_device_model` returned.
+    :returns: nothing.
+
+    Called by the core once, after PrivateUse1 is taken and the runtime installed: the place
+    for lazy initialisation that must not happen at load time (opening a PJRT client, say).
+    If it raises, activation fails and no backend can be activated in this process.
     """
 
 
@@ -110,13 +134,16 @@ def accelkit_backend_activated(name: str, device: torch.device) -> None:
 def accelkit_make_allocator(name: str, device_model: DeviceModel) -> DeviceAllocator | None:
     """Create the allocator that owns the backend's device memory.
 
-    Stops at first non-``None`` result. Required for a backend to be activated. The allocator
-    subclasses :class:`accelkit.sdk.DeviceAllocator`, which adds caching, statistics and the
-    capacity check (``torch.OutOfMemoryError``) around the backend's raw primitives.
+    Kind: firstresult. Required for activation.
 
     :param name: the backend's name.
-    :param device_model: the record from :func:`accelkit_device_model`; its ``memory_bytes`` is
-        the capacity.
+    :param device_model: the record from :func:`accelkit_device_model`; its ``memory_bytes``
+        is the capacity.
+    :returns: a subclass of :class:`accelkit.sdk.DeviceAllocator`, which adds caching,
+        statistics and the capacity check (``torch.OutOfMemoryError``) around the backend's
+        raw primitives; ``None``: the backend cannot be activated.
+
+    Called by the core at activation, once.
     """
 
 
@@ -129,9 +156,16 @@ def accelkit_make_allocator(name: str, device_model: DeviceModel) -> DeviceAlloc
 def accelkit_kernels(name: str) -> KernelTable | None:
     """Return the backend's native kernels, keyed by aten overload.
 
-    Stops at first non-``None`` result; ``None`` means no native kernels (everything goes
-    through decompositions and the CPU fallback). Kernels compute on backend arrays, never on
-    torch tensors; the runtime derives in-place and ``out=`` variants of functional kernels.
+    Kind: firstresult. Optional.
+
+    :param name: the backend's name.
+    :returns: a :class:`accelkit.sdk.KernelTable`; kernels compute on backend arrays, never on
+        torch tensors, and the runtime derives in-place and ``out=`` variants of functional
+        kernels. ``None``: no native kernels, everything goes through decompositions and the
+        CPU fallback.
+
+    Called by the core at activation, once; kernels added later go through
+    :func:`accelkit.sdk.register_kernel`.
     """
 
 
@@ -139,19 +173,28 @@ def accelkit_kernels(name: str) -> KernelTable | None:
 def accelkit_decompositions(name: str) -> Mapping[Any, Callable] | None:
     """Return the decompositions the runtime may use for ops without a native kernel.
 
-    Stops at first non-``None`` result; ``None`` means the runtime default,
-    :func:`accelkit.sdk.default_decompositions` (PyTorch's core-ATen decomposition table).
-    Return an empty mapping to disable decomposition.
+    Kind: firstresult. Optional.
+
+    :param name: the backend's name.
+    :returns: aten overload -> decomposition; an empty mapping disables decomposition.
+        ``None``: :func:`accelkit.sdk.default_decompositions` (PyTorch's core-ATen table).
+
+    Called by the core at activation, once.
     """
 
 
 @hookspec(firstresult=True)
 def accelkit_dtype_rules(name: str) -> DtypeRules | None:
-    """State which dtypes the device holds and what happens to the others.
+    """State which dtypes the device holds and what the error says about the others.
 
-    Stops at first non-``None`` result; ``None`` means every dtype is supported. The runtime
-    enforces the rules when device memory is allocated, so an unsupported dtype fails with a
-    message naming it and the fix, and never silently changes results.
+    Kind: firstresult. Optional.
+
+    :param name: the backend's name.
+    :returns: :class:`accelkit.sdk.DtypeRules`; ``None``: every dtype is held.
+
+    Called by the core at activation, once. The runtime enforces the rules wherever device
+    memory is allocated, so an unsupported dtype fails with a message naming it and the fix
+    and never silently changes results.
     """
 
 
@@ -159,8 +202,14 @@ def accelkit_dtype_rules(name: str) -> DtypeRules | None:
 def accelkit_autocast_policy(name: str) -> AutocastPolicy | None:
     """Return the lower-precision policy for ``torch.autocast(<name>)``.
 
-    Stops at first non-``None`` result; ``None`` means :data:`accelkit.sdk.CUDA_LIKE_AUTOCAST`
-    (matmul/linear/conv/bmm/baddbmm in the low dtype, reductions and losses in float32).
+    Kind: firstresult. Optional.
+
+    :param name: the backend's name.
+    :returns: an :class:`accelkit.sdk.AutocastPolicy`; ``None``:
+        :data:`accelkit.sdk.CUDA_LIKE_AUTOCAST` (matmul/linear/conv/bmm/baddbmm in the low
+        dtype, bfloat16 preferred; reductions and losses in float32).
+
+    Called by the core at activation, and by the conformance suite's autocast tests.
     """
 
 
@@ -173,13 +222,17 @@ def accelkit_autocast_policy(name: str) -> AutocastPolicy | None:
 def accelkit_make_compiler(name: str) -> Callable | None:
     """Return a ``torch.compile`` backend for graphs on this device.
 
-    Stops at first non-``None`` result; ``None`` means compilation is not supported on this
-    backend (reported as such; ``torch.compile(backend=name)`` then fails with that message).
-    Called at activation, so it must be cheap: import compiler machinery inside the returned
-    callable. The callable has the ``torch.compile`` backend signature
-    ``(gm, example_inputs) -> callable``. For ``backend="<name>"`` to resolve, the backend's
-    package declares ``<name> = "accelkit._runtime._compiler:<name>"`` in the entry-point
-    group ``torch_dynamo_backends``.
+    Kind: firstresult. Optional.
+
+    :param name: the backend's name.
+    :returns: a callable with the ``torch.compile`` backend signature
+        ``(gm, example_inputs) -> callable``; ``None`` or a missing hook: compilation is not
+        supported, and ``torch.compile(backend=name)`` fails saying so.
+
+    Called by the core at activation, so it must be cheap: import compiler machinery inside
+    the returned callable. For ``backend="<name>"`` to resolve, the backend's package also
+    declares ``<name> = "accelkit.sdk.compile:<name>"`` in the entry-point group
+    ``torch_dynamo_backends``.
     """
 
 
@@ -194,9 +247,18 @@ def accelkit_make_process_group(
 ) -> Any | None:
     """Create a c10d process group for tensors on this device.
 
-    Stops at first non-``None`` result; ``None`` means collectives are not supported on this
-    backend. The returned object is a ``torch.distributed.ProcessGroup`` implementing
-    allreduce, allgather, reduce_scatter, broadcast, all_to_all and barrier.
+    Kind: firstresult. Optional.
+
+    :param name: the backend's name.
+    :param store: the c10d store of the group's rendezvous.
+    :param rank: this process's rank in the group.
+    :param world_size: the number of processes in the group.
+    :param timeout: the group's timeout (a ``datetime.timedelta``).
+    :returns: a ``torch.distributed.ProcessGroup`` implementing allreduce, allgather,
+        reduce_scatter, broadcast, all_to_all and barrier; ``None`` or a missing hook:
+        collectives are not supported on this backend.
+
+    Called by c10d when a process group is created for the backend's device.
     """
 
 
@@ -209,8 +271,15 @@ def accelkit_make_process_group(
 def accelkit_conformance_expectations(name: str) -> Expectations | None:
     """Declare what the backend knowingly does not support, each entry with a reason.
 
-    Stops at first non-``None`` result; ``None`` means no declared gaps. The conformance suite
-    turns each entry into a declared skip or expected failure.
+    Kind: firstresult. Optional.
+
+    :param name: the backend's name.
+    :returns: :class:`accelkit.sdk.Expectations`. A missing hook: the ``conformance.toml``
+        next to the plugin's module, when there is one, else no declared gaps; ``None``: no
+        declared gaps.
+
+    Called by the conformance suite before a run; each entry becomes a declared skip or an
+    expected failure.
     """
 
 
@@ -218,8 +287,13 @@ def accelkit_conformance_expectations(name: str) -> Expectations | None:
 def accelkit_stats(name: str) -> dict[str, Any] | None:
     """Contribute backend-specific sections to :func:`accelkit.stats`.
 
-    1:N, called on the owning plugin only: it may return a dict merged into the stats under its
-    keys (compile-cache counts, estimated device time, ...).
+    Kind: 1:N, on the owning plugin. Optional.
+
+    :param name: the backend's name.
+    :returns: a dict merged into the stats under its keys (compile-cache counts, estimated
+        device time, ...); ``None``: nothing to add.
+
+    Called by :func:`accelkit.stats` while the backend is active.
     """
 
 
@@ -227,6 +301,10 @@ def accelkit_stats(name: str) -> dict[str, Any] | None:
 def accelkit_reset_stats(name: str) -> None:
     """Zero the backend-specific statistics contributed by :func:`accelkit_stats`.
 
-    1:N, called by :func:`accelkit.reset_stats` on the owning plugin only.
-    Compile caches are not statistics and stay.
+    Kind: 1:N, on the owning plugin. Optional. Compile caches are not statistics and stay.
+
+    :param name: the backend's name.
+    :returns: nothing.
+
+    Called by :func:`accelkit.reset_stats` while the backend is active.
     """

@@ -51,24 +51,17 @@ def load(backend: str) -> Declared:
     :raises ValueError: the plugin's expectations are malformed (the message names the file),
         or its ``accelkit_conformance_expectations`` hook raised.
     """
-    from accelkit._errors import PluginError
-    from accelkit._plugins import registry
+    from accelkit import PluginError
+    from accelkit.sdk import backends
 
-    reg = registry()
-    record = reg.get(backend)
-    if record is None or record.info is None:
-        known = sorted(r.name for r in reg.records() if r.info is not None)
-        why = f": {record.load_error}" if record is not None and record.load_error else ""
+    found = backends()
+    view = found.get(backend)
+    if view is None or view.info is None:
+        known = sorted(name for name, v in found.items() if v.info is not None)
+        why = f": {view.load_error}" if view is not None and view.load_error else ""
         raise LookupError(f"no accelkit backend named {backend!r}{why} (installed: {', '.join(known) or 'none'})")
     try:
-        answer = record.call("accelkit_conformance_expectations", name=backend)
+        answer = view.expectations()
     except PluginError as exc:
         raise ValueError(str(exc)) from exc
-    if answer is None:
-        answer = Expectations()
-    elif not isinstance(answer, Expectations):
-        raise ValueError(
-            f"{record.origin}: accelkit_conformance_expectations returned {type(answer).__name__}, "
-            "not accelkit.sdk.Expectations"
-        )
-    return Declared(backend, answer, record.supports("accelkit_make_compiler"))
+    return Declared(backend, answer, view.implements("accelkit_make_compiler"))

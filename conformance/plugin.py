@@ -79,9 +79,9 @@ def pytest_configure(config: pytest.Config) -> None:
         declared = expectations.load(backend)
     except (LookupError, ValueError) as exc:
         raise pytest.UsageError(f"accelkit conformance: {exc}") from None
-    from accelkit._plugins import registry
+    from accelkit.sdk import backends
 
-    probe = registry().get(backend).probe()
+    probe = backends()[backend].probe()
     if not probe.available:
         raise pytest.UsageError(f"accelkit conformance: backend {backend!r} cannot run here: {probe.reason}")
     runs_tests = not _distributing(config)

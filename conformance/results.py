@@ -45,13 +45,11 @@ def environment(backend: str, *, profile: str, dtypes: list[str], jobs: int, tim
     """
     import torch
 
-    from accelkit._plugins import registry
-    from accelkit._runtime._context import policy_from_env
+    from accelkit.sdk import backends
 
-    reg = registry()
-    record = reg.get(backend)
-    probe = record.probe() if record is not None else None
-    policy = policy_from_env(record.info.default_fallback) if record is not None and record.info else None
+    view = backends().get(backend)
+    probe = view.probe() if view is not None else None
+    policy = view.fallback_policy() if view is not None and view.info else None
     env = {
         "accelkit": _version("accelkit") or "unknown",
         "torch": torch.__version__,

@@ -49,7 +49,7 @@ import time
 
 import torch
 
-from accelkit.sdk import BackendInfo, DeviceProbe, Expectations, KernelTable, hookimpl
+from accelkit.sdk import BackendInfo, DeviceProbe, KernelTable, hookimpl
 
 NAME = "fake"
 aten = torch.ops.aten
@@ -102,39 +102,29 @@ def accelkit_register_backend():
 
 
 @hookimpl
-def accelkit_probe(name):
-    if name == NAME:
-        return DeviceProbe(available=True, simulated=True, device_count=1, target="fake-1")
+def accelkit_probe():
+    return DeviceProbe(available=True, simulated=True, device_count=1, target="fake-1")
 
 
 @hookimpl
-def accelkit_device_model(name):
-    if name == NAME:
-        from accelkit_backends.ref.device import device_model
+def accelkit_device_model():
+    from accelkit_backends.ref.device import device_model
 
-        return device_model()
-
-
-@hookimpl
-def accelkit_make_allocator(name, device_model):
-    if name == NAME:
-        from accelkit_backends.ref.buffers import RefAllocator
-
-        return RefAllocator(f"{NAME}:0", device_model.memory_bytes)
+    return device_model()
 
 
 @hookimpl
-def accelkit_kernels(name):
-    if name == NAME:
-        return kernels
+def accelkit_make_allocator(device_model):
+    from accelkit_backends.ref.buffers import RefAllocator
+
+    return RefAllocator(f"{NAME}:0", device_model.memory_bytes)
 
 
 @hookimpl
-def accelkit_conformance_expectations(name):
-    if name == NAME:
-        from pathlib import Path
+def accelkit_kernels():
+    return kernels
 
-        return Expectations.from_toml(Path(__file__).with_name("conformance.toml"))
+# No accelkit_conformance_expectations: the core reads the conformance.toml next to this file.
 '''
 
 FAKE_EXPECTATIONS = '''

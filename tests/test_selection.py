@@ -49,9 +49,7 @@ class FakeBackend:
         return BackendInfo(name=self.name, priority=self.priority, description=f"test backend {self.name}")
 
     @accelkit.hookimpl
-    def accelkit_probe(self, name):
-        if name != self.name:
-            return None
+    def accelkit_probe(self):
         if self.probe_error is not None:
             raise self.probe_error
         return DeviceProbe(
@@ -63,19 +61,16 @@ class FakeBackend:
         )
 
     @accelkit.hookimpl
-    def accelkit_device_model(self, name):
-        if name == self.name:
-            return DeviceModel(name=f"{self.name}-v1", vendor="accelkit tests", memory_bytes=1 << 30)
+    def accelkit_device_model(self):
+        return DeviceModel(name=f"{self.name}-v1", vendor="accelkit tests", memory_bytes=1 << 30)
 
     @accelkit.hookimpl
-    def accelkit_make_allocator(self, name, device_model):
-        if name != self.name:
-            return None
+    def accelkit_make_allocator(self, device_model):
         if self.activation_error is not None:
             raise self.activation_error
         from accelkit_backends.ref.buffers import RefAllocator
 
-        return RefAllocator(f"{name}:0", device_model.memory_bytes)
+        return RefAllocator(f"{self.name}:0", device_model.memory_bytes)
 
 
 class Broken(FakeBackend):
@@ -104,16 +99,16 @@ class Broken(FakeBackend):
 
     @accelkit.hookimpl
     def accelkit_probe(self, name):
-        return self._answer("probe", name, lambda: super(Broken, self).accelkit_probe(name))
+        return self._answer("probe", name, super().accelkit_probe)
 
     @accelkit.hookimpl
     def accelkit_device_model(self, name):
-        return self._answer("device_model", name, lambda: super(Broken, self).accelkit_device_model(name))
+        return self._answer("device_model", name, super().accelkit_device_model)
 
     @accelkit.hookimpl
     def accelkit_make_allocator(self, name, device_model):
         return self._answer(
-            "make_allocator", name, lambda: super(Broken, self).accelkit_make_allocator(name, device_model)
+            "make_allocator", name, lambda: super(Broken, self).accelkit_make_allocator(device_model)
         )
 
     @accelkit.hookimpl

@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 from torch._C import _acc
+from torch._ops import OpOverload
 
-from accelkit._errors import BackendConflictError, DeviceUnavailableError, PluginError
+from accelkit._errors import AccelkitError, BackendConflictError, DeviceUnavailableError, PluginError
+from accelkit._contract import autocast_policy
 from accelkit._plugins import BackendRecord
 from accelkit._runtime import _tensors
 from accelkit._runtime._autocast import install_autocast
@@ -31,8 +33,6 @@ from accelkit._runtime._schema import is_inplace_op, variants_of
 from accelkit._runtime._rnn import RNN_DECOMPOSITIONS
 from accelkit._runtime._serialization import install_serialization
 from accelkit.sdk import (
-    CUDA_LIKE_AUTOCAST,
-    AutocastPolicy,
     DeviceAllocator,
     DeviceModel,
     DtypeRules,
@@ -45,6 +45,7 @@ _guard: _acc.DeviceGuard | None = None  # accelkit's PrivateUse1 device guard, o
 _active: BackendContext | None = None
 _failed: str | None = None  # why a half-done activation left PrivateUse1 unusable in this process
 _libraries: list[torch.library.Library] = []  # kept alive: dropping one deregisters its kernels
+_pipeline: Pipeline | None = None  # the active backend's, for kernels registered after activation
 
 
 def active() -> BackendContext | None:
@@ -94,7 +95,7 @@ def activate(record: BackendRecord) -> torch.device:
             raise
         _active = ctx
     try:
-        record.call("accelkit_backend_activated", name=ctx.name, device=ctx.device)
+        record.call("accelkit_backend_activated", name=ctx.name, device=ctx.device, device_model=ctx.model)
     except PluginError as exc:
         with _lock:
             _active = None
@@ -115,39 +116,29 @@ def conflict_error(active_name: str, requested: str) -> BackendConflictError:
 
 def _build_context(record: BackendRecord, probe: Any) -> BackendContext:
     name = record.name
-    model = _answer(record, "accelkit_device_model", DeviceModel)
+    model = record.answer("accelkit_device_model", DeviceModel)
     if model is None:
         raise DeviceUnavailableError(f"backend {name!r} does not describe its device (accelkit_device_model)")
-    allocator = _answer(record, "accelkit_make_allocator", DeviceAllocator, device_model=model)
+    allocator = record.answer("accelkit_make_allocator", DeviceAllocator, device_model=model)
     if allocator is None:
         raise DeviceUnavailableError(f"backend {name!r} provides no allocator (accelkit_make_allocator)")
-    decompositions = _answer(record, "accelkit_decompositions", Mapping)
+    decompositions = record.answer("accelkit_decompositions", Mapping)
     return BackendContext(
         name=name,
         info=record.info,
         probe=probe,
         model=model,
         allocator=allocator,
-        kernels=_answer(record, "accelkit_kernels", KernelTable) or KernelTable(name),
+        kernels=record.answer("accelkit_kernels", KernelTable) or KernelTable(name),
         decompositions=guard_decompositions({
             **RNN_DECOMPOSITIONS,  # no CPU kernel to fall back to: a backend may only replace them
             **(default_decompositions() if decompositions is None else decompositions),
         }),
-        dtype_rules=_answer(record, "accelkit_dtype_rules", DtypeRules),
-        autocast=_answer(record, "accelkit_autocast_policy", AutocastPolicy) or CUDA_LIKE_AUTOCAST,
+        dtype_rules=record.answer("accelkit_dtype_rules", DtypeRules),
+        autocast=autocast_policy(record),
         fallback_policy=policy_from_env(record.info.default_fallback),
-        compiler=_answer(record, "accelkit_make_compiler", Callable),
+        compiler=record.answer("accelkit_make_compiler", Callable),
     )
-
-
-def _answer(record: BackendRecord, hook: str, expected: type, **kwargs: Any) -> Any:
-    """The backend's answer to ``hook`` (its plugin only): ``None`` or an ``expected``."""
-    value = record.call(hook, name=record.name, **kwargs)
-    if value is not None and not isinstance(value, expected):
-        raise PluginError(
-            f"plugin {record.origin}: {hook} returned {type(value).__name__}, not {expected.__name__}"
-        )
-    return value
 
 
 class _Hooks(_acc.PrivateUse1Hooks):
@@ -241,7 +232,8 @@ def _install(ctx: BackendContext) -> None:
         rename=ctx.name, backend_module=DeviceModule(ctx), hook=_Hooks(ctx), device_guard=_guard or _Guard()
     )
     _check_autograd_engine(ctx.name)
-    pipeline = Pipeline(ctx)
+    global _pipeline
+    pipeline = _pipeline = Pipeline(ctx)
     kernels = torch.library.Library("aten", "IMPL")
     for op, fn in core_ops(ctx).items():
         kernels.impl(op, fn, "PrivateUse1")
@@ -278,6 +270,27 @@ def _install(ctx: BackendContext) -> None:
     _install_formatting(ctx)
 
 
+def register_kernel(op: OpOverload, fn: Callable) -> None:
+    """Install ``fn`` as the active backend's native kernel for ``op`` after activation, wrapped
+    exactly as a kernel of the backend's table is (dispatch pipeline, scalar checks).
+
+    :raises AccelkitError: no backend is active, or ``op`` already has a PrivateUse1 kernel
+        (the message names the op).
+    """
+    ctx, pipeline = _active, _pipeline
+    if ctx is None or pipeline is None:
+        raise AccelkitError(
+            f"registering a kernel for {op} needs an active backend: call accelkit.select_device() first"
+        )
+    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"):
+        raise AccelkitError(f"{op} already has a {ctx.name} kernel; a kernel is registered once per process")
+    wrap = pipeline.native_inplace if is_inplace_op(op) else pipeline.native
+    namespace = op._schema.name.split("::")[0]
+    library = torch.library.Library(namespace, "IMPL")
+    library.impl(op, guard(ctx, op, wrap(op, fn)), "PrivateUse1")
+    _libraries.append(library)
+
+
 def _check_kernels(ctx: BackendContext) -> None:
     for entry in ctx.kernels:
         if torch._C._dispatch_has_kernel_for_dispatch_key(entry.op.name(), "CompositeImplicitAutograd"):
@@ -308,4 +321,4 @@ def _install_formatting(ctx: BackendContext) -> None:
     _tensor_str._str = formatted
 
 
-__all__ = ["activate", "active", "conflict_error", "register_device_guard", "_tensors"]
+__all__ = ["activate", "active", "conflict_error", "register_device_guard", "register_kernel", "_tensors"]

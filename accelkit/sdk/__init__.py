@@ -1,10 +1,33 @@
 """The backend-author SDK: everything a device backend is built from.
 
-The in-tree backends (``ref``, ``tpu``, ``neuron``) use exactly this surface; a third-party
-backend needs nothing else. A backend is a plugin module with ``@hookimpl`` functions (see
-:mod:`accelkit.hookspecs`) registered under the entry-point group ``accelkit.backends``.
+The in-tree backends (``ref``, ``tpu``, ``neuron``) and the conformance suite use exactly this
+surface; a third-party backend needs nothing else (a test keeps it so). A backend is a plugin
+module of plain ``@hookimpl`` functions (see :mod:`accelkit.hookspecs`) registered under the
+entry-point group ``accelkit.backends``; ``accelkit new-backend NAME`` writes one.
+
+- records: :class:`BackendInfo`, :class:`DeviceProbe`, :class:`DeviceModel`,
+  :class:`DtypeRules`, :class:`Expectations`;
+- memory: :class:`DeviceAllocator` (the base a backend's allocator subclasses), :class:`Buffer`,
+  :class:`ViewSpec`;
+- kernels: :class:`KernelTable`, :class:`KernelEntry`, :class:`KernelDeclined`, autocast
+  policies, :func:`default_decompositions`, :func:`meta_tensor` / :func:`meta_call` for output
+  geometry, :func:`register_kernel` after activation;
+- the active runtime: :func:`active_backend`, :func:`active_device_model`,
+  :func:`device_generator`;
+- discovery, read-only: :func:`backends` (:class:`BackendView`);
+- options: :func:`env_choice`; ``torch.compile`` entry points: :mod:`accelkit.sdk.dynamo_backends`.
 """
 
+from accelkit.hookspecs import hookimpl
+from accelkit.sdk._active import (
+    active_backend,
+    active_device_model,
+    as_overload,
+    device_generator,
+    meta_call,
+    meta_tensor,
+    register_kernel,
+)
 from accelkit.sdk._allocator import Buffer, DeviceAllocator, ViewSpec, format_bytes, size_class
 from accelkit.sdk._kernels import (
     CUDA_LIKE_AUTOCAST,
@@ -26,13 +49,15 @@ from accelkit.sdk._records import (
     Tolerance,
     UnsupportedDtypeError,
 )
-from accelkit._plugins import hookimpl
+from accelkit.sdk._options import env_choice
+from accelkit.sdk._registry_view import BackendView, backends
 
 __all__ = [
     "CUDA_LIKE_AUTOCAST",
     "FALLBACK_POLICIES",
     "AutocastPolicy",
     "BackendInfo",
+    "BackendView",
     "Buffer",
     "CallLayout",
     "DeviceAllocator",
@@ -47,8 +72,17 @@ __all__ = [
     "Tolerance",
     "UnsupportedDtypeError",
     "ViewSpec",
+    "active_backend",
+    "active_device_model",
+    "as_overload",
+    "backends",
     "default_decompositions",
+    "device_generator",
+    "env_choice",
     "format_bytes",
     "hookimpl",
+    "meta_call",
+    "meta_tensor",
+    "register_kernel",
     "size_class",
 ]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from accelkit.sdk import DeviceModel, DeviceProbe
+from accelkit.sdk import DeviceModel, DeviceProbe, hookimpl
 
 TARGET_ENV = "ACCELKIT_NEURON_TARGET"
 #: trn2 (NeuronCore-v3): the generation TorchNeuron launched on and the one AWS sells for
@@ -179,9 +179,10 @@ def core_spec(name: str | None = None) -> CoreSpec:
     return _GENERATIONS[name or target_name()]["core"]
 
 
-def device_model(name: str | None = None) -> DeviceModel:
+@hookimpl(specname="accelkit_device_model")
+def device_model(generation: str | None = None) -> DeviceModel:
     """The :class:`DeviceModel` of one NeuronCore of a generation (default: :func:`target_name`)."""
-    name = name or target_name()
+    name = generation or target_name()
     spec = dict(_GENERATIONS[name])
     core: CoreSpec = spec.pop("core")
     return DeviceModel(
@@ -202,6 +203,7 @@ def device_model(name: str | None = None) -> DeviceModel:
     )
 
 
+@hookimpl(specname="accelkit_probe")
 def probe() -> DeviceProbe:
     """Always the simulator: AWS's Neuron runtime is not installable from public registries.
 

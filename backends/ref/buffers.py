@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from accelkit.sdk import DeviceAllocator, ViewSpec
+from accelkit.sdk import DeviceAllocator, DeviceModel, ViewSpec, hookimpl
 
 
 class RefAllocator(DeviceAllocator):
@@ -56,3 +56,8 @@ class RefAllocator(DeviceAllocator):
 
     def write_bytes(self, block: torch.Tensor, data: torch.Tensor) -> None:
         block[: data.numel()].copy_(data)
+
+
+@hookimpl
+def accelkit_make_allocator(device_model: DeviceModel) -> RefAllocator:
+    return RefAllocator("ref:0", device_model.memory_bytes)

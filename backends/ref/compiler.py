@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from accelkit.sdk import hookimpl
+
 
 def compile_graph(gm: Any, example_inputs: list) -> Any:
     from functorch.compile import make_boxed_func
@@ -18,3 +20,8 @@ def compile_graph(gm: Any, example_inputs: list) -> Any:
         return make_boxed_func(graph.forward)
 
     return aot_autograd(fw_compiler=run_eagerly, bw_compiler=run_eagerly)(gm, example_inputs)
+
+
+@hookimpl
+def accelkit_make_compiler() -> Any:
+    return compile_graph

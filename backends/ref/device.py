@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from accelkit.sdk import DeviceModel, DeviceProbe
+from accelkit.sdk import DeviceModel, DeviceProbe, hookimpl
 
 MEMORY_ENV = "ACCELKIT_REF_MEMORY"
 DEFAULT_MEMORY = 8 << 30
@@ -25,6 +25,7 @@ def parse_bytes(text: str) -> int:
     return int(float(number) * _UNITS[unit])
 
 
+@hookimpl(specname="accelkit_device_model")
 def device_model() -> DeviceModel:
     """The ref device: host DRAM with a configurable capacity (``ACCELKIT_REF_MEMORY``)."""
     memory = parse_bytes(os.environ[MEMORY_ENV]) if os.environ.get(MEMORY_ENV) else DEFAULT_MEMORY
@@ -38,6 +39,7 @@ def device_model() -> DeviceModel:
     )
 
 
+@hookimpl(specname="accelkit_probe")
 def probe() -> DeviceProbe:
     """ref runs wherever torch does; it is a reference device, so it counts as simulated."""
     return DeviceProbe(

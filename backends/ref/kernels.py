@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from accelkit.sdk import KernelTable
+from accelkit.sdk import KernelTable, hookimpl
 
 aten = torch.ops.aten
 kernels = KernelTable("ref")
@@ -113,3 +113,8 @@ def sum_dims(x, dim, keepdim=False, *, dtype=None):
 @kernels.kernel(aten.mean.dim)
 def mean_dims(x, dim, keepdim=False, *, dtype=None):
     return torch.mean(x, dim, keepdim=keepdim, dtype=dtype)
+
+
+@hookimpl
+def accelkit_kernels() -> KernelTable:
+    return kernels

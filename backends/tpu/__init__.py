@@ -5,6 +5,10 @@ it runs simulated on XLA's CPU platform with the target generation's rules — m
 dtype support, cost model — and says so. Select it by name (``select_device("tpu")``) when
 simulated; a real TPU is chosen automatically.
 
+The plugin's hooks live in the modules of their contract areas (``device``, ``runtime``); the
+expectations are ``conformance.toml`` next to this file, and autocast is the core's default
+(bfloat16 preferred: the MXU's native input type).
+
 Public extras: :func:`execution_mode` (strict / debug) and :func:`register_jax_kernel` (give a
 ``torch.library`` custom op a JAX implementation).
 """
@@ -12,90 +16,27 @@ Public extras: :func:`execution_mode` (strict / debug) and :func:`register_jax_k
 from __future__ import annotations
 
 from accelkit.sdk import BackendInfo, hookimpl
+from accelkit_backends.tpu.device import accelkit_device_model, probe
+from accelkit_backends.tpu.runtime import (
+    accelkit_backend_activated,
+    accelkit_dtype_rules,
+    accelkit_kernels,
+    accelkit_make_allocator,
+    accelkit_reset_stats,
+    accelkit_stats,
+)
 
 NAME = "tpu"
 
 
 @hookimpl
-def accelkit_register_backend():
+def accelkit_register_backend() -> BackendInfo:
     return BackendInfo(
         name=NAME,
         priority=100,
         description="XLA through JAX's PJRT client (real TPU, else XLA:CPU simulating one)",
         default_fallback="warn",
     )
-
-
-@hookimpl
-def accelkit_probe(name):
-    if name == NAME:
-        from accelkit_backends.tpu.device import probe
-
-        return probe()
-
-
-@hookimpl
-def accelkit_device_model(name):
-    if name == NAME:
-        from accelkit_backends.tpu.device import device_model, probe
-
-        return device_model(simulated=probe().simulated)
-
-
-@hookimpl
-def accelkit_make_allocator(name, device_model):
-    if name == NAME:
-        from accelkit_backends.tpu.runtime import make_allocator
-
-        return make_allocator(device_model)
-
-
-@hookimpl
-def accelkit_kernels(name):
-    if name == NAME:
-        from accelkit_backends.tpu.kernels import kernels
-
-        return kernels
-
-
-@hookimpl
-def accelkit_dtype_rules(name):
-    if name == NAME:
-        from accelkit_backends.tpu.runtime import dtype_rules
-
-        return dtype_rules()
-
-
-@hookimpl
-def accelkit_autocast_policy(name):
-    if name == NAME:
-        from accelkit_backends.tpu.runtime import autocast_policy
-
-        return autocast_policy()
-
-
-@hookimpl
-def accelkit_backend_activated(name, device):
-    if name == NAME:
-        from accelkit_backends.tpu.runtime import on_activated
-
-        on_activated()
-
-
-@hookimpl
-def accelkit_stats(name):
-    if name == NAME:
-        from accelkit_backends.tpu.runtime import stats
-
-        return stats()
-
-
-@hookimpl
-def accelkit_reset_stats(name):
-    if name == NAME:
-        from accelkit_backends.tpu.cost import COSTS
-
-        COSTS.reset()
 
 
 def execution_mode(mode):
@@ -112,11 +53,17 @@ def register_jax_kernel(op, fn):
     return _register(op, fn)
 
 
-@hookimpl
-def accelkit_conformance_expectations(name):
-    if name == NAME:
-        from pathlib import Path
-
-        from accelkit.sdk import Expectations
-
-        return Expectations.from_toml(Path(__file__).with_name("conformance.toml"))
+__all__ = [
+    "NAME",
+    "accelkit_backend_activated",
+    "accelkit_device_model",
+    "accelkit_dtype_rules",
+    "accelkit_kernels",
+    "accelkit_make_allocator",
+    "accelkit_register_backend",
+    "accelkit_reset_stats",
+    "accelkit_stats",
+    "execution_mode",
+    "probe",
+    "register_jax_kernel",
+]

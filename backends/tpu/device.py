@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from accelkit.sdk import DeviceModel, DeviceProbe
+from accelkit.sdk import DeviceModel, DeviceProbe, hookimpl
 
 TARGET_ENV = "ACCELKIT_TPU_TARGET"
 #: v5e: the most widely available Cloud TPU generation and the one JAX's docs use as the example.
@@ -97,6 +97,12 @@ def device_model(name: str | None = None, simulated: bool = True) -> DeviceModel
     )
 
 
+@hookimpl
+def accelkit_device_model() -> DeviceModel:
+    """The selected generation, real or simulated as :func:`probe` finds."""
+    return device_model(simulated=probe().simulated)
+
+
 def _real_tpu_present() -> bool:
     """Cheap check: libtpu installed and TPU device nodes present (no jax import)."""
     if importlib.util.find_spec("libtpu") is None:
@@ -104,6 +110,7 @@ def _real_tpu_present() -> bool:
     return bool(glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"))
 
 
+@hookimpl(specname="accelkit_probe")
 def probe() -> DeviceProbe:
     """Real when a TPU and libtpu are present, else simulated on XLA's CPU platform."""
     if importlib.util.find_spec("jax") is None:

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
-from accelkit.sdk import CallLayout, KernelTable, ViewSpec
+from accelkit.sdk import CallLayout, KernelTable, ViewSpec, meta_tensor
 from accelkit_backends.tpu import checks, modes
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize, torch_dtype
 from accelkit_backends.tpu.cost import COSTS, ProgramCost, Tally
@@ -161,10 +161,10 @@ class Lowering:
         kind = code[0]
         if kind == _VIEW:
             spec = code[2]
-            return torch.empty_strided(spec.size, spec.stride, dtype=spec.dtype, device="meta")
+            return meta_tensor(spec.size, spec.dtype, spec.stride)
         if kind == _ARRAY:
             array = arrays[code[1]]
-            return torch.empty(tuple(array.shape), dtype=torch_dtype(array.dtype), device="meta")
+            return meta_tensor(array.shape, torch_dtype(array.dtype))
         if kind == _SCALAR:
             return code[2](1)  # only the Python type matters for PyTorch's dtype rules
         if kind == _KEY:

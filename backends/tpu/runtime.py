@@ -1,13 +1,15 @@
-"""Wiring the tpu backend into the accelkit runtime: allocator, dtype policy, autocast, stats."""
+"""Wiring the tpu backend into the accelkit runtime: allocator, dtype policy, kernels, stats.
+
+Cheap to import (the plugin's hooks live here): jax is imported when the backend is activated.
+"""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 
-from accelkit.sdk import CUDA_LIKE_AUTOCAST, AutocastPolicy, DeviceModel, DtypeRules
+from accelkit.sdk import DeviceModel, DtypeRules, env_choice, hookimpl
 
 FLOAT64_ENV = "ACCELKIT_TPU_FLOAT64"
 FLOAT64_POLICIES = ("error", "emulate")
@@ -28,26 +30,28 @@ def jax_device(simulated: bool) -> Any:
     return jax.devices("cpu" if simulated else "tpu")[0]
 
 
-def make_allocator(model: DeviceModel) -> Any:
+@hookimpl
+def accelkit_make_allocator(device_model: DeviceModel) -> Any:
     from accelkit_backends.tpu.buffers import TpuAllocator
 
-    return TpuAllocator("tpu:0", model.memory_bytes, jax_device(model.simulated))
+    return TpuAllocator("tpu:0", device_model.memory_bytes, jax_device(device_model.simulated))
 
 
-def float64_policy() -> str:
-    value = os.environ.get(FLOAT64_ENV, "error").strip().lower() or "error"
-    if value not in FLOAT64_POLICIES:
-        raise ValueError(f"{FLOAT64_ENV}={value!r}: use one of {', '.join(FLOAT64_POLICIES)}")
-    return value
+@hookimpl
+def accelkit_kernels() -> Any:
+    from accelkit_backends.tpu.kernels import kernels
+
+    return kernels
 
 
-def dtype_rules() -> DtypeRules:
+@hookimpl
+def accelkit_dtype_rules() -> DtypeRules:
     """float64/complex128: refused unless ``ACCELKIT_TPU_FLOAT64=emulate`` (never a silent
     downcast). Dtypes XLA has no type for (complex32, the sub-byte and most float8 types) are
     refused under either policy."""
     from accelkit_backends.tpu.buffers import TORCH_TO_JAX
 
-    emulate = float64_policy() == "emulate"
+    emulate = env_choice(FLOAT64_ENV, FLOAT64_POLICIES, "error") == "emulate"
     supported = frozenset(TORCH_TO_JAX) if emulate else frozenset(TORCH_TO_JAX) - _WIDE
     without_xla_type = {
         dtype: f"XLA has no {str(dtype).removeprefix('torch.')} type; convert to {_nearest_xla_type(dtype)} first."
@@ -71,25 +75,15 @@ def _nearest_xla_type(dtype: torch.dtype) -> str:
     return "uint8 or int8"
 
 
-def autocast_policy() -> AutocastPolicy:
-    """CUDA's op lists with bfloat16 preferred: the MXU's native input type."""
-    return AutocastPolicy(
-        lower_precision=CUDA_LIKE_AUTOCAST.lower_precision,
-        float32=CUDA_LIKE_AUTOCAST.float32,
-        promote=CUDA_LIKE_AUTOCAST.promote,
-        dtypes=(torch.bfloat16, torch.float16),
-    )
-
-
-def on_activated() -> None:
-    from accelkit import _runtime
+@hookimpl
+def accelkit_backend_activated(device_model: DeviceModel) -> None:
     from accelkit_backends.tpu.cost import COSTS
 
-    ctx = _runtime.active()
-    COSTS.model = ctx.model if ctx is not None else None
+    COSTS.model = device_model
 
 
-def stats() -> dict[str, Any]:
+@hookimpl
+def accelkit_stats() -> dict[str, Any]:
     """The tpu sections of :func:`accelkit.stats`.
 
     ``compiles`` (top level, where the conformance suite reads a backend's compilations) is the
@@ -114,3 +108,10 @@ def stats() -> dict[str, Any]:
             "estimate": COSTS.summary(),
         },
     }
+
+
+@hookimpl
+def accelkit_reset_stats() -> None:
+    from accelkit_backends.tpu.cost import COSTS
+
+    COSTS.reset()

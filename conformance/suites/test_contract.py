@@ -310,10 +310,9 @@ def test_serialization_deepcopy_is_equal_and_independent():
 
 
 def _policy():
-    from accelkit._plugins import registry
-    from accelkit.sdk import CUDA_LIKE_AUTOCAST
+    from accelkit.sdk import backends
 
-    return registry().get(NAME).call("accelkit_autocast_policy", name=NAME) or CUDA_LIKE_AUTOCAST
+    return backends()[NAME].autocast_policy()
 
 
 def _low_dtype() -> torch.dtype:

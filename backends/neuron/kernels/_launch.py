@@ -7,7 +7,7 @@ and the arguments are numpy views of HBM (device tensors) or Python values. The 
 its HBM results with :func:`hbm_empty` and returns them.
 
 Each distinct (op, shapes, dtypes, static arguments) is one compiled kernel instance: counted
-per op, and a source of the shape-churn warning (see ``runtime.py``).
+per op, and a source of the shape-churn warning (see ``cost.py``).
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from accelkit._runtime._fallback import CPU_EQUIVALENTS
-from accelkit.sdk import KernelTable
-from accelkit_backends.neuron import runtime
+from accelkit.sdk import KernelTable, meta_call, meta_tensor
+from accelkit_backends.neuron import cost, runtime
 from accelkit_backends.neuron.sim import numerics as nx
 
 kernels = KernelTable("neuron")
@@ -50,7 +49,7 @@ def _launcher(op: OpOverload, body: Callable) -> Callable:
     def run(*args: Any, **kwargs: Any) -> Any:
         key = _instance_key(args, kwargs)
         out = _output_specs(op, key, args, kwargs)
-        runtime.LEDGER.note_instance(name, key)
+        cost.LEDGER.note_instance(name, key)
         with runtime.core().kernel(name) as k:
             return body(k, out, *args, **kwargs)
 
@@ -85,7 +84,7 @@ def _to_meta(value: Any) -> Any:
     if isinstance(value, np.ndarray):
         itemsize = value.dtype.itemsize
         strides = tuple(s // itemsize for s in value.strides)
-        return torch.empty_strided(value.shape, strides, dtype=nx.torch_dtype(value.dtype), device="meta")
+        return meta_tensor(value.shape, nx.torch_dtype(value.dtype), strides)
     if isinstance(value, (list, tuple)):
         return type(value)(_to_meta(v) for v in value)
     if isinstance(value, torch.Generator):
@@ -100,12 +99,7 @@ def _output_specs(op: OpOverload, key: tuple, args: tuple, kwargs: dict) -> list
     cache_key = (op, key, _float_values(args, kwargs))
     specs = _SPECS.get(cache_key)
     if specs is None:
-        # Device-hook ops (convolution_overrideable) have no Meta kernel; the CPU op the
-        # runtime runs in their place computes the same geometry.
-        meta_op = CPU_EQUIVALENTS.get(op, op)
-        # Factories name their device: ask Meta for the geometry, not this backend again.
-        meta_kwargs = {k: "meta" if k == "device" else _to_meta(v) for k, v in kwargs.items()}
-        result = meta_op(*_to_meta(args), **meta_kwargs)
+        result = meta_call(op, *_to_meta(args), **{k: _to_meta(v) for k, v in kwargs.items()})
         results = result if isinstance(result, (tuple, list)) else (result,)
         specs = [OutSpec(tuple(r.shape), r.dtype) if isinstance(r, torch.Tensor) else None for r in results]
         if len(_SPECS) > 65536:

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit_backends.neuron import runtime
+from accelkit_backends.neuron import cost, runtime
 from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels._tiling import flat_chunks, map_flat
 from accelkit_backends.neuron.sim import numerics as nx
@@ -21,7 +21,7 @@ def convert(array: np.ndarray, dtype: torch.dtype) -> np.ndarray:
     """``array`` in ``dtype``: loaded, converted by a Vector-engine copy (rounding as the
     hardware does, see :mod:`numerics`), stored. Runs as the kernel ``convert``."""
     result = np.empty(array.shape, dtype=nx.numpy_dtype(dtype))
-    runtime.LEDGER.note_instance("convert", (array.shape, array.dtype.str, result.dtype.str))
+    cost.LEDGER.note_instance("convert", (array.shape, array.dtype.str, result.dtype.str))
     with runtime.core().kernel("convert") as k:
         map_flat(k, result, [array], lambda dst, srcs: _copy_into(k, dst, srcs[0]))
     return result

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from accelkit.sdk import device_generator
 from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels._tiling import flat_chunks
 from accelkit_backends.neuron.sim.core import Kernel
@@ -38,9 +39,7 @@ MANTISSA_BITS = 24
 def _seed(k: Kernel, generator: torch.Generator | None) -> None:
     """Seed the engines' PRNG with 31 bits drawn from ``generator`` (advancing its state)."""
     if generator is None:
-        from accelkit import _runtime
-
-        generator = _runtime.active().generator
+        generator = device_generator()
     seed = int(torch.randint(0, 2**31 - 1, (), generator=generator))
     k.set_rng_seed(seed)
 

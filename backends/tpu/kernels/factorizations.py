@@ -29,6 +29,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 import torch
 
+from accelkit.sdk import meta_tensor
 from accelkit_backends.tpu.lowering import Lowering, kernels, lowering
 
 aten = torch.ops.aten
@@ -116,8 +117,7 @@ def _permutation_sign(pivots0):
 
 def _contiguous_real(view) -> bool:
     spec = view.spec
-    meta = torch.empty_strided(spec.size, spec.stride, dtype=spec.dtype, device="meta")
-    return meta.is_contiguous() and not spec.dtype.is_complex
+    return meta_tensor(spec.size, spec.dtype, spec.stride).is_contiguous() and not spec.dtype.is_complex
 
 
 class _LinalgLowering(Lowering):

@@ -12,7 +12,7 @@ Three kinds of registration:
   runtime derives their in-place forms (``uniform_``, ...) that ``torch.rand`` and friends use;
 - in-place ops with no functional twin of the same overload (``normal_``, ``bernoulli_.float``):
   registered with ``derive_variants=False``; the lowering returns the new value of ``self`` and
-  the runtime stores it (``accelkit._runtime._schema.is_inplace_op``);
+  the runtime stores it;
 - ``native_dropout``, whose schema has no generator: :class:`DeviceGeneratorLowering` supplies
   the device generator, as the CPU fallback does (``_on_device_stream``).
 """
@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
+from accelkit.sdk import device_generator
 from accelkit_backends.tpu import checks
 from accelkit_backends.tpu.lowering import Lowering, kernels, lowering
 
@@ -208,9 +209,7 @@ class DeviceGeneratorLowering(Lowering):
     a key drawn from the device generator as ``generator``, as if the schema had one."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from accelkit import _runtime
-
-        return super().__call__(*args, generator=_runtime.active().generator, **kwargs)
+        return super().__call__(*args, generator=device_generator(), **kwargs)
 
 
 def native_dropout(x, p, train, *, generator=None):

@@ -1,0 +1,193 @@
+"""neuron's estimates: the ledger of estimated device time per op and engine, kernel-instance
+counts with the shape-churn warning, and profiles exported as Chrome traces.
+
+**Static shapes.** Each (op, shapes, dtypes, static arguments) is one compiled kernel instance;
+instance counts per op are in ``accelkit.stats()["neuron"]["instances"]``. An op that keeps
+meeting new shapes warns once (:class:`ShapeChurnWarning`), naming the op and suggesting
+bucketing, as the Neuron compiler recompiles for every new shape (hardware-facts §2.4).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+import warnings
+from pathlib import Path
+from typing import Any
+
+from accelkit_backends.neuron.device import target_name
+from accelkit_backends.neuron.sim.core import ENGINES, Instruction, KernelRecord
+
+#: Distinct shapes an op may meet before the churn warning (a handful of buckets is normal).
+SHAPE_CHURN_LIMIT = 8
+
+ESTIMATE_NOTE = ("estimates from public Trainium specifications on a simulated NeuronCore; "
+                 "not measurements")
+
+
+class ShapeChurnWarning(UserWarning):
+    """An op keeps compiling new kernel instances because its input shapes keep changing."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The ledger of estimated device time and kernel instances
+# ---------------------------------------------------------------------------------------------
+
+
+class Ledger:
+    """Estimated device time per op and per engine, and compiled-instance counts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.per_op: dict[str, dict[str, float]] = {}
+            self.per_engine = dict.fromkeys(ENGINES, 0.0)
+            self.device_seconds = 0.0
+            self.flops = 0
+            self.hbm_bytes = 0
+            self.kernels = 0
+            self.instances: dict[str, set] = collections.defaultdict(set)
+            self._families: dict[tuple, set] = {}
+            self._churn_warned: set[str] = set()
+
+    def record(self, record: KernelRecord, _instructions: list[Instruction]) -> None:
+        with self._lock:
+            entry = self.per_op.setdefault(record.name, {"calls": 0, "seconds": 0.0, "flops": 0})
+            entry["calls"] += 1
+            entry["seconds"] += record.latency
+            entry["flops"] += record.flops
+            for engine, busy in record.busy.items():
+                self.per_engine[engine] += busy
+            self.device_seconds += record.latency
+            self.flops += record.flops
+            self.hbm_bytes += record.hbm_bytes
+            self.kernels += 1
+
+    def note_instance(self, op: str, key: tuple) -> None:
+        """Count a compiled instance; warn once per op when one call pattern (same ranks,
+        dtypes and static arguments) has met more than :data:`SHAPE_CHURN_LIMIT` shapes —
+        a varying batch or sequence length, not a model's many fixed layer shapes."""
+        structure = _without_sizes(key)
+        with self._lock:
+            seen = self.instances[op]
+            if key in seen:
+                return
+            seen.add(key)
+            family = self._families.setdefault((op, structure), set())
+            family.add(key)
+            churn = len(family) > SHAPE_CHURN_LIMIT and op not in self._churn_warned
+            if churn:
+                self._churn_warned.add(op)
+        if churn:
+            warnings.warn(
+                f"neuron: {op} has compiled {len(family)} kernel instances for inputs that differ "
+                "only in their sizes. On Trainium every new shape is a new compilation; pad "
+                "inputs to a few fixed sizes (bucketing) to keep shapes static.",
+                ShapeChurnWarning, stacklevel=3,
+            )
+
+    def summary(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "note": ESTIMATE_NOTE,
+                "target": target_name(),
+                "device_seconds": self.device_seconds,
+                "kernels": self.kernels,
+                "flops": self.flops,
+                "hbm_bytes": self.hbm_bytes,
+                "per_engine_seconds": dict(self.per_engine),
+                "per_op": {k: dict(v) for k, v in sorted(self.per_op.items())},
+            }
+
+
+def _without_sizes(key: Any) -> Any:
+    """An instance key with array sizes and strides blanked (ranks and dtypes kept)."""
+    if isinstance(key, tuple):
+        if len(key) == 4 and key[0] == "array":
+            return ("array", len(key[1]), key[2])
+        return tuple(_without_sizes(k) for k in key)
+    return key
+
+
+LEDGER = Ledger()
+# ---------------------------------------------------------------------------------------------
+# Profiling: a timeline of kernels and instructions, exported as a Chrome trace
+# ---------------------------------------------------------------------------------------------
+
+
+class Profile:
+    """The kernels and instructions executed inside :func:`profile`, on the device's clock.
+
+    :meth:`export_chrome_trace` writes Chrome's trace-event JSON (opens in Perfetto or
+    ``chrome://tracing``): one track for kernels, one per engine. Times are estimates.
+    """
+
+    def __init__(self) -> None:
+        self.kernels: list[KernelRecord] = []
+        self.instructions: list[Instruction] = []
+
+    def _collect(self, record: KernelRecord, instructions: list[Instruction]) -> None:
+        self.kernels.append(record)
+        self.instructions.extend(instructions)
+
+    @property
+    def device_seconds(self) -> float:
+        return sum(k.latency for k in self.kernels)
+
+    def trace_events(self) -> list[dict[str, Any]]:
+        tracks = ("kernels", *ENGINES)
+        events: list[dict[str, Any]] = [
+            {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": f"neuron {target_name()} (simulated)"}},
+        ]
+        events += [{"ph": "M", "name": "thread_name", "pid": 0, "tid": i, "args": {"name": t}}
+                   for i, t in enumerate(tracks)]
+        for k in self.kernels:
+            events.append({"ph": "X", "name": k.name, "cat": "kernel", "pid": 0, "tid": 0,
+                           "ts": k.start * 1e6, "dur": k.latency * 1e6,
+                           "args": {"instructions": k.instructions, "flops": k.flops,
+                                    "busy_us": {e: v * 1e6 for e, v in k.busy.items()}}})
+        for ins in self.instructions:
+            events.append({"ph": "X", "name": ins.name, "cat": ins.kernel, "pid": 0,
+                           "tid": tracks.index(ins.engine), "ts": ins.start * 1e6,
+                           "dur": (ins.end - ins.start) * 1e6, "args": {"detail": ins.detail}})
+        return events
+
+    def export_chrome_trace(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        payload = {"traceEvents": self.trace_events(), "displayTimeUnit": "ns",
+                   "otherData": {"note": ESTIMATE_NOTE}}
+        path.write_text(json.dumps(payload))
+        return path
+
+
+class profile:
+    """Context manager recording a :class:`Profile` of the neuron work done inside it::
+
+        with accelkit_backends.neuron.profile() as prof:
+            loss = model(x).sum(); loss.backward()
+        prof.export_chrome_trace("step.json")
+    """
+
+    def __init__(self) -> None:
+        self.result = Profile()
+
+    def __enter__(self) -> Profile:
+        from accelkit_backends.neuron.runtime import core
+
+        c = core()
+        c.listeners.append(self.result._collect)
+        self._previous = c.record_instructions
+        c.record_instructions = True
+        return self.result
+
+    def __exit__(self, *exc: Any) -> None:
+        from accelkit_backends.neuron.runtime import core
+
+        c = core()
+        c.listeners.remove(self.result._collect)
+        c.record_instructions = self._previous
