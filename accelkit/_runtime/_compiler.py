@@ -1,8 +1,8 @@
 """``torch.compile(model, backend="<name>")`` for accelkit backends.
 
 Dynamo finds compiler backends through the entry-point group ``torch_dynamo_backends``; an
-accelkit backend declares ``<name> = "accelkit._runtime._compiler:<name>"`` there (the in-tree
-ones do in accelkit's pyproject). Resolving ``<name>`` here yields a compiler function that
+accelkit backend declares ``<name> = "accelkit.sdk.dynamo_backends:<name>"`` there, which
+resolves through :func:`compiler_for`. Resolving ``<name>`` yields a compiler function that
 hands the graph to the active backend's compiler (``accelkit_make_compiler``), so nothing
 compile-related is imported until a model is compiled.
 """

@@ -14,7 +14,7 @@ import accelkit
 import accelkit_backends.neuron as neuron
 from accelkit.sdk import UnsupportedDtypeError
 from accelkit_backends.neuron.device import TARGETS, device_model
-from accelkit_backends.neuron.runtime import SHAPE_CHURN_LIMIT, ShapeChurnWarning
+from accelkit_backends.neuron.cost import SHAPE_CHURN_LIMIT, ShapeChurnWarning
 from accelkit_backends.neuron.sim import NeuronDtypeError
 
 
