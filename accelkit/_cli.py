@@ -1,4 +1,5 @@
-"""The ``accelkit`` command: ``accelkit devices [--json]``, ``accelkit select [SPEC]`` and
+"""The ``accelkit`` command: ``accelkit devices [--json]``, ``accelkit select [SPEC]``,
+``accelkit new-backend NAME [--dir DIR]`` (see :mod:`accelkit._scaffold`) and
 ``accelkit conformance {run,report,diff}`` (see :mod:`accelkit_conformance`)."""
 
 from __future__ import annotations
@@ -45,6 +46,27 @@ def _select(args: argparse.Namespace) -> int:
     return 0
 
 
+def _new_backend(args: argparse.Namespace) -> int:
+    from shlex import quote
+
+    from accelkit._scaffold import Names, new_backend
+
+    root, files = new_backend(args.name, args.dir)
+    names = Names.of(args.name)
+    print(f"wrote {names.distribution} (package {names.package}, backend {args.name!r}) into {root}:")
+    for relative in files:
+        print(f"  {relative}")
+    print(
+        "\nnext, in the environment that has accelkit:\n"
+        f"  pip install -e {quote(str(root))}\n"
+        "  accelkit devices\n"
+        f"  python -m pytest {quote(str(root / 'tests'))}\n"
+        f"  accelkit conformance run --backend {args.name} --profile quick\n"
+        f"kernels go in {root / names.package / 'kernels.py'}; see its README.md"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="accelkit", description="One accelerator layer for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -54,6 +76,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     select = commands.add_parser("select", help="show which device select_device() picks, and why")
     select.add_argument("spec", nargs="?", default=None, help="name or preference list, e.g. 'tpu,cpu'")
     select.set_defaults(run=_select)
+    new = commands.add_parser(
+        "new-backend", help="write an installable plugin package for a new device backend",
+        description="Write a plugin package for a new device backend: host memory and kernels from CPU "
+                    "torch, so that after `pip install -e DIR` it is listed, its tests pass and it "
+                    "passes the quick conformance profile. Nothing is written if NAME or DIR is refused.",
+    )
+    new.add_argument("name", metavar="NAME", help="the backend's name, a lower-case identifier, e.g. 'mychip'")
+    new.add_argument("--dir", default=None, metavar="DIR",
+                     help="where to write the package, new or empty (default: accelkit-NAME in the current directory)")
+    new.set_defaults(run=_new_backend)
     commands.add_parser(
         "conformance", add_help=False,
         help="run the conformance suites against backends, render and compare results (run, report, diff)",

@@ -29,3 +29,8 @@ class PluginError(AccelkitError):
 
 class FallbackDeniedError(AccelkitError, NotImplementedError):
     """An op has no native kernel or decomposition and the CPU-fallback policy is ``deny``."""
+
+
+class ScaffoldError(AccelkitError, ValueError):
+    """``accelkit new-backend`` refused its arguments (a name that cannot be a new backend's, a
+    directory that is not new or empty); nothing was written."""
