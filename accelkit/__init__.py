@@ -23,7 +23,7 @@ from accelkit._errors import (
     PluginError,
     UnknownDeviceError,
 )
-from accelkit._plugins import hookimpl
+from accelkit.hookspecs import hookimpl
 from accelkit._policy import fallback_policy
 from accelkit._selection import DeviceReport, devices, explain_selection, select_device
 

@@ -34,7 +34,7 @@ import torch
 
 from accelkit import hookspecs
 from accelkit._errors import BackendConflictError, PluginError
-from accelkit.hookspecs import hookimpl  # noqa: F401 - re-exported as accelkit.hookimpl
+
 
 ENTRY_POINT_GROUP = "accelkit.backends"
 #: The distribution whose entry points are the in-tree backends (ref, tpu, neuron).

@@ -258,7 +258,8 @@ def accelkit_make_process_group(
         reduce_scatter, broadcast, all_to_all and barrier; ``None`` or a missing hook:
         collectives are not supported on this backend.
 
-    Called by c10d when a process group is created for the backend's device.
+    Not called yet: the core's torch.distributed registration, which will create the group
+    when c10d asks for the backend's device, is still to be built.
     """
 
 

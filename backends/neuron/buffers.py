@@ -52,7 +52,7 @@ class NeuronAllocator(DeviceAllocator):
         return tuple(array.shape), nx.torch_dtype(array.dtype)
 
     def cast(self, array: np.ndarray, dtype: torch.dtype) -> np.ndarray:
-        from accelkit_backends.neuron.kernels.convert import convert
+        from accelkit_backends.neuron.conversion import convert
 
         return convert(array, dtype)
 

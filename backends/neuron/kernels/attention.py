@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit_backends.neuron.kernels._launch import OutSpec, hbm_empty, tile_kernel
+from accelkit_backends.neuron.launch import OutSpec, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels.elementwise import binary, unary, where
 from accelkit_backends.neuron.kernels.matmul import matmul_2d
 from accelkit_backends.neuron.kernels.normalization import layer_norm_into, load_broadcast

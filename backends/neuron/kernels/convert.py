@@ -1,4 +1,6 @@
-"""Dtype conversion, fill, zero and arange: the programs that make or convert whole tensors."""
+"""Conversion, fill, zero and arange kernels: the programs that make or convert whole tensors
+(the conversion program itself is :mod:`accelkit_backends.neuron.conversion`, which the
+allocator's ``cast`` uses too)."""
 
 from __future__ import annotations
 
@@ -7,32 +9,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit_backends.neuron import cost, runtime
-from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
-from accelkit_backends.neuron.kernels._tiling import flat_chunks, map_flat
+from accelkit_backends.neuron.conversion import copy_into
+from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.tiling import flat_chunks, map_flat
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.core import Kernel
-from accelkit_backends.neuron.sim.memory import Tile
 
 aten = torch.ops.aten
-
-
-def convert(array: np.ndarray, dtype: torch.dtype) -> np.ndarray:
-    """``array`` in ``dtype``: loaded, converted by a Vector-engine copy (rounding as the
-    hardware does, see :mod:`numerics`), stored. Runs as the kernel ``convert``."""
-    result = np.empty(array.shape, dtype=nx.numpy_dtype(dtype))
-    cost.LEDGER.note_instance("convert", (array.shape, array.dtype.str, result.dtype.str))
-    with runtime.core().kernel("convert") as k:
-        map_flat(k, result, [array], lambda dst, srcs: _copy_into(k, dst, srcs[0]))
-    return result
-
-
-def _copy_into(k: Kernel, dst: Tile, src: Tile) -> None:
-    if src.shape != dst.shape:
-        k.memset(dst, 0)
-        k.tensor_scalar(dst, dst, "add", src)
-    else:
-        k.tensor_copy(dst, src)
 
 
 def fill(k: Kernel, out: OutSpec, value: Any) -> np.ndarray:
@@ -56,7 +39,7 @@ def fill_scalar(k: Kernel, out: list[OutSpec], x: np.ndarray, value: Any) -> np.
 @tile_kernel(aten.fill.Tensor)
 def fill_tensor(k: Kernel, out: list[OutSpec], x: np.ndarray, value: np.ndarray) -> np.ndarray:
     result = hbm_empty(out[0])
-    return map_flat(k, result, [value], lambda dst, srcs: _copy_into(k, dst, srcs[0]))
+    return map_flat(k, result, [value], lambda dst, srcs: copy_into(k, dst, srcs[0]))
 
 
 @tile_kernel(aten.zero.default)

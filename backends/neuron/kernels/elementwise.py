@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit_backends.neuron.kernels._launch import OutSpec, hbm_empty, tile_kernel
-from accelkit_backends.neuron.kernels._tiling import map_flat
+from accelkit_backends.neuron.launch import OutSpec, hbm_empty, tile_kernel
+from accelkit_backends.neuron.tiling import map_flat
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.core import Kernel
 from accelkit_backends.neuron.sim.memory import Tile

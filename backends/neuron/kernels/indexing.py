@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from accelkit_backends.neuron.kernels._launch import OutSpec, _launcher, chip_dtype, hbm_empty, kernels, tile_kernel
+from accelkit_backends.neuron.launch import OutSpec, _launcher, chip_dtype, hbm_empty, kernels, tile_kernel
 from accelkit_backends.neuron.kernels.convert import fill
 from accelkit_backends.neuron.kernels.shape import copy_view, free_blocks
 from accelkit_backends.neuron.sim import numerics as nx

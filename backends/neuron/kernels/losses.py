@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
-from accelkit_backends.neuron.kernels._tiling import FMAX
+from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.tiling import FMAX
 from accelkit_backends.neuron.kernels.normalization import load_broadcast
 from accelkit_backends.neuron.kernels.reductions import store_rows
 from accelkit_backends.neuron.sim.core import Kernel

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.sim.core import Kernel, TilePool
 from accelkit_backends.neuron.sim.memory import Tile
 

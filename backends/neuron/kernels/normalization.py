@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels.reductions import (
     Block, chunks, row_blocks, row_mean, row_tiles, store_rows, sum_of_squares,
 )

@@ -34,8 +34,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
-from accelkit_backends.neuron.kernels._tiling import FMAX, flat_chunks
+from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.tiling import FMAX, flat_chunks
 from accelkit_backends.neuron.kernels.matmul import load_k_major
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.core import Kernel

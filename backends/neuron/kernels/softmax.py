@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit_backends.neuron.kernels._launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels.reductions import (
     Block, chunks, reduce_dims, row_blocks, row_tiles, store_rows,
 )

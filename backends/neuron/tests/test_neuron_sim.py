@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from accelkit_backends.neuron.device import TARGETS, core_spec, device_model
-from accelkit_backends.neuron.kernels._tiling import map_flat
+from accelkit_backends.neuron.tiling import map_flat
 from accelkit_backends.neuron.kernels.matmul import matmul_2d
 from accelkit_backends.neuron.sim import (
     NeuronCore,

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from accelkit_backends.neuron.kernels._launch import chip_dtype
+from accelkit_backends.neuron.launch import chip_dtype
 from accelkit_backends.neuron.sim.core import Kernel, TilePool
 from accelkit_backends.neuron.sim.memory import Tile
 
