@@ -1,4 +1,4 @@
-"""Training on ref matches the same training on the CPU.
+"""Training on the device under test matches the same training on the CPU.
 
 Models are built from one seed on the CPU and copied to each device, so both runs start from
 identical weights and data. Tolerances: ref computes with CPU kernels, but some ops take
