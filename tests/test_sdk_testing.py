@@ -179,7 +179,7 @@ def test_loss_fn_tuple_inputs_and_probe(dev):
             self.a, self.b = nn.Linear(3, 2), nn.Linear(3, 2)
 
         def forward(self, x, y):
-            return self.a(x) + self.b(y)
+            return self.a(x) + self.b(y), self.a(x)
 
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(2)
@@ -187,10 +187,32 @@ def test_loss_fn_tuple_inputs_and_probe(dev):
                for _ in range(3)]
     probe = (torch.ones(1, 3), torch.zeros(1, 3))
     result = assert_training_parity(Pair(), batches, dev, _sgd, rtol=RTOL, atol=ATOL,
-                                    loss_fn=nn.functional.mse_loss, probe=probe)
+                                    loss_fn=lambda out, target: nn.functional.mse_loss(out[0], target), probe=probe)
     trained = result.reference.state
-    torch.testing.assert_close(result.device.outputs, (trained["a.weight"].sum(1) + trained["a.bias"]
-                                                       + trained["b.bias"])[None], rtol=RTOL, atol=ATOL)
+    a_of_ones = trained["a.weight"].sum(1) + trained["a.bias"]
+    both, a_only = result.device.outputs
+    torch.testing.assert_close(both, (a_of_ones + trained["b.bias"])[None], rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(a_only, a_of_ones[None], rtol=RTOL, atol=ATOL)
+
+
+def test_a_diverging_element_of_a_tuple_output_is_named(dev):
+    class TwoHeads(nn.Module):
+        """Two outputs; the second is off on the device in eval mode only (the loss uses the first)."""
+
+        def __init__(self):
+            super().__init__()
+            self.body = _mlp()
+
+        def forward(self, x):
+            out = self.body(x)
+            skew = not self.training and x.device.type != "cpu"
+            return out, out * 1.01 if skew else out
+
+    with pytest.raises(ParityError) as caught:
+        assert_training_parity(TwoHeads(), _batches(2), dev, _sgd, rtol=RTOL, atol=ATOL,
+                               loss_fn=lambda out, target: nn.functional.cross_entropy(out[0], target))
+    assert caught.value.outputs and caught.value.step is None and caught.value.entry is None
+    assert "inference outputs diverge:\n    [1]: Mismatched elements" in str(caught.value)
 
 
 def test_train_steps_trains_in_place_on_the_models_device(dev):

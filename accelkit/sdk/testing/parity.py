@@ -204,8 +204,8 @@ def _to(value, device: torch.device, dtype: torch.dtype | None):
     if isinstance(value, torch.Tensor):
         cast = dtype is not None and value.is_floating_point()
         return value.to(device, dtype) if cast else value.to(device)
-    if isinstance(value, tuple | list):
-        return type(value)(_to(v, device, dtype) for v in value)
+    if isinstance(value, tuple | list):  # a named tuple becomes a plain one
+        return (list if isinstance(value, list) else tuple)(_to(v, device, dtype) for v in value)
     return value
 
 
@@ -213,7 +213,7 @@ def _cpu(value):
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
     if isinstance(value, tuple | list):
-        return type(value)(_cpu(v) for v in value)
+        return (list if isinstance(value, list) else tuple)(_cpu(v) for v in value)
     if isinstance(value, Mapping):
         return {k: _cpu(v) for k, v in value.items()}
     return value
