@@ -31,16 +31,17 @@ conformance-quick: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/accelkit conformance run --profile quick --out conformance-results $(INSTALLED_BACKENDS); \
 	status=$$?; [ $$status -le 1 ]
 
-# One process per backend (PyTorch has one PrivateUse1 slot): the core's tests on ref, the
-# device-generic ones again on tpu and on neuron, then each backend's own tests.
-GENERIC_TESTS := tests/test_views.py tests/test_printing.py tests/test_training.py tests/test_bad_input.py \
-	tests/test_outs.py tests/test_edge_inputs.py tests/test_scalar_conversions.py
+# One process per backend (PyTorch has one PrivateUse1 slot): the core's tests on ref (with the
+# device-generic ones, which `pytest tests` collects from accelkit.sdk.testing.generic), the
+# device-generic ones again on tpu and on neuron, run as any backend runs them, then each
+# backend's own tests.
+GENERIC_TESTS := -p accelkit.sdk.testing.plugin --pyargs accelkit.sdk.testing.generic
 
 test: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest tests
-	env -u ACCELKIT_DEVICE ACCELKIT_TEST_DEVICE=tpu ACCELKIT_TPU_FLOAT64=emulate $(BIN)/python -m pytest $(GENERIC_TESTS)
+	env -u ACCELKIT_DEVICE ACCELKIT_TPU_FLOAT64=emulate $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device tpu
 	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest backends/tpu/tests
-	env -u ACCELKIT_DEVICE ACCELKIT_TEST_DEVICE=neuron ACCELKIT_NEURON_FLOAT64=downcast $(BIN)/python -m pytest $(GENERIC_TESTS)
+	env -u ACCELKIT_DEVICE ACCELKIT_NEURON_FLOAT64=downcast $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device neuron
 	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest backends/neuron/tests
 
 bench: $(STAMP)

@@ -1,67 +1,51 @@
 """The core's tests run on the ref backend, activated once for the whole session.
 
+The shipped plugin :mod:`accelkit.sdk.testing.plugin` activates it (``ref`` unless
+``--accelkit-device`` or ``ACCELKIT_TEST_DEVICE`` says otherwise) and provides the ``dev`` and
+``no_gc`` fixtures. A run of this whole directory (``pytest tests``) also collects the
+device-generic tests, which ship in :mod:`accelkit.sdk.testing.generic`.
+
 One PrivateUse1 backend per process: tests about selection before activation, conflicts and
 autoload run in subprocesses (see ``run_python``).
 """
 
 from __future__ import annotations
 
-import gc
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 # A small ref device, so out-of-memory tests stay cheap. Must be set before activation.
 os.environ.setdefault("ACCELKIT_REF_MEMORY", "1GiB")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-import accelkit  # noqa: E402
+import accelkit.sdk.testing.generic  # noqa: E402
+from accelkit.sdk.testing import device_under_test, holds, require_dtype  # noqa: E402, F401 - for the tests
 
-#: The device under test: ref by default; ACCELKIT_TEST_DEVICE=tpu runs the device-generic files
-#: (views, printing, training, bad input, outs, edge inputs) against another backend.
-DEVICE = accelkit.select_device(os.environ.get("ACCELKIT_TEST_DEVICE", "ref"))
+pytest_plugins = ["accelkit.sdk.testing.plugin"]
 
-
-def require_dtype(dtype: torch.dtype) -> None:
-    """Skip the calling test when the device under test refuses ``dtype`` by its dtype policy
-    (neuron holds no complex tensors); the refusal itself is tested by the backend's tests."""
-    from accelkit.sdk import UnsupportedDtypeError
-
-    try:
-        torch.empty(0, dtype=dtype, device=DEVICE)
-    except UnsupportedDtypeError as error:
-        pytest.skip(f"{DEVICE.type} does not hold {dtype}: {error}")
+TESTS = Path(__file__).resolve().parent
+GENERIC = Path(accelkit.sdk.testing.generic.__file__).resolve().parent
 
 
-def holds(dtype: torch.dtype) -> bool:
-    """Whether the device under test accepts ``dtype`` (see :func:`require_dtype`)."""
-    try:
-        require_dtype(dtype)
-    except pytest.skip.Exception:
-        return False
-    return True
+def __getattr__(name: str):
+    # ``from conftest import DEVICE``: the device under test, which the plugin activates after
+    # this module is imported.
+    if name == "DEVICE":
+        return device_under_test()
+    raise AttributeError(name)
 
 
-@pytest.fixture
-def dev() -> torch.device:
-    """The ref device, with op counters cleared for the test."""
-    accelkit.reset_stats()
-    return DEVICE
-
-
-@pytest.fixture
-def no_gc():
-    """Collect earlier tests' garbage and keep the collector off, so memory counters move only
-    through this test's tensors."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection(session: pytest.Session) -> None:
+    """A run of this whole directory collects the generic tests too (once)."""
+    args, here = session.config.args, session.config.invocation_params.dir
+    paths = {(here / arg).resolve() for arg in args if "::" not in arg}
+    if TESTS in paths and GENERIC not in paths:
+        args.append(str(GENERIC))
 
 
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120,

@@ -32,6 +32,7 @@ from conftest import assert_native
 from torch import nn
 
 import accelkit
+from accelkit.sdk.testing.parity import assert_training_parity, train_steps
 
 STEPS = 4
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
@@ -72,44 +73,19 @@ def _batches(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
             for _ in range(STEPS)]
 
 
-def _train(model: nn.Module, optimizer: torch.optim.Optimizer, batches: list, device) -> torch.Tensor:
-    losses = []
-    for x, y in batches:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x.to(device)), y.to(device))
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach().to("cpu"))
-    return torch.stack(losses)
-
-
 @pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
 def test_cnn_training_matches_cpu_without_fallback(dev, optimizer_name):
     torch.manual_seed(0)
-    cpu_model = SmallCNN()
-    neuron_model = copy.deepcopy(cpu_model).to(dev)
-    batches = _batches()
-
-    cpu_losses = _train(cpu_model, OPTIMIZERS[optimizer_name](cpu_model.parameters()), batches, "cpu")
     with accelkit.fallback_policy("deny"):
-        neuron_losses = _train(neuron_model, OPTIMIZERS[optimizer_name](neuron_model.parameters()), batches, dev)
-        neuron_model.eval()
-        cpu_model.eval()
-        probe = batches[0][0]
-        with torch.no_grad():
-            neuron_inference = neuron_model(probe.to(dev)).cpu()
-        cpu_inference = cpu_model(probe).detach()
+        # Losses per step; parameters, running statistics and batch counters; an eval-mode
+        # forward of the first batch.
+        result = assert_training_parity(SmallCNN(), _batches(), dev, OPTIMIZERS[optimizer_name], **TOLERANCE)
 
     stats = accelkit.stats()
     assert stats["totals"]["fallback"] == 0, {k: v for k, v in stats["ops"].items() if v["fallback"]}
+    cpu_losses, cpu_state = result.reference.losses, result.reference.state
     assert not torch.equal(cpu_losses[0], cpu_losses[-1])  # training moved the model
-    torch.testing.assert_close(neuron_losses, cpu_losses, **TOLERANCE)
-    cpu_state, neuron_state = cpu_model.state_dict(), neuron_model.state_dict()
-    assert cpu_state.keys() == neuron_state.keys()
-    for name, value in cpu_state.items():  # parameters, running statistics, batch counters
-        torch.testing.assert_close(neuron_state[name].cpu(), value, **TOLERANCE, msg=name)
     assert not torch.equal(cpu_state["norm1.running_var"], torch.ones(8))  # statistics were updated
-    torch.testing.assert_close(neuron_inference, cpu_inference, **TOLERANCE)
 
 
 def test_cnn_layers_run_as_tile_programs(dev):
@@ -117,7 +93,7 @@ def test_cnn_layers_run_as_tile_programs(dev):
     torch.manual_seed(0)
     model = SmallCNN().to(dev)
     with accelkit.fallback_policy("deny"):
-        _train(model, torch.optim.SGD(model.parameters(), lr=0.1), _batches()[:1], dev)
+        train_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), _batches()[:1])
     assert_native("aten.convolution_overrideable.default", "aten.convolution_backward_overrideable.default",
                   "aten.native_batch_norm.default", "aten.native_batch_norm_backward.default",
                   "aten.max_pool2d_with_indices.default", "aten.max_pool2d_with_indices_backward.default")
@@ -153,10 +129,10 @@ def test_bfloat16_cnn_training_tracks_float32(dev):
     model = SmallCNN()
     on_device = copy.deepcopy(model).to(dev, torch.bfloat16)
     batches = _batches()
-    expected = _train(model, OPTIMIZERS["sgd_momentum"](model.parameters()), batches, "cpu")
+    expected = train_steps(model, OPTIMIZERS["sgd_momentum"](model.parameters()), batches)
     with accelkit.fallback_policy("deny"):
-        got = _train(on_device, OPTIMIZERS["sgd_momentum"](on_device.parameters()),
-                     [(x.bfloat16(), y) for x, y in batches], dev)
+        got = train_steps(on_device, OPTIMIZERS["sgd_momentum"](on_device.parameters()),
+                          [(x.bfloat16(), y) for x, y in batches])
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2)
     assert not torch.equal(got.float(), expected)  # bf16 really rounded

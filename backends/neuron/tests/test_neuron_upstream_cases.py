@@ -2,8 +2,9 @@
 neuron, re-written against CPU torch: an empty contraction in ``addmm``, uint8 masks, values
 that do not broadcast to an empty index, ``nonzero`` into a 0-dim ``out=``, and ``mode``.
 
-The device-generic versions (every backend) are in ``tests/test_edge_inputs.py`` and
-``tests/test_outs.py``; these add what is neuron's own: the tile programs run natively.
+The device-generic versions (every backend) are in ``accelkit.sdk.testing.generic``'s
+``test_edge_inputs.py`` and ``test_outs.py``; these add what is neuron's own: the tile programs
+run natively.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Device-side checks on tpu: when a refused value is reported, what it says, and what it keeps.
 
 CPU PyTorch is the reference for the errors; the device-generic cases of every op live in
-``tests/test_bad_input.py``. Here: the machinery — strict mode reports at the next
+``accelkit/sdk/testing/generic/test_bad_input.py``. Here: the machinery — strict mode reports at the next
 synchronisation, debug mode at the op, a refused in-place write leaves its tensor as it was,
 several failures are each reported, and waiting statuses stay bounded.
 """

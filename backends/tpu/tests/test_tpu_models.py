@@ -22,14 +22,13 @@ more at these learning rates).
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import accelkit
+from accelkit.sdk.testing.parity import assert_training_parity, train_steps
 
 STEPS = 4
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
@@ -78,15 +77,6 @@ class SmallTransformer(nn.Module):
 NOISE_ONLY = {"encoder.self_attn.in_proj_bias": slice(SmallTransformer.WIDTH, 2 * SmallTransformer.WIDTH)}
 
 
-def _without_noise_only(name: str, value: torch.Tensor) -> torch.Tensor:
-    part = NOISE_ONLY.get(name)
-    if part is None:
-        return value
-    keep = torch.ones(value.shape[0], dtype=torch.bool)
-    keep[part] = False
-    return value[keep]
-
-
 def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 5))
 
@@ -111,46 +101,21 @@ def _batches(input_shape, classes, seed=0):
     ]
 
 
-def _train(model, optimizer, batches, device):
-    losses = []
-    for x, y in batches:
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x.to(device)), y.to(device))
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach().to("cpu"))
-    return torch.stack(losses)
-
-
 @pytest.mark.parametrize("optimizer_name", list(OPTIMIZERS))
 @pytest.mark.parametrize("model_name", list(MODELS))
 def test_training_matches_cpu_without_fallback(dev, model_name, optimizer_name):
     make, input_shape, classes = MODELS[model_name]
     torch.manual_seed(0)
-    cpu_model = make()
-    tpu_model = copy.deepcopy(cpu_model).to(dev)
-    batches = _batches(input_shape, classes)
-
-    cpu_losses = _train(cpu_model, OPTIMIZERS[optimizer_name](cpu_model.parameters()), batches, "cpu")
     with accelkit.fallback_policy("deny"):
-        tpu_losses = _train(tpu_model, OPTIMIZERS[optimizer_name](tpu_model.parameters()), batches, dev)
-        tpu_model.eval()
-        cpu_model.eval()
-        probe = batches[0][0]
-        with torch.no_grad():
-            tpu_inference = tpu_model(probe.to(dev)).cpu()
-        cpu_inference = cpu_model(probe).detach()
+        # Losses per step, parameters with batch norm's running statistics, and an eval-mode
+        # forward of the first batch (the transformer's fused fast path).
+        result = assert_training_parity(make(), _batches(input_shape, classes), dev, OPTIMIZERS[optimizer_name],
+                                        **TOLERANCE, ignore=NOISE_ONLY)
 
     stats = accelkit.stats()
     assert stats["totals"]["fallback"] == 0, {k: v for k, v in stats["ops"].items() if v["fallback"]}
+    cpu_losses = result.reference.losses
     assert not torch.equal(cpu_losses[0], cpu_losses[-1])  # training moved the model
-    torch.testing.assert_close(tpu_losses, cpu_losses, **TOLERANCE)
-    cpu_state, tpu_state = cpu_model.state_dict(), tpu_model.state_dict()
-    assert cpu_state.keys() == tpu_state.keys()
-    for name, value in cpu_state.items():  # parameters and batch norm's running statistics
-        torch.testing.assert_close(_without_noise_only(name, tpu_state[name].cpu()),
-                                   _without_noise_only(name, value), **TOLERANCE, msg=name)
-    torch.testing.assert_close(tpu_inference, cpu_inference, **TOLERANCE)
 
 
 def test_models_run_their_layers_natively(dev):
@@ -168,7 +133,7 @@ def test_models_run_their_layers_natively(dev):
         model = make().to(dev)
         accelkit.reset_stats()
         with accelkit.fallback_policy("deny"):
-            _train(model, torch.optim.SGD(model.parameters(), lr=0.1), _batches(input_shape, classes)[:1], dev)
+            train_steps(model, torch.optim.SGD(model.parameters(), lr=0.1), _batches(input_shape, classes)[:1])
         counts = accelkit.stats()["ops"]
         for op in ops:
             assert counts.get(op, {}).get("native", 0) > 0, (name, op)

@@ -13,9 +13,12 @@ import pytest
 import torch
 from accelkit_conformance.bad_input import CASES, CPU, Outcome, check_like_cpu, outcome
 from accelkit_conformance.compare import assert_same
-from conftest import DEVICE  # noqa: E402 - the device under test, activated by conftest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from accelkit.sdk.testing import device_under_test
+
+DEVICE = device_under_test()
 
 
 @pytest.mark.parametrize("name", list(CASES))

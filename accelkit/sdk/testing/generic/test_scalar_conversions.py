@@ -2,7 +2,7 @@
 the CPU does, with the CPU's error, before anything is written — and takes it where the CPU
 takes it, with the CPU's result (uint8's -1, an int tensor clamped by a float bound).
 
-Device-generic: runs on ref, and on tpu and neuron through ``ACCELKIT_TEST_DEVICE``.
+Device-generic: runs on ref, and on tpu and neuron through ``--accelkit-device``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICE, holds
 
 from accelkit.sdk import UnsupportedDtypeError
+from accelkit.sdk.testing import device_under_test, holds
+
+DEVICE = device_under_test()
 
 Case = Callable[[torch.device], object]
 

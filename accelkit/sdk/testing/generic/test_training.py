@@ -1,12 +1,13 @@
-"""Training on ref matches the same training on the CPU.
+"""Training on the device under test matches the same training on the CPU.
 
 Models are built from one seed on the CPU and copied to each device, so both runs start from
-identical weights and data. Tolerances: ref computes with CPU kernels, but some ops take
-another route on ref (cross-entropy and optimizer updates are partly decomposed, and
-optimizers use their ``foreach`` implementation on an accelerator where the CPU uses the
-single-tensor loop), so float32 results may differ in the last bits. Observed differences
-are below 3e-7 after eight steps; the tests allow ``rtol=1e-5, atol=1e-6`` — tight enough
-that one wrong or skipped update (a step of size ``lr * grad``, about 1e-3 here) fails.
+identical weights and data (whole training runs: :mod:`accelkit.sdk.testing.parity`).
+Tolerances: ref computes with CPU kernels, but some ops take another route on ref
+(cross-entropy and optimizer updates are partly decomposed, and optimizers use their
+``foreach`` implementation on an accelerator where the CPU uses the single-tensor loop), so
+float32 results may differ in the last bits. Observed differences are below 3e-7 after eight
+steps; the tests allow ``rtol=1e-5, atol=1e-6`` — tight enough that one wrong or skipped
+update (a step of size ``lr * grad``, about 1e-3 here) fails.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from accelkit.sdk.testing.parity import assert_training_parity
 
 RTOL, ATOL = 1e-5, 1e-6
 
@@ -51,34 +54,6 @@ def cnn() -> nn.Module:
     )
 
 
-def train(model: nn.Module, make_optimizer, x, y, steps: int, device) -> dict:
-    """``steps`` optimizer steps of cross-entropy training on ``device``; everything on the CPU after."""
-    model = copy.deepcopy(model).to(device)
-    x, y = x.to(device), y.to(device)
-    optimizer = make_optimizer(model.parameters())
-    losses = []
-    for _ in range(steps):
-        optimizer.zero_grad()
-        loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach().cpu())
-    for p in model.parameters():
-        assert p.device == torch.device(device)
-    state = [
-        value.detach().cpu()
-        for per_param in optimizer.state.values()
-        for value in per_param.values()
-        if isinstance(value, torch.Tensor)
-    ]
-    return {
-        "losses": torch.stack(losses),
-        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
-        "optimizer_state": state,
-        "model": model,
-    }
-
-
 OPTIMIZERS = {
     "sgd_momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
     "sgd_nesterov_weight_decay": lambda params: torch.optim.SGD(
@@ -93,19 +68,13 @@ OPTIMIZERS = {
 def test_mlp_training_matches_cpu_losses_parameters_and_optimizer_state(dev, make_optimizer):
     model = mlp()
     x, y = batch(32, 8, classes=4)
-    expected = train(model, make_optimizer, x, y, steps=8, device="cpu")
-    actual = train(model, make_optimizer, x, y, steps=8, device=dev)
-
-    close(actual["losses"], expected["losses"])
-    assert actual["state_dict"].keys() == expected["state_dict"].keys()
-    for name in expected["state_dict"]:
-        close(actual["state_dict"][name], expected["state_dict"][name])
-    assert len(actual["optimizer_state"]) == len(expected["optimizer_state"]) > 0
-    for a, e in zip(actual["optimizer_state"], expected["optimizer_state"]):
-        close(a, e)
+    result = assert_training_parity(model, [(x, y)] * 8, dev, make_optimizer, rtol=RTOL, atol=ATOL,
+                                    compare_optimizer_state=True)
+    expected, actual = result.reference, result.device
+    assert len(actual.optimizer_state) == len(expected.optimizer_state) > 0
     # The runs trained: the loss fell and the weights moved away from the start.
-    assert expected["losses"][-1] < expected["losses"][0] - 0.05
-    assert not torch.allclose(actual["state_dict"]["0.weight"], model.state_dict()["0.weight"])
+    assert expected.losses[-1] < expected.losses[0] - 0.05
+    assert not torch.allclose(actual.state["0.weight"], model.state_dict()["0.weight"])
 
 
 def test_cnn_forward_and_backward_match_cpu(dev):
@@ -141,22 +110,11 @@ def test_cnn_forward_and_backward_match_cpu(dev):
 
 
 def test_cnn_training_steps_and_eval_output_match_cpu(dev):
-    model = cnn()
     x, y = batch(6, 3, 8, 8, classes=5)
-    make_optimizer = OPTIMIZERS["sgd_momentum"]
-    expected = train(model, make_optimizer, x, y, steps=4, device="cpu")
-    actual = train(model, make_optimizer, x, y, steps=4, device=dev)
-    close(actual["losses"], expected["losses"])
-    for name in expected["state_dict"]:
-        close(actual["state_dict"][name], expected["state_dict"][name])
-    assert int(actual["state_dict"]["1.num_batches_tracked"]) == 4
-    # Eval mode normalises with the running statistics the training accumulated.
-    outputs = []
-    for result, device in ((expected, "cpu"), (actual, dev)):
-        trained = result["model"].eval()
-        with torch.no_grad():
-            outputs.append(trained(x.to(device)).cpu())
-    close(outputs[1], outputs[0])
+    # Compares the losses, the state (with batch norm's running statistics) and the eval-mode
+    # output, which normalises with the running statistics the training accumulated.
+    result = assert_training_parity(cnn(), [(x, y)] * 4, dev, OPTIMIZERS["sgd_momentum"], rtol=RTOL, atol=ATOL)
+    assert int(result.device.state["1.num_batches_tracked"]) == 4
 
 
 # -- gradient clipping ------------------------------------------------------------------------

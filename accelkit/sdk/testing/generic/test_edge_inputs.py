@@ -1,7 +1,7 @@
 """Edge inputs on the device under test, checked against the CPU: empty contractions and
 ``beta=0`` in the matmul family, and 0-dim inputs of ``multi_margin_loss``.
 
-Device-generic (``ACCELKIT_TEST_DEVICE=tpu|neuron`` runs it on another backend). PyTorch's own
+Device-generic (``--accelkit-device tpu|neuron`` runs it on another backend). PyTorch's own
 device-generic tests found each case on some backend (a kernel or a decomposition that
 disagreed with the CPU); they are re-written here so that every backend is held to them.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import holds
+
+from accelkit.sdk.testing import holds
 
 NAN = float("nan")
 

@@ -2,7 +2,7 @@
 rule for ``out=`` dtypes, an ``out=`` tensor on the CPU refused as on PyTorch's accelerators,
 factories writing through a strided ``out=``, and the resize of a too-small one.
 
-Device-generic (``ACCELKIT_TEST_DEVICE=tpu|neuron`` runs it on another backend). These are the
+Device-generic (``--accelkit-device tpu|neuron`` runs it on another backend). These are the
 cases PyTorch's own device-generic tests (``TestCommon.test_out``) found, re-written, plus an
 ``op_db`` walk that holds every OpInfo with an ``out=`` variant to the host-``out=`` rule.
 """
@@ -15,9 +15,11 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from conftest import DEVICE, holds
 
 import accelkit
+from accelkit.sdk.testing import device_under_test, holds
+
+DEVICE = device_under_test()
 
 _HOST_OUT_MESSAGE = "Expected all tensors to be on the same device, but found at least two devices"
 

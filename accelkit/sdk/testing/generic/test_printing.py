@@ -1,4 +1,4 @@
-"""Printing ref tensors: the text is the CPU tensor's, plus ``device='ref:0'``.
+"""Printing device tensors: the text is the CPU tensor's, plus ``device='ref:0'`` (on ref).
 
 PyTorch formats a tensor by running ops on its device (to pick widths, scientific notation
 and the summary). Those ops are the runtime's concern, not the program's: printing works under
@@ -12,10 +12,11 @@ import warnings
 
 import pytest
 import torch
-from conftest import DEVICE, holds, require_dtype
 
 import accelkit
+from accelkit.sdk.testing import device_under_test, holds, require_dtype
 
+DEVICE = device_under_test()
 SUFFIX = f"device='{DEVICE}'"
 _KEYWORD = re.compile(r",\s+(?=[a-z_]+=)")  # the separator before each ``key=value`` suffix
 

@@ -1,4 +1,4 @@
-"""Views and aliasing on the ref device, checked against the same computation on the CPU.
+"""Views and aliasing on the device under test, checked against the same computation on the CPU.
 
 A view on the device must have the CPU view's sizes, strides, offset and values, share its
 base's storage and version counter, and pass in-place writes through to the base and to every
@@ -14,9 +14,12 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from conftest import DEVICE, holds, require_dtype  # noqa: E402 - the device under test, activated by conftest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from accelkit.sdk.testing import device_under_test, holds, require_dtype
+
+DEVICE = device_under_test()
 
 # -- helpers ------------------------------------------------------------------------------------
 
