@@ -1,4 +1,10 @@
-"""tpu matrix factorizations and solvers (kernels/factorizations.py), against CPU torch.
+"""tpu matrix factorizations and solvers (kernels/factorizations.py), against CPU torch: LU (factor,
+unpack, solve), ``linalg.solve`` and its gradient, inverse, determinant and log-determinant,
+Cholesky (solve, inverse), triangular solves, QR, ``geqrf`` with ``householder_product`` and
+``ormqr`` (Q or its conjugate transpose from either side, real and complex), SVD, eigh, the matrix
+exponential, least squares (``linalg.lstsq``: every driver's result set, rank-deficient
+minimum-norm solutions, vector right-hand sides, broadcast batches, complex input) and empty
+matrices.
 
 Results unique only up to signs (SVD, eigh, QR vectors) are checked through what is unique:
 singular values, reconstructions, absolute values. LU factors, pivots, ``info`` and solutions
@@ -10,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import accelkit
 from conftest import assert_native, on_device
 
 TOL = {"atol": 1e-4, "rtol": 1e-4}
@@ -244,3 +251,64 @@ def test_factorizations_of_empty_matrices(dev):
     assert torch.linalg.cholesky_ex(empty.to(dev)).info.cpu().tolist() == [0, 0]
     assert torch.linalg.inv(empty.to(dev)).shape == (2, 0, 0)
     same(torch.linalg.det(empty.to(dev)), torch.linalg.det(empty))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("shape, other", [((5, 3), 4), ((2, 6, 6), 2), ((4, 4), 1)])
+def test_ormqr_matches_cpu(dev, dtype, left, transpose, shape, other):
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(shape, generator=g, dtype=dtype)
+    factor, tau = torch.geqrf(a)
+    m = shape[-2]
+    c = torch.randn(shape[:-2] + ((m, other) if left else (other, m)), generator=g, dtype=dtype)
+    want = torch.ormqr(factor, tau, c, left=left, transpose=transpose)
+    with accelkit.fallback_policy("deny"):
+        got = torch.ormqr(factor.to(dev), tau.to(dev), c.to(dev), left=left, transpose=transpose)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert_native("aten.ormqr.default")
+
+
+def test_ormqr_empty(dev):
+    factor, tau, c = torch.empty(0, 0), torch.empty(0), torch.empty(0, 3)
+    with accelkit.fallback_policy("deny"):
+        got = torch.ormqr(factor.to(dev), tau.to(dev), c.to(dev))
+    assert got.shape == (0, 3)
+
+
+def check_lstsq(dev, a, b, **kwargs):
+    want = torch.linalg.lstsq(a, b, **kwargs)
+    with accelkit.fallback_policy("deny"):
+        got = torch.linalg.lstsq(a.to(dev), b.to(dev), **kwargs)
+    for name, g, w in zip(("solution", "residuals", "rank", "singular_values"), got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        torch.testing.assert_close(g.cpu(), w, msg=name, **TOL)
+
+
+@pytest.mark.parametrize("driver", [None, "gelsy", "gelsd", "gelss", "gels"])
+@pytest.mark.parametrize("shape", [(6, 3), (3, 3), (2, 4)])
+def test_every_driver_and_shape(dev, driver, shape):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(2, *shape, generator=g), torch.randn(2, shape[0], 2, generator=g)
+    check_lstsq(dev, a, b, driver=driver)
+    assert_native("aten.linalg_lstsq.default")
+
+
+@pytest.mark.parametrize("driver", ["gelsy", "gelsd"])
+def test_rank_deficient_minimum_norm_solution(dev, driver):
+    a = torch.randn(5, 3)
+    a[:, 2] = 2 * a[:, 0]
+    b = torch.randn(5, 2)
+    want = torch.linalg.lstsq(a, b, driver=driver)
+    with accelkit.fallback_policy("deny"):
+        got = torch.linalg.lstsq(a.to(dev), b.to(dev), driver=driver)
+    torch.testing.assert_close(got.solution.cpu(), want.solution, **TOL)
+    assert int(got.rank) == int(want.rank) == 2
+
+
+def test_vector_rhs_broadcast_batch_and_complex(dev):
+    check_lstsq(dev, torch.randn(5, 3), torch.randn(5), driver="gelsd")
+    check_lstsq(dev, torch.randn(2, 4, 3), torch.randn(1, 4, 2), driver="gelss")
+    check_lstsq(dev, torch.randn(5, 3, dtype=torch.complex64), torch.randn(5, 2, dtype=torch.complex64),
+                driver="gelsd")
