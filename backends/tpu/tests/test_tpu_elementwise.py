@@ -1,4 +1,8 @@
-"""tpu elementwise, comparison and activation ops, compared with PyTorch on CPU.
+"""tpu elementwise ops (kernels/elementwise.py), compared with PyTorch on CPU: unary math, binary
+arithmetic with broadcasting and Python scalars, ternary ops, clamping and selection, elementwise
+comparisons, logical and bitwise ops, derived in-place and ``out=`` variants, fill, copy and dtype
+conversion, activations, the sign of complex values, and the float-bit ops ``frexp`` and
+``nextafter`` (subnormals, signed zeros, infinities, NaN).
 
 Deterministic ops run the same call on CPU tensors and on tpu copies — often non-contiguous
 views made on the device, and broadcasting operands — under the ``deny`` fallback policy, and
@@ -609,3 +613,53 @@ def test_polar_gradient_matches_cpu(dev):
         on_tpu = gradients(dev)
     for got, want in zip(on_tpu, gradients("cpu")):
         torch.testing.assert_close(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# Float bits: frexp and nextafter (subnormals, signed zeros, infinities, NaN)
+# ---------------------------------------------------------------------------------------------
+
+SPECIAL_FLOATS = [0.0, -0.0, 1.0, -3.5, 7e-3, float("inf"), -float("inf"), float("nan")]
+
+
+@pytest.mark.parametrize("dtype, subnormals", [
+    (torch.float32, [1e-40, -1e-45, 1.1754942e-38]),
+    (torch.float16, [1e-6, -6e-8]),
+    (torch.bfloat16, [1e-40]),
+])
+def test_frexp_including_subnormals(dev, dtype, subnormals):
+    x = torch.tensor(SPECIAL_FLOATS + subnormals + [3e38 if dtype != torch.float16 else 6e4]).to(dtype)
+    want = torch.frexp(x)
+    with accelkit.fallback_policy("deny"):
+        got = torch.frexp(x.to(dev))
+    assert got.mantissa.dtype == dtype and got.exponent.dtype == torch.int32
+    torch.testing.assert_close(got.mantissa.cpu(), want.mantissa, equal_nan=True, atol=0, rtol=0)
+    torch.testing.assert_close(got.exponent.cpu(), want.exponent)
+    assert_native("aten.frexp.Tensor")
+
+
+def test_frexp_out_variant(dev):
+    x = torch.randn(4, 5) * 100
+    mantissa, exponent = torch.empty(4, 5, device=dev), torch.empty(4, 5, dtype=torch.int32, device=dev)
+    with accelkit.fallback_policy("deny"):
+        torch.frexp(x.to(dev), out=(mantissa, exponent))
+    want = torch.frexp(x)
+    torch.testing.assert_close(mantissa.cpu(), want.mantissa)
+    torch.testing.assert_close(exponent.cpu(), want.exponent)
+
+
+def test_nextafter_towards_every_direction(dev):
+    x = torch.tensor([0.0, -0.0, 1.0, 1.0, float("nan"), 1.0, 2.0, 3e38, float("inf"), 1e-45])
+    y = torch.tensor([1.0, -1.0, 0.0, float("nan"), 1.0, 2.0, 2.0, float("inf"), 0.0, 0.0])
+    want = torch.nextafter(x, y)
+    with accelkit.fallback_policy("deny"):
+        got = torch.nextafter(x.to(dev), y.to(dev))
+    torch.testing.assert_close(got.cpu(), want, equal_nan=True, atol=0, rtol=0)
+    assert_native("aten.nextafter.default")
+
+
+def test_nextafter_broadcasts_bfloat16(dev):
+    x, y = torch.randn(3, 1).bfloat16(), torch.randn(4).bfloat16()
+    with accelkit.fallback_policy("deny"):
+        got = torch.nextafter(x.to(dev), y.to(dev))
+    torch.testing.assert_close(got.cpu(), torch.nextafter(x, y), atol=0, rtol=0)
