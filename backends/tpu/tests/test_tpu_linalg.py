@@ -1,0 +1,110 @@
+"""tpu matrix products (kernels/linalg.py: mm, bmm, addmm, baddbmm, addbmm, mv, addmv, dot, vdot)
+compared with PyTorch on CPU: float32, bfloat16 and int64 operands, non-contiguous and broadcast
+(``matmul``, ``linear``), ``beta`` and ``alpha``, ``beta=0`` ignoring NaN in the input, and
+bfloat16 products accumulated in float32. (Factorizations and solvers are in
+``test_tpu_factorizations.py``.)
+
+Every check runs the same call on CPU tensors and on their tpu copies (often non-contiguous views,
+made on the device), compares values and dtypes, and asserts the op ran natively.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import assert_native, on_device
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def sample(shape, dtype, seed=0, low=-4, high=5):
+    """Reproducible input: normal floats, small integers (with ties), random booleans."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(low, high, shape, generator=g, dtype=dtype)
+
+
+def transposed(shape, dtype, seed=0):
+    """A non-contiguous input of ``shape``: the transpose of a contiguous tensor."""
+    return sample(tuple(reversed(shape)), dtype, seed).T if len(shape) == 2 else sample(shape, dtype, seed)
+
+
+def assert_same(device_result, cpu_result, **tol):
+    if isinstance(cpu_result, tuple | list):
+        assert len(device_result) == len(cpu_result)
+        for d, c in zip(device_result, cpu_result):
+            assert_same(d, c, **tol)
+        return
+    if isinstance(cpu_result, torch.Tensor):
+        assert device_result.device.type == "tpu"
+        torch.testing.assert_close(device_result.cpu(), cpu_result, equal_nan=True, **tol)
+    else:
+        assert device_result == cpu_result
+
+
+def compare(dev, fn, *inputs, **tol):
+    """Run ``fn`` on the CPU inputs and on tpu copies; the results must match. Returns the
+    device result."""
+    expected = fn(*inputs)
+    actual = fn(*on_device(inputs, dev))
+    assert_same(actual, expected, **tol)
+    return actual
+
+
+# ---------------------------------------------------------------------------------------------
+# Matmul family
+# ---------------------------------------------------------------------------------------------
+
+MATMULS = {
+    "mm": (lambda a, b: a.mm(b.T), "aten.mm.default"),
+    "bmm": (lambda a, b: torch.bmm(a.expand(2, 5, 6), b.T.expand(2, 6, 4)), "aten.bmm.default"),
+    "addmm": (lambda a, b: torch.addmm(a[:, :4], a, b.T, beta=0.5, alpha=2), "aten.addmm.default"),
+    "addmm_row_bias": (lambda a, b: torch.addmm(b[0, :4], a, b.T), "aten.addmm.default"),
+    "baddbmm": (lambda a, b: torch.baddbmm(a[None, :, :4], a.expand(3, 5, 6), b.T.expand(3, 6, 4), alpha=-1),
+                "aten.baddbmm.default"),
+    "addbmm": (lambda a, b: torch.addbmm(a[:, :4], a.expand(2, 5, 6), b.T.expand(2, 6, 4), beta=2),
+               "aten.addbmm.default"),
+    "mv": (lambda a, b: a.mv(b[0]), "aten.mv.default"),
+    "addmv": (lambda a, b: torch.addmv(a[:, 0], a, b[1], alpha=3), "aten.addmv.default"),
+    "dot": (lambda a, b: torch.dot(a[1], b[2]), "aten.dot.default"),
+    "vdot": (lambda a, b: torch.vdot(a[:4, 1], b[:, 2]), "aten.vdot.default"),
+    "matmul_broadcast": (lambda a, b: a.expand(3, 5, 6) @ b.T, "aten.bmm.default"),
+    "linear": (lambda a, b: torch.nn.functional.linear(a, b, b[0, :4]), "aten.addmm.default"),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
+@pytest.mark.parametrize("case", sorted(MATMULS))
+def test_matmul_family_matches_cpu(dev, dtype, case):
+    fn, op = MATMULS[case]
+    if dtype == torch.int64 and case not in ("mm", "bmm", "baddbmm", "addbmm", "mv", "dot"):
+        pytest.skip("integer products are covered by the other cases")
+    a = transposed((5, 6), dtype)  # non-contiguous operands
+    b = sample((4, 6), dtype, seed=1)
+    compare(dev, fn, a, b)
+    assert_native(op)
+
+
+def test_beta_zero_ignores_nan_in_the_input(dev):
+    a, b = sample((3, 4), torch.float32), sample((4, 2), torch.float32, seed=1)
+    bias = torch.full((3, 2), float("nan"))
+    for beta in (0, 0.0):  # a static int and a run-time float
+        compare(dev, lambda s, m1, m2, beta=beta: (
+            torch.addmm(s, m1, m2, beta=beta),
+            torch.baddbmm(s[None], m1[None], m2[None], beta=beta),
+            torch.addmv(s[:, 0], m1, m2[:, 0], beta=beta),
+        ), bias, a, b)
+
+
+def test_bfloat16_matmul_accumulates_in_float32(dev):
+    # 512 products of 1 + 1/128: exact in float32 then rounded once; bf16 accumulation drifts.
+    a = torch.full((1, 512), 1 + 1 / 128, dtype=torch.bfloat16)
+    b = torch.ones(512, 1, dtype=torch.bfloat16)
+    compare(dev, lambda x, y, c: (x @ y, torch.addmm(c, x, y)), a, b, torch.ones(1, 1, dtype=torch.bfloat16))
