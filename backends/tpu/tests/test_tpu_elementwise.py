@@ -1,4 +1,9 @@
-"""tpu elementwise, comparison and activation ops, compared with PyTorch on CPU.
+"""tpu elementwise ops (kernels/elementwise.py), compared with PyTorch on CPU: unary math, binary
+arithmetic with broadcasting and Python scalars, ternary ops, clamping and selection, elementwise
+comparisons, logical and bitwise ops, derived in-place and ``out=`` variants, fill, copy and dtype
+conversion, the sign of complex values (and polar's gradient, which uses it), and the float-bit
+ops ``frexp`` and ``nextafter`` (subnormals, signed zeros, infinities, NaN). Activations are in
+``test_tpu_activations.py``.
 
 Deterministic ops run the same call on CPU tensors and on tpu copies — often non-contiguous
 views made on the device, and broadcasting operands — under the ``deny`` fallback policy, and
@@ -12,7 +17,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import accelkit
 from conftest import assert_native, on_device
@@ -506,84 +510,6 @@ def test_dtype_conversion_runs_on_the_device(dev, monkeypatch, source):
 
 
 # ---------------------------------------------------------------------------------------------
-# Activations, forward and backward
-# ---------------------------------------------------------------------------------------------
-
-#: name -> (function, forward op, backward op or None when autograd decomposes the backward)
-ACTIVATIONS = {
-    "relu": (F.relu, "aten.relu.default", "aten.threshold_backward.default"),
-    "gelu": (F.gelu, "aten.gelu.default", "aten.gelu_backward.default"),
-    "gelu_tanh": (lambda x: F.gelu(x, approximate="tanh"), "aten.gelu.default", "aten.gelu_backward.default"),
-    "sigmoid": (torch.sigmoid, "aten.sigmoid.default", "aten.sigmoid_backward.default"),
-    "tanh": (torch.tanh, "aten.tanh.default", "aten.tanh_backward.default"),
-    "silu": (F.silu, "aten.silu.default", None),  # silu_backward is CompositeImplicitAutograd
-    "mish": (F.mish, "aten.mish.default", None),  # mish_backward is CompositeImplicitAutograd
-    "softplus": (F.softplus, "aten.softplus.default", "aten.softplus_backward.default"),
-    "softplus_beta": (lambda x: F.softplus(x * 10, beta=2, threshold=5), "aten.softplus.default",
-                      "aten.softplus_backward.default"),
-    "elu": (lambda x: F.elu(x, alpha=0.7), "aten.elu.default", "aten.elu_backward.default"),
-    "selu": (F.selu, "aten.elu.default", "aten.elu_backward.default"),
-    "elu_inplace": (lambda x: F.elu(x * 1, inplace=True), "aten.elu_.default", "aten.elu_backward.default"),
-    "leaky_relu": (lambda x: F.leaky_relu(x, 0.2), "aten.leaky_relu.default", "aten.leaky_relu_backward.default"),
-    "hardtanh": (lambda x: F.hardtanh(x * 2, -1.5, 0.5), "aten.hardtanh.default", "aten.hardtanh_backward.default"),
-    "relu6": (lambda x: F.relu6(x * 4), "aten.hardtanh.default", "aten.hardtanh_backward.default"),
-    "hardsigmoid": (lambda x: F.hardsigmoid(x * 4), "aten.hardsigmoid.default", "aten.hardsigmoid_backward.default"),
-    "hardswish": (lambda x: F.hardswish(x * 4), "aten.hardswish.default", "aten.hardswish_backward.default"),
-    "threshold": (lambda x: F.threshold(x, 0.1, -3.0), "aten.threshold.default", "aten.threshold_backward.default"),
-    "logsigmoid": (lambda x: F.logsigmoid(x * 8), "aten.log_sigmoid_forward.default",
-                   "aten.log_sigmoid_backward.default"),
-    "logit_eps": (lambda x: torch.logit(torch.sigmoid(x * 8), eps=1e-3), "aten.logit.default",
-                  "aten.logit_backward.default"),
-    "logit": (lambda x: torch.logit(torch.sigmoid(x)), "aten.logit.default", "aten.logit_backward.default"),
-}
-
-
-#: bfloat16 runs for the activations with float32 opmath or dtype-dependent branch edges
-BF16_ACTIVATIONS = {"gelu", "gelu_tanh", "silu", "softplus", "elu", "hardswish", "logsigmoid", "logit_eps"}
-
-
-@pytest.mark.parametrize(("name", "dtype"), [
-    (name, dtype) for name in sorted(ACTIVATIONS)
-    for dtype in [torch.float32] + ([torch.bfloat16] if name in BF16_ACTIVATIONS else [])
-], ids=str)
-def test_activation_forward_and_backward(dev, name, dtype):
-    fn, forward, backward = ACTIVATIONS[name]
-    x = transposed((6, 5), dtype) * 3
-    grad = sample((6, 5), dtype, seed=7)
-    x_cpu = x.detach().requires_grad_()
-    expected = fn(x_cpu)
-    expected.backward(grad)
-    x_dev = on_device(x, dev).detach().requires_grad_()
-    with accelkit.fallback_policy("deny"):
-        actual = fn(x_dev)
-        actual.backward(grad.to(dev))
-    tol = tolerance(x)
-    assert_same(actual.detach(), expected.detach(), **tol)
-    assert_same(x_dev.grad, x_cpu.grad, **tol)
-    assert_native(forward, *([backward] if backward else []))
-
-
-def test_activation_backward_ops_called_directly(dev):
-    """The backward ops on their own, at the branch edges (exactly on thresholds)."""
-    x = torch.tensor([-4.0, -3.0, -1.0, 0.0, 0.1, 1.0, 3.0, 4.0, 25.0])
-    g = torch.linspace(-1, 1, 9)
-    compare(dev, lambda a, b: aten.threshold_backward(a, b, 0.1), g, x)
-    compare(dev, lambda a, b: aten.hardtanh_backward(a, b, -1.0, 1.0), g, x)
-    compare(dev, lambda a, b: aten.hardsigmoid_backward(a, b), g, x)
-    compare(dev, lambda a, b: aten.hardswish_backward(a, b), g, x)
-    compare(dev, lambda a, b: aten.leaky_relu_backward(a, b, 0.3, False), g, x)
-    compare(dev, lambda a, b: aten.softplus_backward(a, b, 1.0, 20.0), g, x)
-    compare(dev, lambda a, b: aten.elu_backward(a, 1.0, 1.0507, 1.0, True, F.elu(b)), g, x)
-    compare(dev, lambda a, b: aten.elu_backward(a, 1.0, 1.0, 2.0, False, b), g, x)
-    p = torch.tensor([-0.5, 0.0, 1e-4, 0.3, 0.5, 0.9999, 1.0, 1.5, 0.7])
-    compare(dev, lambda a, b: aten.logit_backward(a, b), g, p)
-    compare(dev, lambda a, b: aten.logit_backward(a, b, 1e-3), g, p)
-    compare(dev, lambda a, b: aten.log_sigmoid_backward(a, b, torch.exp(-b.abs())), g, x)
-    assert_native("aten.hardswish_backward.default", "aten.elu_backward.default",
-                  "aten.logit_backward.default", "aten.log_sigmoid_backward.default")
-
-
-# ---------------------------------------------------------------------------------------------
 # Complex sign, and the gradient that uses it
 # ---------------------------------------------------------------------------------------------
 
@@ -609,3 +535,53 @@ def test_polar_gradient_matches_cpu(dev):
         on_tpu = gradients(dev)
     for got, want in zip(on_tpu, gradients("cpu")):
         torch.testing.assert_close(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# Float bits: frexp and nextafter (subnormals, signed zeros, infinities, NaN)
+# ---------------------------------------------------------------------------------------------
+
+SPECIAL_FLOATS = [0.0, -0.0, 1.0, -3.5, 7e-3, float("inf"), -float("inf"), float("nan")]
+
+
+@pytest.mark.parametrize("dtype, subnormals", [
+    (torch.float32, [1e-40, -1e-45, 1.1754942e-38]),
+    (torch.float16, [1e-6, -6e-8]),
+    (torch.bfloat16, [1e-40]),
+])
+def test_frexp_including_subnormals(dev, dtype, subnormals):
+    x = torch.tensor(SPECIAL_FLOATS + subnormals + [3e38 if dtype != torch.float16 else 6e4]).to(dtype)
+    want = torch.frexp(x)
+    with accelkit.fallback_policy("deny"):
+        got = torch.frexp(x.to(dev))
+    assert got.mantissa.dtype == dtype and got.exponent.dtype == torch.int32
+    torch.testing.assert_close(got.mantissa.cpu(), want.mantissa, equal_nan=True, atol=0, rtol=0)
+    torch.testing.assert_close(got.exponent.cpu(), want.exponent)
+    assert_native("aten.frexp.Tensor")
+
+
+def test_frexp_out_variant(dev):
+    x = torch.randn(4, 5) * 100
+    mantissa, exponent = torch.empty(4, 5, device=dev), torch.empty(4, 5, dtype=torch.int32, device=dev)
+    with accelkit.fallback_policy("deny"):
+        torch.frexp(x.to(dev), out=(mantissa, exponent))
+    want = torch.frexp(x)
+    torch.testing.assert_close(mantissa.cpu(), want.mantissa)
+    torch.testing.assert_close(exponent.cpu(), want.exponent)
+
+
+def test_nextafter_towards_every_direction(dev):
+    x = torch.tensor([0.0, -0.0, 1.0, 1.0, float("nan"), 1.0, 2.0, 3e38, float("inf"), 1e-45])
+    y = torch.tensor([1.0, -1.0, 0.0, float("nan"), 1.0, 2.0, 2.0, float("inf"), 0.0, 0.0])
+    want = torch.nextafter(x, y)
+    with accelkit.fallback_policy("deny"):
+        got = torch.nextafter(x.to(dev), y.to(dev))
+    torch.testing.assert_close(got.cpu(), want, equal_nan=True, atol=0, rtol=0)
+    assert_native("aten.nextafter.default")
+
+
+def test_nextafter_broadcasts_bfloat16(dev):
+    x, y = torch.randn(3, 1).bfloat16(), torch.randn(4).bfloat16()
+    with accelkit.fallback_policy("deny"):
+        got = torch.nextafter(x.to(dev), y.to(dev))
+    torch.testing.assert_close(got.cpu(), torch.nextafter(x, y), atol=0, rtol=0)

@@ -1,4 +1,7 @@
-"""tpu FFT (``_fft_r2c``/``_fft_c2c``/``_fft_c2r``) and complex-number lowerings, against CPU.
+"""tpu FFT (kernels/fft.py: ``_fft_r2c``/``_fft_c2c``/``_fft_c2r``) against CPU: real and complex
+transforms and their inverses under every norm, n-dimensional transforms over chosen dims,
+padding and cropping lengths, Hermitian transforms and a round trip. Complex-number lowerings
+(angle, complex, polar) are in ``test_tpu_complex.py``.
 
 Each check runs one ``torch.fft`` call on CPU and on a tpu copy of the input (some of them
 non-contiguous), compares the values and dtypes, and asserts the aten ops ran natively.
@@ -76,22 +79,3 @@ def test_round_trip_recovers_input(dev):
     x = real((4, 16)).to(dev)
     back = torch.fft.irfft(torch.fft.rfft(x), n=16)
     torch.testing.assert_close(back.cpu(), x.cpu(), **TOL)
-
-
-def test_angle_of_real_and_complex(dev):
-    x = torch.tensor([-2.0, -0.0, 0.0, 3.0, float("nan")])
-    check(dev, torch.angle, x, "aten.angle.default")
-    check(dev, torch.angle, cplx((7,)), "aten.angle.default")
-
-
-def test_complex_broadcasts_and_keeps_signed_zero(dev):
-    re, im = real((3, 1)), torch.tensor([-0.0, 0.0, 1.5])
-    want = torch.complex(re, im)
-    got = torch.complex(re.to(dev), im.to(dev)).cpu()
-    torch.testing.assert_close(got, want)
-    assert torch.equal(torch.signbit(got.imag), torch.signbit(want.imag))
-    assert_native("aten.complex.default")
-
-
-def test_polar(dev):
-    check(dev, lambda t: torch.polar(t.abs(), t), real((4, 3)), "aten.polar.default")

@@ -1,6 +1,8 @@
-"""tpu random ops: they cannot match CPU element by element (the device draws from JAX's
-stream), so they are checked for seeded reproducibility, their contracts (range, in-place
-writes, masks) and statistics well inside their bounds.
+"""tpu random ops (kernels/random.py): normal (scalar and tensor mean and std), uniform, bernoulli,
+random_ integer ranges, exponential, log-normal, Cauchy, geometric, multinomial and dropout. They
+cannot match CPU element by element (the device draws from JAX's stream), so they are checked for
+seeded reproducibility, their contracts (range, in-place writes, masks, distinct indices without
+replacement) and statistics well inside their bounds.
 
 Run with ``pytest backends/tpu/tests`` (its own process: see ``conftest.py`` there).
 """
@@ -196,3 +198,94 @@ def test_native_dropout_edge_probabilities_and_eval(dev):
     assert eval_mask.cpu().all()
     grad = aten.native_dropout_backward(torch.ones_like(x), kept_mask, 2.0)
     torch.testing.assert_close(grad.cpu(), torch.full((8, 9), 2.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Normal with tensor mean and std; log-normal, Cauchy and geometric draws
+# ---------------------------------------------------------------------------------------------
+
+
+def test_normal_with_tensor_mean_and_std(dev):
+    torch.manual_seed(0)
+    means, stds = torch.tensor([-10.0, 0.0, 10.0]), torch.tensor([0.5, 1.0, 2.0])
+    mean, std = means.repeat(6000, 1).to(dev), stds.to(dev)
+    draws = [  # (samples of shape (6000, 3), expected column means, expected column stds)
+        (torch.normal(mean, std), means, stds),
+        (torch.normal(mean, 2.0), means, torch.full((3,), 2.0)),
+        (torch.normal(3.0, std.expand(6000, 3)), torch.full((3,), 3.0), stds),
+    ]
+    for sample, want_mean, want_std in draws:
+        sample = sample.cpu()
+        torch.testing.assert_close(sample.mean(0), want_mean, atol=0.15, rtol=0)
+        torch.testing.assert_close(sample.std(0), want_std, atol=0, rtol=0.1)
+    assert_native("aten.normal.Tensor_Tensor", "aten.normal.Tensor_float", "aten.normal.float_Tensor")
+
+
+def test_seeded_draws_repeat(dev):
+    m = torch.zeros(100).to(dev)
+    torch.manual_seed(3)
+    a = torch.normal(m, 1.0).cpu()
+    torch.manual_seed(3)
+    b = torch.normal(m, 1.0).cpu()
+    assert torch.equal(a, b)
+
+
+def test_log_normal_cauchy_geometric_distributions(dev):
+    torch.manual_seed(0)
+    x = torch.empty(20000).to(dev)
+    logs = x.log_normal_(1.0, 0.5).cpu().log()
+    assert abs(logs.mean().item() - 1.0) < 0.05 and abs(logs.std().item() - 0.5) < 0.05
+    c = x.cauchy_(2.0, 3.0).cpu()
+    assert abs(c.median().item() - 2.0) < 0.2
+    assert abs(((c - 2.0).abs() < 3.0).float().mean().item() - 0.5) < 0.03  # sigma is the half-width
+    g = x.geometric_(0.25).cpu()
+    assert g.min().item() >= 1 and torch.equal(g, g.round())
+    assert abs(g.mean().item() - 4.0) < 0.2
+    assert_native("aten.log_normal_.default", "aten.cauchy_.default", "aten.geometric_.default")
+
+
+# ---------------------------------------------------------------------------------------------
+# Multinomial
+# ---------------------------------------------------------------------------------------------
+#
+# The checks are distributional (frequencies against the weights), structural (distinct indices
+# without replacement, zero weights drawn last, shapes and dtype) and reproducibility under
+# torch.manual_seed.
+
+
+def draw_multinomial(dev, weights, n, replacement=False):
+    with accelkit.fallback_policy("deny"):
+        return torch.multinomial(weights.to(dev), n, replacement=replacement).cpu()
+
+
+def test_frequencies_follow_the_weights_with_replacement(dev):
+    weights = torch.tensor([[1.0, 0.0, 6.0, 3.0], [2.0, 2.0, 2.0, 2.0]])
+    samples = draw_multinomial(dev, weights, 40000, replacement=True)
+    assert samples.shape == (2, 40000) and samples.dtype == torch.int64
+    for row, w in zip(samples, weights):
+        frequency = torch.bincount(row, minlength=4) / row.numel()
+        torch.testing.assert_close(frequency, w / w.sum(), atol=0.01, rtol=0)
+    assert_native("aten.multinomial.default")
+
+
+def test_without_replacement_indices_are_distinct_and_zero_weights_come_last(dev):
+    weights = torch.tensor([[0.0, 5.0, 0.0, 1.0, 2.0]] * 50)
+    samples = draw_multinomial(dev, weights, 5)
+    for row in samples:
+        assert sorted(row.tolist()) == [0, 1, 2, 3, 4]
+        assert set(row[:3].tolist()) == {1, 3, 4}
+    first = torch.bincount(samples[:, 0], minlength=5)
+    assert first[1] > first[3]  # the heaviest category leads most often
+
+
+def test_one_dimensional_and_empty_inputs(dev):
+    assert draw_multinomial(dev, torch.tensor([0.2, 0.8]), 1).shape == (1,)
+    assert draw_multinomial(dev, torch.ones(0, 3), 2).shape == (0, 2)
+
+
+def test_reproducible_under_manual_seed(dev):
+    weights = torch.rand(3, 10)
+    torch.manual_seed(7)
+    first = draw_multinomial(dev, weights, 6)
+    torch.manual_seed(7)
+    assert torch.equal(draw_multinomial(dev, weights, 6), first)

@@ -1,10 +1,14 @@
-"""tpu reductions, scans, softmax, sorting and the matmul family, compared with PyTorch on CPU.
+"""tpu reductions (kernels/reductions.py) compared with PyTorch on CPU: sums, means and products
+(integer sums exact in int64, bfloat16 accumulated in float32), extrema and their indices (NaN,
+ties, bool, 0-d), moments, logsumexp, vector norms, boolean reductions and count_nonzero, scans
+(cumsum, cumprod, cummax and cummin with their ties and NaN, logcumsumexp), size-0 inputs and
+errors like CPU's; and, since they run through these kernels together with the matmul, softmax
+and sort ones, the backward checks and the derived ``out=`` and in-place variants.
 
 Every check runs the same call on CPU tensors and on their tpu copies (often non-contiguous
 views, made on the device), compares values and dtypes, and asserts the op ran natively.
 bfloat16 results are compared with bfloat16 tolerances; indices are compared exactly where
-PyTorch defines them (first extreme, stable sort, cummax's last tie), else through the values
-they point at.
+PyTorch defines them (first extreme, cummax's last tie), else through the values they point at.
 """
 
 from __future__ import annotations
@@ -328,192 +332,6 @@ def test_dim_out_of_range_and_dtype_errors_match_cpu(dev):
                lambda t: t.kthvalue(0, 1), lambda t: t.sum((0, 0)), lambda t: t.mm(t)):
         raises_like_cpu(dev, fn, x)
     raises_like_cpu(dev, lambda t: t.var(), sample((3,), torch.int64))
-
-
-# ---------------------------------------------------------------------------------------------
-# Softmax
-# ---------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-def test_softmax_and_log_softmax_match_cpu(dev, dtype):
-    x = transposed((5, 7), dtype) * 4
-    # The tpu rounds bfloat16 results once from float32; CPU's bfloat16 log_softmax loses up to
-    # about an ulp of the input's magnitude (4 here) to cancellation: a looser atol against CPU,
-    # and the bfloat16 rounding of the float32 result checked with default tolerances.
-    tol = {"atol": 4e-2, "rtol": 1.6e-2} if dtype == torch.bfloat16 else {}
-
-    def fn(t):
-        return t.softmax(1), t.softmax(0), t.log_softmax(-1), t.log_softmax(-2)
-
-    result = compare(dev, fn, x, **tol)
-    assert_same(result, tuple(r.to(dtype) for r in fn(x.float())))
-    compare(dev, lambda t: (t.softmax(1, dtype=torch.float32), t.log_softmax(0, dtype=torch.float32)), x)
-    rows = x.clone()
-    rows[0] = float("-inf")  # an all -inf row is NaN on CPU
-    rows[1, :3] = float("-inf")
-    compare(dev, lambda t: (t.softmax(1), t.log_softmax(1)), rows, **tol)
-    compare(dev, lambda t: (t.softmax(0), t.log_softmax(-1)), torch.tensor(0.3, dtype=dtype))
-    assert_native("aten._softmax.default", "aten._log_softmax.default")
-
-
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
-@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
-def test_softmax_backward_matches_cpu(dev, dtype, log):
-    x = sample((4, 6), dtype)
-    weight = sample((4, 6), dtype, seed=1)
-
-    def run(t, w):
-        t = t.detach().requires_grad_()
-        y = t.log_softmax(1) if log else t.softmax(1)
-        (y * w).sum().backward()
-        return y, t.grad
-
-    compare(dev, run, x, weight)
-    op = "_log_softmax" if log else "_softmax"
-    assert_native(f"aten.{op}.default", f"aten.{op}_backward_data.default")
-
-
-# ---------------------------------------------------------------------------------------------
-# Sorting and order statistics
-# ---------------------------------------------------------------------------------------------
-
-
-def special_values():
-    """Ties, NaN, ±inf and a signed zero in one row (PyTorch orders -0.0 with 0.0)."""
-    return torch.tensor([[2.0, float("nan"), -1.0, 2.0, -0.0, float("inf"), 0.0, -float("inf"), float("nan"), 2.0],
-                         [1.0, 1.0, 1.0, 0.0, 0.0, 3.0, -2.0, 3.0, 3.0, 1.0]])
-
-
-@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=str)
-@pytest.mark.parametrize("descending", [False, True], ids=["ascending", "descending"])
-def test_stable_sort_matches_cpu(dev, dtype, descending):
-    x = transposed((5, 12), dtype)  # integers and booleans: many ties, kept in order
-    compare(dev, lambda t: (tuple(t.sort(dim=1, stable=True, descending=descending)),
-                            t.argsort(dim=1, stable=True, descending=descending)), x)
-    if dtype == torch.float32:
-        compare(dev, lambda t: tuple(t.sort(dim=0, stable=True, descending=descending)), x)
-    assert_native("aten.sort.stable")
-
-
-@pytest.mark.parametrize("descending", [False, True], ids=["ascending", "descending"])
-def test_sort_orders_nan_inf_and_signed_zero_like_cpu(dev, descending):
-    x = special_values()
-    result = compare(dev, lambda t: tuple(t.sort(dim=1, stable=True, descending=descending)), x)
-    signs = torch.copysign(torch.ones(()), result[0].cpu())  # -0.0 keeps its sign
-    expected = x.sort(dim=1, stable=True, descending=descending)[0]
-    torch.testing.assert_close(signs, torch.copysign(torch.ones(()), expected))
-    compare(dev, lambda t: tuple(t.sort(1)), x)  # the default overload (stable here, as on CPU)
-    assert_native("aten.sort.default")
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
-def test_topk_matches_cpu(dev, dtype):
-    x = transposed((4, 9), dtype, seed=3) if dtype != torch.int64 else torch.randperm(36).reshape(9, 4).T
-    compare(dev, lambda t: (tuple(t.topk(3)), tuple(t.topk(2, dim=0, largest=False))), x)
-    if dtype == torch.float32:
-        compare(dev, lambda t: (tuple(t.topk(9, dim=1)), tuple(t.topk(1, -1, largest=False, sorted=True))), x)
-    # Unsorted results: the same set of values (PyTorch leaves the order open).
-    values, indices = x.to(dev).topk(4, 1, sorted=False)
-    torch.testing.assert_close(values.cpu().sort(1, descending=True)[0], x.topk(4, 1)[0])
-    torch.testing.assert_close(x.gather(1, indices.cpu()), values.cpu())
-    assert_native("aten.topk.default")
-
-
-def test_topk_with_nan_and_ties_matches_cpu(dev):
-    """NaN counts as the largest value; tied values' indices are unspecified on CPU, so they are
-    checked by what they point at."""
-    x = special_values()
-    for k, largest in ((3, True), (4, False)):
-        values, indices = x.to(dev).topk(k, 1, largest=largest)
-        torch.testing.assert_close(values.cpu(), x.topk(k, 1, largest=largest)[0], equal_nan=True)
-        torch.testing.assert_close(x.gather(1, indices.cpu()), values.cpu(), equal_nan=True)
-
-
-def test_order_statistics_match_cpu(dev):
-    distinct = torch.randperm(35, generator=torch.Generator().manual_seed(1)).float().reshape(5, 7)
-    compare(dev, lambda t: (tuple(t.kthvalue(3, 1)), tuple(t.kthvalue(2, 0, keepdim=True)), t.median(),
-                            tuple(t.median(1)), tuple(t.median(0, keepdim=True)), t.nanmedian(),
-                            tuple(t.nanmedian(1))), distinct)
-    nan = distinct.clone()
-    nan[0, 2] = nan[0, 5] = nan[2, :] = float("nan")
-    # NaN rows: median is NaN at the first NaN; nanmedian ignores NaN (NaN only if all are).
-    compare(dev, lambda t: (t.median(), tuple(t.median(1)), t.nanmedian(), t.nanmedian(1)[0],
-                            tuple(t.kthvalue(7, 1))), nan)
-    # An all-NaN row's nanmedian index is arbitrary on CPU; the other rows' are defined.
-    torch.testing.assert_close(nan.to(dev).nanmedian(1)[1].cpu()[[0, 1, 3, 4]], nan.nanmedian(1)[1][[0, 1, 3, 4]])
-    assert_native("aten.kthvalue.default", "aten.median.default", "aten.median.dim",
-                  "aten.nanmedian.default", "aten.nanmedian.dim")
-
-
-def test_order_statistics_with_ties_pick_a_matching_index(dev):
-    """With ties PyTorch's index is unspecified: the index must point at the returned value."""
-    x = transposed((4, 9), torch.int64)
-    for fn in (lambda t: t.kthvalue(4, 1), lambda t: t.median(1), lambda t: t.median(0)):
-        values, indices = fn(x.to(dev))
-        torch.testing.assert_close(values.cpu(), fn(x)[0])
-        dim = 1 if indices.shape[0] == 4 else 0
-        torch.testing.assert_close(x.gather(dim, indices.cpu().unsqueeze(dim)).squeeze(dim), values.cpu())
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.int64], ids=str)
-def test_mode_matches_cpu(dev, dtype):
-    x = transposed((5, 11), dtype, seed=2)
-    compare(dev, lambda t: (tuple(t.mode(1)), tuple(t.mode(0, keepdim=True)), tuple(t.mode())), x)
-    compare(dev, lambda t: tuple(t.mode(0)), torch.tensor(3.0))
-    assert_native("aten.mode.default")
-
-
-# ---------------------------------------------------------------------------------------------
-# Matmul family
-# ---------------------------------------------------------------------------------------------
-
-MATMULS = {
-    "mm": (lambda a, b: a.mm(b.T), "aten.mm.default"),
-    "bmm": (lambda a, b: torch.bmm(a.expand(2, 5, 6), b.T.expand(2, 6, 4)), "aten.bmm.default"),
-    "addmm": (lambda a, b: torch.addmm(a[:, :4], a, b.T, beta=0.5, alpha=2), "aten.addmm.default"),
-    "addmm_row_bias": (lambda a, b: torch.addmm(b[0, :4], a, b.T), "aten.addmm.default"),
-    "baddbmm": (lambda a, b: torch.baddbmm(a[None, :, :4], a.expand(3, 5, 6), b.T.expand(3, 6, 4), alpha=-1),
-                "aten.baddbmm.default"),
-    "addbmm": (lambda a, b: torch.addbmm(a[:, :4], a.expand(2, 5, 6), b.T.expand(2, 6, 4), beta=2),
-               "aten.addbmm.default"),
-    "mv": (lambda a, b: a.mv(b[0]), "aten.mv.default"),
-    "addmv": (lambda a, b: torch.addmv(a[:, 0], a, b[1], alpha=3), "aten.addmv.default"),
-    "dot": (lambda a, b: torch.dot(a[1], b[2]), "aten.dot.default"),
-    "vdot": (lambda a, b: torch.vdot(a[:4, 1], b[:, 2]), "aten.vdot.default"),
-    "matmul_broadcast": (lambda a, b: a.expand(3, 5, 6) @ b.T, "aten.bmm.default"),
-    "linear": (lambda a, b: torch.nn.functional.linear(a, b, b[0, :4]), "aten.addmm.default"),
-}
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=str)
-@pytest.mark.parametrize("case", sorted(MATMULS))
-def test_matmul_family_matches_cpu(dev, dtype, case):
-    fn, op = MATMULS[case]
-    if dtype == torch.int64 and case not in ("mm", "bmm", "baddbmm", "addbmm", "mv", "dot"):
-        pytest.skip("integer products are covered by the other cases")
-    a = transposed((5, 6), dtype)  # non-contiguous operands
-    b = sample((4, 6), dtype, seed=1)
-    compare(dev, fn, a, b)
-    assert_native(op)
-
-
-def test_beta_zero_ignores_nan_in_the_input(dev):
-    a, b = sample((3, 4), torch.float32), sample((4, 2), torch.float32, seed=1)
-    bias = torch.full((3, 2), float("nan"))
-    for beta in (0, 0.0):  # a static int and a run-time float
-        compare(dev, lambda s, m1, m2, beta=beta: (
-            torch.addmm(s, m1, m2, beta=beta),
-            torch.baddbmm(s[None], m1[None], m2[None], beta=beta),
-            torch.addmv(s[:, 0], m1, m2[:, 0], beta=beta),
-        ), bias, a, b)
-
-
-def test_bfloat16_matmul_accumulates_in_float32(dev):
-    # 512 products of 1 + 1/128: exact in float32 then rounded once; bf16 accumulation drifts.
-    a = torch.full((1, 512), 1 + 1 / 128, dtype=torch.bfloat16)
-    b = torch.ones(512, 1, dtype=torch.bfloat16)
-    compare(dev, lambda x, y, c: (x @ y, torch.addmm(c, x, y)), a, b, torch.ones(1, 1, dtype=torch.bfloat16))
 
 
 # ---------------------------------------------------------------------------------------------

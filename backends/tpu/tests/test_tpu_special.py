@@ -1,4 +1,6 @@
-"""tpu special-function lowerings (gamma family, Bessel, erfcx/ndtri, zeta, igamma), against CPU.
+"""tpu special-function lowerings (kernels/special.py: gamma family, the modified Bessel functions
+I0 and I1 and spherical j0, erfcx/ndtri, zeta, igamma), against CPU. (J0, J1, Y0, Y1, K0, K1 and Ai
+are in ``test_tpu_bessel.py``.)
 
 Inputs cover the awkward parts of each domain: poles and negative non-integers of the gamma
 family, zeros, large arguments where the scaled Bessel functions matter.

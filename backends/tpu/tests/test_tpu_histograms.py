@@ -1,6 +1,7 @@
-"""tpu ``torch.histogram`` (bin count with or without range, given bin edges; weights; density)
-against CPU under ``fallback_policy("deny")``, including elements on the edges, outside the
-range, a single repeated value, 0-d and empty input."""
+"""tpu histograms (kernels/histograms.py) against CPU: ``torch.histogram`` (bin count with or
+without range, given bin edges; weights; density) and ``torch.histogramdd`` under
+``fallback_policy("deny")``, including elements on the edges, outside the range, a single repeated
+value, 0-d and empty input; and ``torch.histc`` (values on the edges, a degenerate range)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,14 @@ def test_histogramdd_bin_counts_and_edges(dev, density, weighted):
 def test_histogramdd_degenerate_and_empty(dev):
     run_dd(dev, torch.tensor([[1.0, 2.0], [1.0, 3.0]]), [2, 2])  # one value in dimension 0
     run_dd(dev, torch.empty(0, 2), [2, 3])
+
+
+@pytest.mark.parametrize("bins, lo, hi", [(10, 0.0, 0.0), (7, -1.0, 1.0), (5, 0.5, 0.5)])
+def test_histc(dev, bins, lo, hi):
+    x = torch.randn(200, generator=torch.Generator().manual_seed(0))
+    x[:3] = torch.tensor([1.0, -1.0, 0.5])  # values on the edges
+    want = torch.histc(x, bins, lo, hi)
+    got = torch.histc(x.to(dev), bins, lo, hi)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.cpu(), want)
+    assert_native("aten.histc.default")
