@@ -17,60 +17,16 @@ import torch.nn.functional as F
 
 import accelkit
 from conftest import assert_native, on_device
+from harness_elementwise import assert_same, compare, sample, tolerance, transposed
 
 aten = torch.ops.aten
 
 #: bfloat16 keeps 8 bits of mantissa: one rounding is up to 2**-8 relative.
-BF16_TOL = {"rtol": 1.6e-2, "atol": 1e-2}
 
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
-
-
-def sample(shape, dtype, seed=0, low=-5, high=6):
-    """Reproducible input: normal floats, small integers (with ties), random booleans."""
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    return torch.randint(low, high, shape, generator=g, dtype=dtype)
-
-
-def transposed(shape, dtype, seed=0, **kw):
-    """A non-contiguous 2-D input of ``shape``: the transpose of a contiguous tensor."""
-    return sample(tuple(reversed(shape)), dtype, seed, **kw).T
-
-
-def tolerance(*tensors):
-    """bfloat16 tolerances if any input is bfloat16, else assert_close's defaults."""
-    if any(isinstance(t, torch.Tensor) and t.dtype == torch.bfloat16 for t in tensors):
-        return dict(BF16_TOL)
-    return {}
-
-
-def assert_same(device_result, cpu_result, **tol):
-    if isinstance(cpu_result, tuple | list):
-        assert len(device_result) == len(cpu_result)
-        for d, c in zip(device_result, cpu_result):
-            assert_same(d, c, **tol)
-        return
-    assert device_result.device.type == "tpu"
-    torch.testing.assert_close(device_result.cpu(), cpu_result, equal_nan=True, **tol)
-
-
-def compare(dev, fn, *inputs, **tol):
-    """Run ``fn`` on the CPU inputs and on tpu copies (no CPU fallback allowed); the results
-    must match in value and dtype. Returns the device result. (The copies are made first, so
-    ``fn`` may write to its inputs.)"""
-    device_inputs = on_device(inputs, dev)
-    expected = fn(*inputs)
-    with accelkit.fallback_policy("deny"):
-        actual = fn(*device_inputs)
-    assert_same(actual, expected, **{**tolerance(*inputs), **tol})
-    return actual
 
 
 # ---------------------------------------------------------------------------------------------

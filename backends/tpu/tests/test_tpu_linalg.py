@@ -13,49 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import assert_native, on_device
+from conftest import assert_native
+from harness_reductions import compare, sample, transposed
 
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
-
-
-def sample(shape, dtype, seed=0, low=-4, high=5):
-    """Reproducible input: normal floats, small integers (with ties), random booleans."""
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    return torch.randint(low, high, shape, generator=g, dtype=dtype)
-
-
-def transposed(shape, dtype, seed=0):
-    """A non-contiguous input of ``shape``: the transpose of a contiguous tensor."""
-    return sample(tuple(reversed(shape)), dtype, seed).T if len(shape) == 2 else sample(shape, dtype, seed)
-
-
-def assert_same(device_result, cpu_result, **tol):
-    if isinstance(cpu_result, tuple | list):
-        assert len(device_result) == len(cpu_result)
-        for d, c in zip(device_result, cpu_result):
-            assert_same(d, c, **tol)
-        return
-    if isinstance(cpu_result, torch.Tensor):
-        assert device_result.device.type == "tpu"
-        torch.testing.assert_close(device_result.cpu(), cpu_result, equal_nan=True, **tol)
-    else:
-        assert device_result == cpu_result
-
-
-def compare(dev, fn, *inputs, **tol):
-    """Run ``fn`` on the CPU inputs and on tpu copies; the results must match. Returns the
-    device result."""
-    expected = fn(*inputs)
-    actual = fn(*on_device(inputs, dev))
-    assert_same(actual, expected, **tol)
-    return actual
 
 
 # ---------------------------------------------------------------------------------------------
