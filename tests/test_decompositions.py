@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 import accelkit
+from accelkit.sdk import default_decompositions
 
 aten = torch.ops.aten
 
@@ -206,3 +207,19 @@ def test_gradient_of_a_device_to_host_copy_reaches_the_device_input(dev, dtype, 
     assert moved.device.type == "cpu"
     (grad,) = torch.autograd.grad((moved * weights).sum(), xd)
     assert_close(grad, expected)
+
+
+@pytest.mark.parametrize("op, args", [(aten.fill_.Scalar, (3.0,)), (aten.zero_.default, ())], ids=["fill_", "zero_"])
+def test_broadcast_writes_decompose_for_an_expanded_self_as_cpu_writes(dev, op, args):
+    """A backend without a fill kernel decomposes fill_/zero_, which store through copy_; an
+    expanded self (stride 0) is valid for them, as on the CPU, and only its memory is written."""
+    from accelkit._runtime._decomp_guards import guard_decompositions
+
+    decomposition = guard_decompositions(default_decompositions())[op]
+    cpu = torch.arange(1.0, 7.0).reshape(2, 3)
+    device = cpu.to(dev)
+    op(cpu[0, 1:2].expand(4), *args)
+    assert decomposition(device[0, 1:2].expand(4), *args).shape == (4,)
+    assert torch.equal(device.cpu(), cpu)
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        device[0, 1:2].expand(4).copy_(torch.ones(4, device=dev))  # copy_ itself still refuses

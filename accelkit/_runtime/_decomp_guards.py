@@ -13,6 +13,11 @@
   the index first; when one is out of range it runs the op on host copies, so CPU torch raises
   its own error for the call. Reading the index synchronises; a backend that wants none gives
   the op a kernel.
+- **Broadcast writes**: the decompositions of ``fill_`` and ``zero_`` store through ``copy_``,
+  which refuses a ``self`` whose elements share memory (an expanded view); CPU's ``fill_`` and
+  ``zero_`` accept one, as every element gets the same value. The runtime applies them to the
+  view of ``self`` with each broadcast dimension taken at index 0, which covers the same memory
+  once (:data:`BROADCAST_WRITES`).
 """
 
 from __future__ import annotations
@@ -168,11 +173,36 @@ def _corrected(decomposition: Callable, correct: Callable[..., Any]) -> Callable
     return run
 
 
+#: In-place ops that write one value to every element of ``self``, so a ``self`` with broadcast
+#: (stride-0) dimensions is valid for them.
+BROADCAST_WRITES = (aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default)
+
+
+def _without_broadcast_dims(t: torch.Tensor) -> torch.Tensor:
+    """The view of ``t`` that takes each broadcast dimension (stride 0, size > 1) at index 0."""
+    return t[tuple(0 if stride == 0 and size > 1 else slice(None) for size, stride in zip(t.shape, t.stride()))]
+
+
+def _broadcast_write(decomposition: Callable) -> Callable:
+    @functools.wraps(decomposition)
+    def run(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not any(stride == 0 and size > 1 for size, stride in zip(self.shape, self.stride())):
+            return decomposition(self, *args, **kwargs)
+        result = decomposition(_without_broadcast_dims(self), *args, **kwargs)
+        return self if result is not NotImplemented else result
+
+    return run
+
+
 def guard_decompositions(table: Mapping[Any, Callable]) -> dict[Any, Callable]:
     """A copy of ``table`` whose entries for the ops in :data:`GUARDS` decline those inputs,
-    and whose entries for the ops in :data:`CORRECTIONS` correct their results and those in
-    :data:`INDEX_CHECKS` raise CPU's error for a bad index."""
+    and whose entries for the ops in :data:`CORRECTIONS` correct their results, those in
+    :data:`INDEX_CHECKS` raise CPU's error for a bad index and those in
+    :data:`BROADCAST_WRITES` accept a broadcast ``self``."""
     guarded = dict(table)
+    for op in BROADCAST_WRITES:
+        if op in guarded:
+            guarded[op] = _broadcast_write(guarded[op])
     for op, declines in GUARDS.items():
         if op in guarded:
             guarded[op] = _guarded(guarded[op], declines)
