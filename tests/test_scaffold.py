@@ -1,5 +1,6 @@
 """``accelkit new-backend``: which names it refuses, what it writes, and (end to end) that the
-package it writes installs, is listed, passes its own tests and the conformance contract suite.
+package it writes installs, is listed, and passes its own tests, the conformance contract suite
+and accelkit's shipped device-generic tests.
 
 The end-to-end test installs the package into this environment (editable, no dependencies)
 and uninstalls it afterwards, whatever happened; a copy left by a run that was killed is
@@ -335,7 +336,7 @@ def installed_scaffold(tmp_path):
         assert not _installed()
 
 
-def test_scaffolded_backend_is_listed_passes_its_tests_and_the_contract_suite(installed_scaffold, tmp_path):
+def test_scaffolded_backend_is_listed_passes_its_tests_the_contract_suite_and_the_generic_tests(installed_scaffold, tmp_path):
     root = installed_scaffold
     started = time.monotonic()
 
@@ -358,4 +359,11 @@ def test_scaffolded_backend_is_listed_passes_its_tests_and_the_contract_suite(in
     assert results["complete"]
     outcomes = [r["outcome"] for r in results["results"]]
     assert outcomes and set(outcomes) == {"pass"}, [r for r in results["results"] if r["outcome"] != "pass"][:5]
-    print(f"end to end: {len(outcomes)} contract tests passed; {time.monotonic() - started:.0f}s after install")
+
+    # accelkit's shipped device-generic tests, as a third party runs them against its backend.
+    proc = _run("-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "accelkit.sdk.testing.plugin",
+                "--pyargs", "accelkit.sdk.testing.generic", "--accelkit-device", E2E_NAME, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, f"the generic tests failed on the scaffold:\n{proc.stdout[-6000:]}\n{proc.stderr[-2000:]}"
+    assert " passed" in proc.stdout and "failed" not in proc.stdout
+    print(f"end to end: {len(outcomes)} contract tests and the generic suite passed; "
+          f"{time.monotonic() - started:.0f}s after install")
