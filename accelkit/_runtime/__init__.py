@@ -241,8 +241,7 @@ def _install(ctx: BackendContext) -> None:
     # Every native kernel goes behind PyTorch's number-fits-the-dtype check (a no-op wrapper
     # for the ops the CPU does not check; see _scalar_checks).
     for entry in ctx.kernels:
-        wrap = pipeline.native_inplace if is_inplace_op(entry.op) else pipeline.native
-        kernels.impl(entry.op, guard(ctx, entry.op, wrap(entry.op, entry.fn)), "PrivateUse1")
+        kernels.impl(entry.op, _native_kernel(ctx, pipeline, entry.op, entry.fn), "PrivateUse1")
         owned.add(entry.op)
     for entry in ctx.kernels:
         if not entry.derive_variants:
@@ -270,6 +269,13 @@ def _install(ctx: BackendContext) -> None:
     _install_formatting(ctx)
 
 
+def _native_kernel(ctx: BackendContext, pipeline: Pipeline, op: OpOverload, fn: Callable) -> Callable:
+    """The PrivateUse1 kernel for a backend kernel ``fn`` of ``op`` (functional or in-place), behind
+    PyTorch's number-fits-the-dtype check (a no-op wrapper for the ops the CPU does not check)."""
+    wrap = pipeline.native_inplace if is_inplace_op(op) else pipeline.native
+    return guard(ctx, op, wrap(op, fn))
+
+
 def register_kernel(op: OpOverload, fn: Callable) -> None:
     """Install ``fn`` as the active backend's native kernel for ``op`` after activation, wrapped
     exactly as a kernel of the backend's table is (dispatch pipeline, scalar checks).
@@ -284,10 +290,9 @@ def register_kernel(op: OpOverload, fn: Callable) -> None:
         )
     if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"):
         raise AccelkitError(f"{op} already has a {ctx.name} kernel; a kernel is registered once per process")
-    wrap = pipeline.native_inplace if is_inplace_op(op) else pipeline.native
     namespace = op._schema.name.split("::")[0]
     library = torch.library.Library(namespace, "IMPL")
-    library.impl(op, guard(ctx, op, wrap(op, fn)), "PrivateUse1")
+    library.impl(op, _native_kernel(ctx, pipeline, op, fn), "PrivateUse1")
     _libraries.append(library)
 
 
