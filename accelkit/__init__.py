@@ -78,8 +78,9 @@ def stats() -> dict[str, Any]:
     """Execution and memory statistics of the active backend.
 
     Keys: ``backend``, ``fallback_policy``, ``ops`` (per aten overload: native, decomposed and
-    fallback executions), ``totals``, ``memory`` (the allocator's statistics), plus sections
-    the backend contributes (``accelkit_stats`` hook).
+    fallback executions), ``totals``, ``memory`` (the allocator's statistics), ``compile``
+    (what ``torch.compile(backend=<name>)`` captured, compiled and reused; see
+    ``docs/compile.md``), plus sections the backend contributes (``accelkit_stats`` hook).
 
     :raises PluginError: the backend's ``accelkit_stats`` hook raised or returned a non-dict.
     """
@@ -96,6 +97,7 @@ def stats() -> dict[str, Any]:
         "ops": ctx.counters.snapshot(),
         "totals": ctx.counters.totals(),
         "memory": ctx.allocator.memory_stats(),
+        "compile": _runtime.compile_stats(ctx),
     }
     record = registry().get(ctx.name)
     for section in record.call("accelkit_stats", name=ctx.name):
@@ -120,6 +122,7 @@ def reset_stats() -> None:
     if ctx is not None:
         ctx.counters.reset()
         ctx.allocator.reset_peak_stats()
+        _runtime.reset_compile_stats()
         registry().get(ctx.name).call("accelkit_reset_stats", name=ctx.name)
 
 

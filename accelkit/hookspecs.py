@@ -226,12 +226,12 @@ def accelkit_make_compiler(name: str) -> Callable | None:
 
     :param name: the backend's name.
     :returns: a callable with the ``torch.compile`` backend signature
-        ``(gm, example_inputs) -> callable``; ``None`` or a missing hook: compilation is not
+        ``(gm, example_inputs) -> callable``, normally ``accelkit.sdk.graph_compiler(lowering)``; ``None`` or a missing hook: compilation is not
         supported, and ``torch.compile(backend=name)`` fails saying so.
 
     Called by the core at activation, so it must be cheap: import compiler machinery inside
     the returned callable. For ``backend="<name>"`` to resolve, the backend's package also
-    declares ``<name> = "accelkit.sdk.compile:<name>"`` in the entry-point group
+    declares ``<name> = "accelkit.sdk.dynamo_backends:<name>"`` in the entry-point group
     ``torch_dynamo_backends``.
     """
 

@@ -27,6 +27,7 @@ from accelkit._runtime._core_ops import core_ops
 from accelkit._runtime._decomp_guards import guard_decompositions
 from accelkit._runtime._device_module import DeviceModule
 from accelkit._runtime._dispatch import Pipeline
+from accelkit._runtime._dynamo_hooks import install as install_dynamo_hooks
 from accelkit._runtime._fallback import CPU_EQUIVALENTS, ROUTED_COMPOSITES
 from accelkit._runtime._scalar_checks import guard
 from accelkit._runtime._schema import is_inplace_op, variants_of
@@ -90,6 +91,7 @@ def activate(record: BackendRecord) -> torch.device:
         _check_kernels(ctx)
         try:
             _install(ctx)
+            install_dynamo_hooks(ctx, record.plugin_file())
         except BaseException as exc:
             _failed = f"activating {record.name!r} failed part-way ({type(exc).__name__}: {exc})"
             raise
@@ -102,6 +104,23 @@ def activate(record: BackendRecord) -> torch.device:
             _failed = f"{record.name!r} was installed as PrivateUse1, then its plugin failed ({exc})"
         raise
     return ctx.device
+
+
+def compile_stats(ctx: BackendContext) -> dict[str, Any]:
+    """``stats()["compile"]``: the graph compiler's counters and Dynamo's breaks and recompiles."""
+    from accelkit._runtime._compile_stats import STATS
+    from accelkit._runtime._graph_compiler import GraphCompiler
+
+    compiler = ctx.compiler if isinstance(ctx.compiler, GraphCompiler) else None
+    return STATS.snapshot(
+        compiler.programs_compiled() if compiler else 0, compiler.persistent_cache() if compiler else None
+    )
+
+
+def reset_compile_stats() -> None:
+    from accelkit._runtime._compile_stats import STATS
+
+    STATS.reset()
 
 
 def conflict_error(active_name: str, requested: str) -> BackendConflictError:

@@ -15,7 +15,10 @@ entry-point group ``accelkit.backends``; ``accelkit new-backend NAME`` writes on
 - the active runtime: :func:`active_backend`, :func:`active_device_model`,
   :func:`device_generator`;
 - discovery, read-only: :func:`backends` (:class:`BackendView`);
-- options: :func:`env_choice`; ``torch.compile`` entry points: :mod:`accelkit.sdk.dynamo_backends`.
+- compiling: :class:`GraphLowering` (what a backend's compiler supplies) and
+  :func:`graph_compiler` (the shared ``torch.compile`` machinery around it); the entry points
+  Dynamo resolves ``backend="<name>"`` through: :mod:`accelkit.sdk.dynamo_backends`;
+- options: :func:`env_choice`.
 """
 
 from accelkit.hookspecs import hookimpl
@@ -28,6 +31,7 @@ from accelkit.sdk._active import (
     meta_tensor,
     register_kernel,
 )
+from accelkit.sdk._compile import GraphLowering, graph_compiler
 from accelkit.sdk._allocator import Buffer, DeviceAllocator, ViewSpec, format_bytes, size_class
 from accelkit.sdk._kernels import (
     CUDA_LIKE_AUTOCAST,
@@ -66,6 +70,7 @@ __all__ = [
     "DtypeRules",
     "ExpectationRule",
     "Expectations",
+    "GraphLowering",
     "KernelDeclined",
     "KernelEntry",
     "KernelTable",
@@ -80,6 +85,7 @@ __all__ = [
     "device_generator",
     "env_choice",
     "format_bytes",
+    "graph_compiler",
     "hookimpl",
     "meta_call",
     "meta_tensor",

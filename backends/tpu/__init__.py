@@ -5,7 +5,8 @@ it runs simulated on XLA's CPU platform with the target generation's rules — m
 dtype support, cost model — and says so. Select it by name (``select_device("tpu")``) when
 simulated; a real TPU is chosen automatically.
 
-The plugin's hooks live in the modules of their contract areas (``device``, ``runtime``); the
+The plugin's hooks live in the modules of their contract areas (``device``, ``runtime``,
+``compiler``); the
 expectations are ``conformance.toml`` next to this file, and autocast is the core's default
 (bfloat16 preferred: the MXU's native input type).
 
@@ -16,6 +17,7 @@ Public extras: :func:`execution_mode` (strict / debug) and :func:`register_jax_k
 from __future__ import annotations
 
 from accelkit.sdk import BackendInfo, hookimpl
+from accelkit_backends.tpu.compiler import accelkit_make_compiler
 from accelkit_backends.tpu.device import accelkit_device_model, probe
 from accelkit_backends.tpu.runtime import (
     accelkit_backend_activated,
@@ -60,6 +62,7 @@ __all__ = [
     "accelkit_dtype_rules",
     "accelkit_kernels",
     "accelkit_make_allocator",
+    "accelkit_make_compiler",
     "accelkit_register_backend",
     "accelkit_reset_stats",
     "accelkit_stats",

@@ -1,0 +1,342 @@
+"""``torch.compile`` for every accelkit backend: what is the same whatever the backend lowers to.
+
+Dynamo captures a graph and hands it to :class:`GraphCompiler`; AOTAutograd turns it into
+functional aten graphs (a forward and a backward when gradients are needed, else one inference
+graph), decomposing the ops the backend has no kernel for with the backend's own table. Each
+aten graph is then prepared here and lowered by the backend (:class:`accelkit.sdk.GraphLowering`):
+
+- **input mutations**: an in-place update of a graph input (an optimizer step, ``x.add_(1)``)
+  is kept in the inference graph as ``copy_(input, new)``; the node is removed, ``new`` becomes
+  an extra output of the program, and after the run it is stored into the input's memory (no
+  dispatch; the version counter is bumped as ``copy_`` would). Mutations in training graphs
+  (BatchNorm's running statistics) are written back by AOTAutograd after the run, through the
+  eager ``copy_``. Outputs that alias inputs are rebuilt by AOTAutograd as views of the inputs.
+- **random ops**: each program call draws one seed from the device generator and passes it
+  to the program, so ``torch.manual_seed`` makes a compiled dropout reproducible;
+- **splitting**: a node the backend cannot lower (or that computes on the CPU) is cut out: the
+  graph becomes compiled segments and eager nodes between them, which run through the
+  dispatcher like eager code and are counted per op in ``stats()["compile"]["eager_nodes"]``.
+  Under the fallback policy ``deny`` compiling such a graph raises, naming the ops;
+- **statistics**: :data:`accelkit._runtime._compile_stats.STATS`;
+- **persistent cache**: ``ACCELKIT_COMPILE_CACHE=DIR`` is handed to the backend once.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from accelkit._errors import FallbackDeniedError
+from accelkit._runtime import _tensors as T
+from accelkit._runtime._compile_stats import STATS
+
+CACHE_ENV = "ACCELKIT_COMPILE_CACHE"
+
+aten = torch.ops.aten
+
+
+class GraphCompiler:
+    """The Dynamo backend of one accelkit backend (see the module docstring)."""
+
+    def __init__(self, lowering: Any):
+        self._make = lowering
+        self._lowering: Any = None
+        self._cache_dir: str | None = None
+        self._decompositions: dict | None = None
+
+    @property
+    def lowering(self) -> Any:
+        if self._lowering is None:
+            from accelkit.sdk import GraphLowering
+
+            made = self._make if isinstance(self._make, GraphLowering) else self._make()
+            if not isinstance(made, GraphLowering):
+                raise TypeError(f"graph_compiler: expected a GraphLowering, got {type(made).__name__}")
+            self._lowering = made
+        return self._lowering
+
+    def programs_compiled(self) -> int:
+        return self.lowering.programs_compiled() if self._lowering is not None else 0
+
+    def persistent_cache(self) -> dict[str, Any] | None:
+        return None if self._cache_dir is None else {"directory": self._cache_dir}
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.partitioners import default_partition
+
+        from accelkit import _runtime
+
+        ctx = _runtime.active()
+        started = time.perf_counter()
+        STATS.add(graphs_captured=1)
+        self._use_cache_directory()
+        compiled = aot_autograd(
+            fw_compiler=lambda g, inputs: self._compile(ctx, g, "forward"),
+            bw_compiler=lambda g, inputs: self._compile(ctx, g, "backward"),
+            inference_compiler=lambda g, inputs: self._compile(ctx, g, "inference"),
+            decompositions=self._decompositions_for(ctx),
+            partition_fn=default_partition,
+            keep_inference_input_mutations=True,
+        )(gm, example_inputs)
+        STATS.add(compile_seconds=time.perf_counter() - started)
+        return compiled
+
+    def _use_cache_directory(self) -> None:
+        directory = os.environ.get(CACHE_ENV)
+        if directory and directory != self._cache_dir:
+            os.makedirs(directory, exist_ok=True)
+            self.lowering.use_cache_directory(directory)
+            self._cache_dir = directory
+
+    def _decompositions_for(self, ctx: Any) -> dict:
+        """The backend's decompositions of the ops it cannot lower (a lowered op stays whole)."""
+        if self._decompositions is None:
+            lowers = self.lowering.lowers
+            self._decompositions = {op: fn for op, fn in ctx.decompositions.items() if not lowers(op)}
+        return self._decompositions
+
+    # -- one aten graph ------------------------------------------------------------------------
+
+    def _compile(self, ctx: Any, gm: torch.fx.GraphModule, kind: str) -> Callable[..., Any]:
+        constants = _lift_constants(gm, ctx.device)
+        writebacks = _lift_input_mutations(gm)
+        eager = [node for node in gm.graph.nodes if node.op == "call_function" and not self._lowerable(ctx, node)]
+        eager_ops = [str(node.target) for node in eager]
+        if eager and ctx.fallback_policy == "deny":
+            raise FallbackDeniedError(
+                f"torch.compile(backend={ctx.name!r}): the {kind} graph has nodes the {ctx.name} "
+                f"compiler cannot lower ({', '.join(sorted(set(eager_ops)))}); they would run "
+                "eagerly between compiled programs, which the fallback policy 'deny' forbids. "
+                "Allow it with accelkit.fallback_policy('warn'), or give the backend a lowering."
+            )
+        for op in sorted(set(eager_ops)):
+            if ctx.fallback_policy == "warn" and ("compile", op) not in ctx._warned:
+                ctx._warned.add(("compile", op))
+                warnings.warn(
+                    f"torch.compile(backend={ctx.name!r}): {op} cannot be lowered; the graph is "
+                    "split there and the node runs eagerly (set ACCELKIT_FALLBACK=allow to "
+                    "silence, =deny to forbid)",
+                    stacklevel=2,
+                )
+        if not eager:
+            run = Segment(ctx, self, gm)
+            segments = 1
+        else:
+            run, segments = self._split(ctx, gm, eager)
+        STATS.graph(kind, segments, eager_ops)
+        positions = [p for p, _ in writebacks]
+        outputs_kept = len(_output_args(gm)) - len(writebacks)
+
+        def compiled(args: list) -> Any:
+            values = list(args)
+            args.clear()  # boxed convention: let the inputs go as soon as they are read
+            if constants:
+                values.extend(constants)
+            results = run(*values)
+            if writebacks:
+                for position, value in zip(positions, results[outputs_kept:]):
+                    _store(ctx, values[position], value)
+                results = results[:outputs_kept]
+            return results
+
+        compiled._boxed_call = True  # type: ignore[attr-defined]  # AOTAutograd passes one list
+        return compiled
+
+    def _lowerable(self, ctx: Any, node: torch.fx.Node) -> bool:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload):
+            if not self.lowering.lowers(target):
+                return False
+            return _on_device(node, ctx.name)
+        if target is operator.getitem:
+            return True
+        if isinstance(target, torch._ops.HigherOrderOperator | torch._ops.OpOverloadPacket):
+            return False
+        return not _has_tensors(node)  # Python arithmetic on sizes
+
+    def _split(self, ctx: Any, gm: torch.fx.GraphModule, eager: list) -> tuple[Callable[..., Any], int]:
+        """Compiled segments for the lowerable regions, the ``eager`` nodes between them."""
+        from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+        from torch.fx.passes.operator_support import OperatorSupportBase
+
+        unsupported = set(eager)
+
+        class Support(OperatorSupportBase):
+            def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+                return node.op == "call_function" and node not in unsupported
+
+        partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
+        fused = partitioner.fuse_partitions(partitioner.propose_partitions())
+        segments = 0
+        for node in list(fused.graph.nodes):
+            if node.op != "call_module":
+                continue
+            submodule = fused.get_submodule(node.target)
+            segment = Segment(ctx, self, submodule)
+            node.op, node.target = "call_function", segment
+            segments += 1
+        fused.graph.lint()
+        fused.recompile()
+        return (lambda *values: list(_as_tuple(fused(*values)))), segments
+
+
+class Segment:
+    """One lowered graph as a function of tensors: reads the inputs' backend arrays, runs the
+    program, wraps its arrays as new device tensors."""
+
+    def __init__(self, ctx: Any, compiler: GraphCompiler, gm: torch.fx.GraphModule):
+        lowering = compiler.lowering
+        random_nodes = [n for n in gm.graph.nodes if _is_random(n)]
+        self._ctx = ctx
+        self._compiler = compiler
+        self._random = bool(random_nodes)
+        self._program = lowering.lower(gm, random_nodes)
+        self._tensor_outputs = [isinstance(_val(a), torch.Tensor) for a in _output_args(gm)]
+        self._single = _single_output(gm)
+        self.__name__ = f"{lowering.name}_segment"
+
+    def __call__(self, *args: Any) -> Any:
+        ctx = self._ctx
+        inputs = [_array_of(ctx, a) if isinstance(a, torch.Tensor) else a for a in args]
+        seed = int(torch.randint(0, 2**31 - 1, (), generator=ctx.generator)) if self._random else 0
+        before = self._compiler.programs_compiled()
+        started = time.perf_counter()
+        outputs = self._program(inputs, seed)
+        if self._compiler.programs_compiled() != before:
+            STATS.add(compile_seconds=time.perf_counter() - started, calls=1)
+        else:
+            STATS.add(program_cache_hits=1, calls=1)
+        results = [
+            T.from_array(ctx, out) if is_tensor and out is not None else out
+            for out, is_tensor in zip(outputs, self._tensor_outputs)
+        ]
+        return results[0] if self._single else results
+
+
+# ---------------------------------------------------------------------------------------------
+# Graph preparation
+# ---------------------------------------------------------------------------------------------
+
+
+def _lift_constants(gm: torch.fx.GraphModule, device: torch.device) -> list:
+    """Turn tensor constants (``get_attr`` nodes) into trailing placeholders; returns their
+    values, on the device, to append to every call's arguments."""
+    constants = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    anchor = placeholders[-1] if placeholders else None
+    for node in list(gm.graph.nodes):
+        if node.op != "get_attr":
+            continue
+        value = operator.attrgetter(node.target)(gm)
+        if not isinstance(value, torch.Tensor):
+            continue
+        if value.device.type == "cpu" and value.dim() > 0:
+            value = value.to(device)
+        with gm.graph.inserting_after(anchor) if anchor is not None else gm.graph.inserting_before(None):
+            placeholder = gm.graph.placeholder(f"constant_{len(constants)}")
+        placeholder.meta.update(node.meta)
+        if "val" not in placeholder.meta:
+            placeholder.meta["val"] = value
+        node.replace_all_uses_with(placeholder)
+        gm.graph.erase_node(node)
+        anchor = placeholder
+        constants.append(value)
+    if constants:
+        gm.recompile()
+    return constants
+
+
+def _lift_input_mutations(gm: torch.fx.GraphModule) -> list[tuple[int, torch.fx.Node]]:
+    """Remove ``copy_(input, new)`` nodes (AOTAutograd's kept input mutations), making each
+    ``new`` an extra trailing output; returns ``(placeholder position, new)`` per mutation."""
+    positions = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    writebacks = []
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is aten.copy_.default and node.args[0] in positions:
+            destination, source = node.args[0], node.args[1]
+            if _val(source) is None or _val(destination) is None:
+                continue
+            if tuple(_val(source).shape) != tuple(_val(destination).shape) or _val(source).dtype != _val(destination).dtype:
+                continue  # a broadcasting or casting copy: leave it to the lowering
+            node.replace_all_uses_with(destination)
+            gm.graph.erase_node(node)
+            writebacks.append((positions[destination], source))
+    if writebacks:
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        outputs = list(_output_args(gm)) + [source for _, source in writebacks]
+        output.args = (tuple(outputs),)
+        gm.recompile()
+    return writebacks
+
+
+def _store(ctx: Any, destination: torch.Tensor, value: Any) -> None:
+    """Write a compiled input mutation into the input's memory, as ``copy_`` would."""
+    array = _array_of(ctx, value) if isinstance(value, torch.Tensor) else value
+    if destination.device.type != ctx.name:
+        destination.copy_(value if isinstance(value, torch.Tensor) else T.from_array(ctx, array))
+        return
+    T.write(ctx, destination, array)
+    torch.autograd.graph.increment_version(destination)
+
+
+def _array_of(ctx: Any, tensor: torch.Tensor) -> Any:
+    if tensor.device.type == ctx.name:
+        return T.read(ctx, tensor)
+    return ctx.allocator.from_host(tensor.detach().contiguous())
+
+
+def _output_args(gm: torch.fx.GraphModule) -> tuple:
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    return _as_tuple(output.args[0])
+
+
+def _single_output(gm: torch.fx.GraphModule) -> bool:
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    return not isinstance(output.args[0], tuple | list)
+
+
+def _as_tuple(value: Any) -> tuple:
+    return tuple(value) if isinstance(value, tuple | list) else (value,)
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("val") if isinstance(node, torch.fx.Node) else node
+
+
+def _tensors_of(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, list | tuple):
+        return [t for v in value for t in _tensors_of(v)]
+    return []
+
+
+def _has_tensors(node: torch.fx.Node) -> bool:
+    if _tensors_of(_val(node)):
+        return True
+    return any(_tensors_of(_val(a)) for a in node.all_input_nodes)
+
+
+def _on_device(node: torch.fx.Node, name: str) -> bool:
+    """A node computes on the device when its results are device tensors and its tensor
+    inputs are device tensors or CPU scalars (as eager kernels accept)."""
+    outputs = _tensors_of(_val(node))
+    if any(t.device.type != name for t in outputs):
+        return False
+    for argument in node.all_input_nodes:
+        for t in _tensors_of(_val(argument)):
+            if t.device.type != name and not (t.device.type == "cpu" and t.dim() == 0):
+                return False
+    return True
+
+
+def _is_random(node: torch.fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in target.tags

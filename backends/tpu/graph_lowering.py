@@ -1,0 +1,175 @@
+"""tpu's graph lowering: one aten graph as one jitted JAX function (see :mod:`.compiler`)."""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import torch
+
+from accelkit.sdk import GraphLowering, ViewSpec
+from accelkit_backends.tpu import checks, modes
+from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize
+from accelkit_backends.tpu.graph_ops import GRAPH_OPS, RANDOM, indexed_view, is_view
+from accelkit_backends.tpu.lowering import DEVICE, Lowering, kernels
+
+def _pure_lowerings() -> tuple[type, ...]:
+    """Lowering classes whose ``fn`` is the whole kernel (subclasses adding host-side work,
+    such as reading a result back, stay eager)."""
+    from accelkit_backends.tpu.kernels.random import DeviceGeneratorLowering
+
+    return (Lowering, DeviceGeneratorLowering)
+
+
+class TpuGraphLowering(GraphLowering):
+    name = "tpu"
+
+    def __init__(self) -> None:
+        self._pure = _pure_lowerings()
+        self._programs: list[GraphProgram] = []
+        self._lock = threading.Lock()
+
+    def lowers(self, op: torch._ops.OpOverload) -> bool:
+        entry = kernels.get(op)
+        if entry is not None:
+            return type(entry.fn) in self._pure
+        return op in GRAPH_OPS or is_view(op)
+
+    def lower(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]) -> GraphProgram:
+        program = GraphProgram(graph, random_nodes)
+        with self._lock:
+            self._programs.append(program)
+        return program
+
+    def programs_compiled(self) -> int:
+        return sum(p.compiled for p in self._programs)
+
+    def use_cache_directory(self, path: str) -> None:
+        jax.config.update("jax_compilation_cache_dir", path)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+class GraphProgram:
+    """One aten graph as a jitted JAX function, one executable per input structure."""
+
+    def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]):
+        nodes = list(graph.graph.nodes)
+        self._placeholders = [n for n in nodes if n.op == "placeholder"]
+        self._body = [n for n in nodes if n.op == "call_function"]
+        output = next(n for n in nodes if n.op == "output")
+        self._outputs = output.args[0] if isinstance(output.args[0], tuple | list) else (output.args[0],)
+        self._random = {node: i for i, node in enumerate(random_nodes)}
+        self._jitted: dict[tuple, Any] = {}
+        self._seen: dict[tuple, int] = {}
+        self.compiled = 0
+        self.name = f"compiled graph ({len(self._body)} ops)"
+
+    def __call__(self, inputs: list, seed: int) -> list:
+        arrays, structure = [], []
+        for value in inputs:
+            kind = type(value)
+            if kind is JaxView:
+                arrays.append(value.array)
+                structure.append(value.spec)
+            elif isinstance(value, jax.Array):
+                arrays.append(value)
+                structure.append(None)
+            else:
+                structure.append(("static", value))
+        key = tuple(structure)
+        jitted = self._jitted.get(key)
+        if jitted is None:
+            jitted = self._jitted[key] = jax.jit(self._program(key))
+            self._seen[key] = 0
+        try:
+            if modes.current() == "debug":
+                outputs, status = jitted(arrays, seed)
+                if status is not None:
+                    checks.raise_now(status, self.name, DEVICE)
+            else:
+                outputs, status = jitted(arrays, seed)
+                if status is not None:
+                    checks.defer(status, self.name, DEVICE, outputs)
+        except checks.Refused as refused:
+            raise refused.error from None
+        size = jitted._cache_size()
+        if size != self._seen[key]:
+            self.compiled += size - self._seen[key]
+            self._seen[key] = size
+        return outputs
+
+    def _program(self, structure: tuple) -> Any:
+        placeholders, body, outputs, random = self._placeholders, self._body, self._outputs, self._random
+
+        def program(arrays: list, seed: Any) -> Any:
+            env: dict[torch.fx.Node, Any] = {}
+            supplied = iter(arrays)
+            for node, code in zip(placeholders, structure):
+                if code is None:
+                    env[node] = next(supplied)
+                elif type(code) is ViewSpec:
+                    env[node] = materialize(next(supplied), code)
+                else:
+                    env[node] = code[1]
+            key = jax.random.key(seed) if random else None
+            with checks.conditions() as stated:
+                for node in body:
+                    args = torch.fx.node.map_arg(node.args, env.__getitem__)
+                    kwargs = dict(torch.fx.node.map_arg(node.kwargs, env.__getitem__))
+                    if node in random:
+                        kwargs = {**kwargs, "generator": jax.random.fold_in(key, random[node])}
+                    env[node] = _evaluate(node, args, kwargs)
+            results = [env[o] if isinstance(o, torch.fx.Node) else o for o in outputs]
+            return results, stated.status()
+
+        program.__name__ = "accelkit_tpu_graph"
+        return program
+
+
+def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        if target is operator.getitem:
+            return args[0][args[1]]
+        return target(*args, **kwargs)
+    graph_op = GRAPH_OPS.get(target)
+    if graph_op is not None:
+        if target not in RANDOM:
+            kwargs.pop("generator", None)
+        return graph_op(node, *args, **kwargs)
+    entry = kernels.get(target)
+    if entry is None:
+        return indexed_view(node, *args, **kwargs)
+    if "generator" in kwargs or any(a.name == "generator" for a in target._schema.arguments):
+        args, kwargs = _key_as_generator(target, args, kwargs)
+    return _conform(node, entry.fn.fn(*args, **kwargs))
+
+
+def _key_as_generator(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Put the node's key (``kwargs["generator"]``) where the schema has its generator."""
+    names = [a.name for a in op._schema.arguments]
+    if "generator" in names and names.index("generator") < len(args):
+        position = names.index("generator")
+        key = kwargs.pop("generator", args[position])
+        args = (*args[:position], key, *args[position + 1:])
+    return args, kwargs
+
+
+def _conform(node: torch.fx.Node, out: Any) -> Any:
+    """Cast a lowering's results to PyTorch's result dtypes (``node.meta["val"]``), as the
+    eager machinery does; shapes are the lowering's own (checked eagerly, once per op)."""
+    return _cast(out, node.meta.get("val"))
+
+
+def _cast(out: Any, val: Any) -> Any:
+    if isinstance(val, torch.Tensor) and isinstance(out, jax.Array):
+        dtype = jax_dtype(val.dtype)
+        return out if out.dtype == dtype else out.astype(dtype)
+    if isinstance(val, list | tuple) and isinstance(out, list | tuple):
+        cast = [_cast(o, v) for o, v in zip(out, val)]
+        return tuple(cast) if isinstance(out, tuple) else cast
+    return out

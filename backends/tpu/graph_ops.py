@@ -1,0 +1,212 @@
+"""Lowerings, for compiled graphs only, of the ops the accelkit runtime owns in eager mode.
+
+Eagerly, views, factories and copies never reach a tpu kernel: the runtime handles them as
+geometry over device memory (a view is a new stride over the same storage). Inside one XLA
+program there is no storage, only values, so a compiled graph needs them as JAX functions:
+
+- **views** become the values they read: the common ones as reshapes, transposes, slices and
+  broadcasts; any other view op (``as_strided``, ``diagonal``, ``unfold``, ...) through the
+  element indices PyTorch's own view of an index tensor gives, so every view op compiles;
+- **factories** (``empty``, ``full``, ``scalar_tensor``, ``rand``/``randn``) build their value;
+  ``empty`` is zeros, as eager tpu memory is;
+- **copies** (``clone``, ``_to_copy`` within the device, functional ``copy``) are casts.
+
+Each function takes the FX node first: its ``meta["val"]`` gives PyTorch's result shape and
+dtype, so nothing here re-derives PyTorch's shape rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from accelkit_backends.tpu.buffers import jax_dtype
+
+aten = torch.ops.aten
+
+GRAPH_OPS: dict[Any, Callable[..., Any]] = {}
+
+
+def graph_op(*ops: Any) -> Callable:
+    def register(fn: Callable) -> Callable:
+        for op in ops:
+            GRAPH_OPS[op] = fn
+        return fn
+
+    return register
+
+
+def _shape(node: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in node.meta["val"].shape)
+
+
+def _dtype(node: Any) -> Any:
+    return jax_dtype(node.meta["val"].dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Views
+# ---------------------------------------------------------------------------------------------
+
+
+@graph_op(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
+          aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.flatten.using_ints,
+          aten.unflatten.int, aten.view_copy.default)
+def reshaped(node, x, *args, **kwargs):
+    return x.reshape(_shape(node))
+
+
+@graph_op(aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default, aten.clone.default,
+          aten.lift_fresh.default)
+def same(node, x, *args, **kwargs):
+    return x
+
+
+@graph_op(aten.permute.default)
+def permute(node, x, dims):
+    return jnp.transpose(x, [d % max(x.ndim, 1) for d in dims]) if x.ndim else x
+
+
+@graph_op(aten.t.default)
+def t(node, x):
+    return x.T if x.ndim == 2 else x
+
+
+@graph_op(aten.transpose.int)
+def transpose(node, x, dim0, dim1):
+    if x.ndim == 0:
+        return x
+    return jnp.swapaxes(x, dim0 % x.ndim, dim1 % x.ndim)
+
+
+@graph_op(aten.expand.default)
+def expand(node, x, size, *, implicit=False):
+    return jnp.broadcast_to(x, _shape(node))
+
+
+def _slice_bounds(n: int, start: Any, end: Any) -> tuple[int, int]:
+    start = 0 if start is None else start
+    end = n if end is None else end
+    start = start + n if start < 0 else start
+    end = end + n if end < 0 else end
+    start = min(max(start, 0), n)
+    end = min(max(end, start), n)
+    return start, end
+
+
+@graph_op(aten.slice.Tensor)
+def slice_(node, x, dim=0, start=None, end=None, step=1):
+    dim %= x.ndim
+    start, end = _slice_bounds(x.shape[dim], start, end)
+    return jax.lax.slice_in_dim(x, start, end, step, axis=dim)
+
+
+@graph_op(aten.select.int)
+def select(node, x, dim, index):
+    dim %= x.ndim
+    return jax.lax.index_in_dim(x, index % x.shape[dim], dim, keepdims=False)
+
+
+@graph_op(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
+def split(node, x, sizes, dim=0):
+    if node.target is aten.unbind.int:
+        dim = sizes % x.ndim
+        return [jax.lax.index_in_dim(x, i, dim, keepdims=False) for i in range(x.shape[dim])]
+    dim %= x.ndim
+    n = x.shape[dim]
+    if isinstance(sizes, int):
+        sizes = [min(sizes, n - s) for s in range(0, n, sizes)] if n else [0]
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(jax.lax.slice_in_dim(x, start, start + size, axis=dim))
+        start += size
+    return pieces
+
+
+def indexed_view(node, x, *args, **kwargs):
+    """Any view op: the elements PyTorch's own view of an index tensor picks (traced gather
+    with indices fixed at trace time)."""
+    index = torch.arange(int(np.prod(x.shape)) if x.shape else 1, dtype=torch.int64).reshape(x.shape)
+    picked = node.target(index, *args, **kwargs)
+    flat = x.reshape(-1)
+    if isinstance(picked, torch.Tensor):
+        return flat[jnp.asarray(picked.contiguous().numpy())]
+    return [flat[jnp.asarray(p.contiguous().numpy())] for p in picked]
+
+
+def is_view(op: Any) -> bool:
+    """An op returning an alias of its first argument that writes nothing."""
+    schema = op._schema
+    if not schema.returns or not schema.arguments:
+        return False
+    first = schema.arguments[0].alias_info
+    out = schema.returns[0].alias_info
+    return first is not None and out is not None and not first.is_write and not out.is_write
+
+
+# ---------------------------------------------------------------------------------------------
+# Factories and copies
+# ---------------------------------------------------------------------------------------------
+
+
+@graph_op(aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
+          aten.new_empty_strided.default, aten.empty_like.default, aten.zeros.default,
+          aten.new_zeros.default, aten.zeros_like.default)
+def zeros(node, *args, **kwargs):
+    return jnp.zeros(_shape(node), _dtype(node))
+
+
+@graph_op(aten.ones.default, aten.new_ones.default, aten.ones_like.default)
+def ones(node, *args, **kwargs):
+    return jnp.ones(_shape(node), _dtype(node))
+
+
+@graph_op(aten.full.default)
+def full(node, size, fill_value, **kwargs):
+    return jnp.full(_shape(node), fill_value, _dtype(node))
+
+
+@graph_op(aten.new_full.default, aten.full_like.default)
+def full_like(node, x, *args, **kwargs):
+    fill_value = args[1] if node.target is aten.new_full.default else args[0]
+    return jnp.full(_shape(node), fill_value, _dtype(node))
+
+
+@graph_op(aten.scalar_tensor.default)
+def scalar_tensor(node, value, **kwargs):
+    return jnp.asarray(value, _dtype(node))
+
+
+@graph_op(aten._to_copy.default)
+def to_copy(node, x, **kwargs):
+    return jnp.asarray(x).astype(_dtype(node))
+
+
+@graph_op(aten.copy.default)
+def copy(node, x, src, non_blocking=False):
+    return jnp.broadcast_to(jnp.asarray(src).astype(_dtype(node)), _shape(node))
+
+
+def _sample_dtype(node: Any) -> Any:
+    dtype = _dtype(node)
+    return jnp.float64 if dtype == jnp.float64 else jnp.float32
+
+
+@graph_op(aten.rand.default, aten.rand.generator, aten.rand_like.default)
+def rand(node, *args, generator=None, **kwargs):
+    return jax.random.uniform(generator, _shape(node), _sample_dtype(node)).astype(_dtype(node))
+
+
+@graph_op(aten.randn.default, aten.randn.generator, aten.randn_like.default)
+def randn(node, *args, generator=None, **kwargs):
+    return jax.random.normal(generator, _shape(node), _sample_dtype(node)).astype(_dtype(node))
+
+
+#: Graph ops that draw random numbers: they receive the node's key as ``generator``.
+RANDOM = frozenset({aten.rand.default, aten.rand.generator, aten.rand_like.default,
+                    aten.randn.default, aten.randn.generator, aten.randn_like.default})
