@@ -65,7 +65,9 @@ def _dynamo_counts() -> tuple[int, Counter[str], list[dict[str, str]]]:
         return 0, Counter(), []
     from torch._dynamo.utils import counters, guard_failures
 
-    reasons = Counter({str(reason): count for reason, count in counters["graph_break"].items()})
+    reasons: Counter[str] = Counter()
+    for reason, count in counters["graph_break"].items():
+        reasons[str(reason).strip().split("\n")[0]] += count  # the headline, not the hints
     recompiles = [
         {"function": f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})", "reason": str(reason)}
         for code, failures in list(guard_failures.items())

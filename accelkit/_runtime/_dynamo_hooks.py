@@ -3,10 +3,10 @@
 **The runtime is opaque to Dynamo.** Inside a compiled function's dynamic extent, Dynamo
 intercepts every new Python frame, including the frames of our kernels when the autograd
 engine or a graph break runs device ops eagerly. Tracing into them would capture the
-runtime's own Python (and JAX's) as if it were the model. The runtime, the SDK's private
-modules, the active backend's modules (not its tests) and the substrate's libraries (jax,
-jaxlib, ml_dtypes) join Dynamo's skip list as soon as Dynamo is imported, so their frames
-always run as plain Python: a kernel is a kernel, compiled or not.
+runtime's own Python (and JAX's, and the logging it calls) as if it were the model. Every code
+object of the runtime, the SDK and the active backend (not their tests) is marked, at
+activation, to run without Dynamo, it and everything it calls: a kernel is a kernel, compiled
+or not. (Dynamo's skip list would not do: it skips a frame but still traces what it calls.)
 
 **The default backend finds the device's compiler.** ``torch.compile(model)`` means Inductor,
 and torch 2.13's Inductor has a built-in ``tpu`` device (Pallas through the ``torch_tpu``
@@ -18,13 +18,11 @@ with one log line saying so; a backend without a compiler fails at once, naming 
 
 from __future__ import annotations
 
-import importlib
-import importlib.abc
-import importlib.util
 import logging
 import os
-import pkgutil
 import sys
+import types
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,28 +31,32 @@ from accelkit._errors import AccelkitError
 
 log = logging.getLogger("accelkit.compile")
 
-_SUBSTRATE_LIBRARIES = ("jax", "jaxlib", "ml_dtypes")
-
-
 def install(ctx: Any, plugin_file: str | None) -> None:
-    """Make the runtime opaque to Dynamo (now or when Dynamo is imported) and route the
-    default backend's graphs on ``ctx``'s device to ``ctx.compiler``."""
-    skipped = _opaque_modules(plugin_file)
-    if "torch._dynamo" in sys.modules:
-        _skip(skipped)
-    else:
-        sys.meta_path.insert(0, _RunAfterImport("torch._dynamo", lambda: _skip(skipped)))
+    """Make the runtime's and the backend's code opaque to Dynamo and route the default
+    backend's graphs on ``ctx``'s device to ``ctx.compiler``."""
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+    opaque = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+    for code in _codes(_opaque_modules(plugin_file)):
+        set_code_exec_strategy(code, opaque)
     _route_inductor(ctx)
 
 
-def _opaque_modules(plugin_file: str | None) -> list[str]:
-    names = ["accelkit._runtime", *_package_modules("accelkit", skip=("sdk", "testing"))]
-    names += [f"accelkit.sdk.{m}" for m in _module_names("accelkit.sdk") if m != "testing"]
-    if plugin_file and os.path.basename(plugin_file) == "__init__.py":
-        package = _package_of(plugin_file)
-        if package is not None:
-            names += [f"{package}.{m}" for m in _module_names(package) if not m.startswith("test")]
-    return names + list(_SUBSTRATE_LIBRARIES)
+def _opaque_modules(plugin_file: str | None) -> list[Any]:
+    """The loaded modules of the runtime, the SDK (not its shipped tests) and the backend's
+    package (not its tests)."""
+    prefixes = ["accelkit."]
+    package = _package_of(plugin_file) if plugin_file and os.path.basename(plugin_file) == "__init__.py" else None
+    if package is not None:
+        prefixes.append(package + ".")
+    modules = []
+    for name, module in list(sys.modules.items()):
+        if not any(name.startswith(p) for p in prefixes) or module is None:
+            continue
+        if name.startswith("accelkit.sdk.testing") or ".tests" in name or name.rsplit(".", 1)[-1].startswith("test"):
+            continue
+        modules.append(module)
+    return modules
 
 
 def _package_of(init_file: str) -> str | None:
@@ -66,48 +68,36 @@ def _package_of(init_file: str) -> str | None:
     return None
 
 
-def _module_names(package: str) -> list[str]:
-    module = sys.modules.get(package) or importlib.import_module(package)
-    return [info.name for info in pkgutil.iter_modules(getattr(module, "__path__", []))]
+def _codes(modules: list[Any]) -> Iterator[types.CodeType]:
+    """Every code object defined in ``modules``: functions, methods, nested functions."""
+    seen: set[int] = set()
 
+    def walk(code: types.CodeType) -> Iterator[types.CodeType]:
+        if id(code) in seen:
+            return
+        seen.add(id(code))
+        yield code
+        for constant in code.co_consts:
+            if isinstance(constant, types.CodeType):
+                yield from walk(constant)
 
-def _package_modules(package: str, skip: tuple[str, ...]) -> list[str]:
-    return [f"{package}.{m}" for m in _module_names(package) if m not in skip and m != "_runtime"]
+    def of(value: Any, owner: str, depth: int = 0) -> Iterator[types.CodeType]:
+        value = getattr(value, "__func__", value)  # static and class methods
+        if isinstance(value, property):
+            for accessor in (value.fget, value.fset, value.fdel):
+                if accessor is not None:
+                    yield from of(accessor, owner, depth)
+            return
+        code = getattr(value, "__code__", None)
+        if isinstance(code, types.CodeType) and getattr(value, "__module__", None) == owner:
+            yield from walk(code)
+        elif isinstance(value, type) and value.__module__ == owner and depth < 2:
+            for member in vars(value).values():
+                yield from of(member, owner, depth + 1)
 
-
-def _skip(modules: list[str]) -> None:
-    from torch._dynamo import trace_rules
-
-    for name in modules:
-        try:
-            trace_rules.add(name)
-        except (ImportError, ValueError):
-            continue
-
-
-class _RunAfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback`` once, right after the module ``name`` has been imported."""
-
-    def __init__(self, name: str, callback: Any):
-        self._name = name
-        self._callback = callback
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self._name:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        loader, callback = spec.loader, self._callback
-        execute = loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            execute(module)
-            callback()
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
+    for module in modules:
+        for value in list(vars(module).values()):
+            yield from of(value, module.__name__)
 
 
 def _route_inductor(ctx: Any) -> None:
