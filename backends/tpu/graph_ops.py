@@ -112,11 +112,14 @@ def select(node, x, dim, index):
     return jax.lax.index_in_dim(x, index % x.shape[dim], dim, keepdims=False)
 
 
-@graph_op(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
+@graph_op(aten.unbind.int)
+def unbind(node, x, dim=0):
+    dim %= x.ndim
+    return [jax.lax.index_in_dim(x, i, dim, keepdims=False) for i in range(x.shape[dim])]
+
+
+@graph_op(aten.split.Tensor, aten.split_with_sizes.default)
 def split(node, x, sizes, dim=0):
-    if node.target is aten.unbind.int:
-        dim = sizes % x.ndim
-        return [jax.lax.index_in_dim(x, i, dim, keepdims=False) for i in range(x.shape[dim])]
     dim %= x.ndim
     n = x.shape[dim]
     if isinstance(sizes, int):
@@ -210,3 +213,24 @@ def randn(node, *args, generator=None, **kwargs):
 #: Graph ops that draw random numbers: they receive the node's key as ``generator``.
 RANDOM = frozenset({aten.rand.default, aten.rand.generator, aten.rand_like.default,
                     aten.randn.default, aten.randn.generator, aten.randn_like.default})
+
+
+# ---------------------------------------------------------------------------------------------
+# Ops eager code reaches through a PrivateUse1 routing overload
+# ---------------------------------------------------------------------------------------------
+
+
+@graph_op(aten.convolution.default)
+def convolution(node, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """Eagerly ``convolution`` reaches tpu as ``convolution_overrideable``; same lowering."""
+    from accelkit_backends.tpu.kernels.conv import convolution as lowered
+
+    return lowered(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+
+
+@graph_op(aten.convolution_backward.default)
+def convolution_backward(node, grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    from accelkit_backends.tpu.kernels.conv import convolution_backward as lowered
+
+    return lowered(grad, x, weight, stride, padding, dilation, transposed, output_padding, groups, output_mask)
