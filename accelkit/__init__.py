@@ -2,6 +2,7 @@
 
     dev = accelkit.select_device()            # or select_device("tpu"), ACCELKIT_DEVICE=neuron
     model.to(dev); loss = model(x.to(dev)); loss.backward()
+    step = torch.compile(model, backend=dev.type)  # one program per captured graph
 
 Backend authors start at :mod:`accelkit.sdk` and :mod:`accelkit.hookspecs`.
 """
@@ -24,6 +25,7 @@ from accelkit._errors import (
     UnknownDeviceError,
 )
 from accelkit.hookspecs import hookimpl
+from accelkit._buckets import bucketed
 from accelkit._policy import fallback_policy
 from accelkit._selection import DeviceReport, devices, explain_selection, select_device
 
@@ -40,6 +42,7 @@ __all__ = [
     "PluginError",
     "UnknownDeviceError",
     "active_backend",
+    "bucketed",
     "devices",
     "explain_selection",
     "fallback_policy",
@@ -122,7 +125,7 @@ def reset_stats() -> None:
     if ctx is not None:
         ctx.counters.reset()
         ctx.allocator.reset_peak_stats()
-        _runtime.reset_compile_stats()
+        _runtime.reset_compile_stats(ctx)
         registry().get(ctx.name).call("accelkit_reset_stats", name=ctx.name)
 
 

@@ -117,10 +117,11 @@ def compile_stats(ctx: BackendContext) -> dict[str, Any]:
     )
 
 
-def reset_compile_stats() -> None:
+def reset_compile_stats(ctx: BackendContext) -> None:
     from accelkit._runtime._compile_stats import STATS
+    from accelkit._runtime._graph_compiler import GraphCompiler
 
-    STATS.reset()
+    STATS.reset(ctx.compiler.programs_compiled() if isinstance(ctx.compiler, GraphCompiler) else 0)
 
 
 def conflict_error(active_name: str, requested: str) -> BackendConflictError:

@@ -16,8 +16,10 @@ class CompileStats:
         self._lock = threading.Lock()
         self.reset()
 
-    def reset(self) -> None:
+    def reset(self, programs_compiled: int = 0) -> None:
+        """Zero the counters; ``programs_compiled`` is the backend's running total now."""
         with self._lock:
+            self._programs_baseline = programs_compiled
             self.graphs_captured = 0
             self.aot_graphs: Counter[str] = Counter()
             self.segments = 0
@@ -45,7 +47,7 @@ class CompileStats:
             return {
                 "graphs_captured": self.graphs_captured,
                 "aot_graphs": dict(self.aot_graphs),
-                "programs_compiled": programs_compiled,
+                "programs_compiled": programs_compiled - self._programs_baseline,
                 "program_segments": self.segments,
                 "program_calls": self.calls,
                 "program_cache_hits": self.program_cache_hits,

@@ -65,7 +65,9 @@ class GraphCompiler:
         return self.lowering.programs_compiled() if self._lowering is not None else 0
 
     def persistent_cache(self) -> dict[str, Any] | None:
-        return None if self._cache_dir is None else {"directory": self._cache_dir}
+        if self._cache_dir is None:
+            return None
+        return {"directory": self._cache_dir, **self.lowering.cache_statistics()}
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         from torch._dynamo.backends.common import aot_autograd

@@ -58,6 +58,11 @@ class GraphLowering:
         """Keep compiled executables in ``path`` across processes (``ACCELKIT_COMPILE_CACHE``).
         The default keeps nothing."""
 
+    def cache_statistics(self) -> dict[str, int]:
+        """Counters of the persistent cache since :meth:`use_cache_directory` (e.g. ``hits``,
+        ``misses``); reported in ``stats()["compile"]["persistent_cache"]``."""
+        return {}
+
 
 def graph_compiler(lowering: GraphLowering | Callable[[], GraphLowering]) -> Callable[..., Any]:
     """The ``torch.compile`` backend that runs captured graphs through ``lowering``.

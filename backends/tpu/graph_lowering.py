@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.monitoring
 import torch
 
 from accelkit.sdk import GraphLowering, ViewSpec
@@ -30,6 +31,7 @@ class TpuGraphLowering(GraphLowering):
     def __init__(self) -> None:
         self._pure = _pure_lowerings()
         self._programs: list[GraphProgram] = []
+        self._cache_counts: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def lowers(self, op: torch._ops.OpOverload) -> bool:
@@ -48,9 +50,26 @@ class TpuGraphLowering(GraphLowering):
         return sum(p.compiled for p in self._programs)
 
     def use_cache_directory(self, path: str) -> None:
+        """JAX's persistent compilation cache, for every program (eager ops' too), however
+        quick to compile."""
         jax.config.update("jax_compilation_cache_dir", path)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        if not self._cache_counts:
+            self._cache_counts.update(hits=0, requests=0)
+            jax.monitoring.register_event_listener(self._cache_event)
+
+    def _cache_event(self, event: str, **kwargs: Any) -> None:
+        if event == "/jax/compilation_cache/cache_hits":
+            self._cache_counts["hits"] += 1
+        elif event == "/jax/compilation_cache/compile_requests_use_cache":
+            self._cache_counts["requests"] += 1
+
+    def cache_statistics(self) -> dict[str, int]:
+        """Executables found in the persistent cache (``hits``) and compiled and stored
+        (``misses``), eager ops' programs included."""
+        counts = self._cache_counts
+        return {"hits": counts.get("hits", 0), "misses": counts.get("requests", 0) - counts.get("hits", 0)}
 
 
 class GraphProgram:

@@ -11,8 +11,10 @@ program there is no storage, only values, so a compiled graph needs them as JAX 
   ``empty`` is zeros, as eager tpu memory is;
 - **copies** (``clone``, ``_to_copy`` within the device, functional ``copy``) are casts.
 
-Each function takes the FX node first: its ``meta["val"]`` gives PyTorch's result shape and
-dtype, so nothing here re-derives PyTorch's shape rules.
+Each function takes the FX node first: its ``meta["val"]`` gives PyTorch's result dtype. Shapes
+come from the arguments, never from ``meta["val"]``: in a graph with symbolic sizes
+(``dynamic=True``) the fake value's sizes are symbols, and the program is traced once per
+concrete shape.
 """
 
 from __future__ import annotations
@@ -41,10 +43,6 @@ def graph_op(*ops: Any) -> Callable:
     return register
 
 
-def _shape(node: Any) -> tuple[int, ...]:
-    return tuple(int(s) for s in node.meta["val"].shape)
-
-
 def _dtype(node: Any) -> Any:
     return jax_dtype(node.meta["val"].dtype)
 
@@ -54,11 +52,23 @@ def _dtype(node: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
-@graph_op(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default,
-          aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.flatten.using_ints,
-          aten.unflatten.int, aten.view_copy.default)
-def reshaped(node, x, *args, **kwargs):
-    return x.reshape(_shape(node))
+@graph_op(aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.view_copy.default)
+def reshaped(node, x, size):
+    return x.reshape(tuple(size))
+
+
+@graph_op(aten.unsqueeze.default)
+def unsqueeze(node, x, dim):
+    return jnp.expand_dims(x, dim % (x.ndim + 1))
+
+
+@graph_op(aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims)
+def squeeze(node, x, dim=None):
+    if x.ndim == 0:
+        return x
+    dims = range(x.ndim) if dim is None else [dim] if isinstance(dim, int) else dim
+    drop = tuple(sorted({d % x.ndim for d in dims if x.shape[d % x.ndim] == 1}))
+    return jnp.squeeze(x, drop) if drop else x
 
 
 @graph_op(aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default, aten.clone.default,
@@ -86,7 +96,9 @@ def transpose(node, x, dim0, dim1):
 
 @graph_op(aten.expand.default)
 def expand(node, x, size, *, implicit=False):
-    return jnp.broadcast_to(x, _shape(node))
+    lead = len(size) - x.ndim
+    shape = tuple(x.shape[i - lead] if s == -1 else s for i, s in enumerate(size))
+    return jnp.broadcast_to(x, shape)
 
 
 def _slice_bounds(n: int, start: Any, end: Any) -> tuple[int, int]:
@@ -157,27 +169,43 @@ def is_view(op: Any) -> bool:
 # ---------------------------------------------------------------------------------------------
 
 
+_SIZED = frozenset({aten.empty.memory_format, aten.empty_strided.default, aten.zeros.default,
+                    aten.ones.default, aten.full.default, aten.rand.default, aten.rand.generator,
+                    aten.randn.default, aten.randn.generator})
+_NEW = frozenset({aten.new_empty.default, aten.new_empty_strided.default, aten.new_zeros.default,
+                  aten.new_ones.default, aten.new_full.default})
+
+
+def _factory_shape(node: Any, args: tuple) -> tuple[int, ...]:
+    """The result shape of a factory: its ``size`` argument, or its model tensor's shape."""
+    if node.target in _SIZED:
+        return tuple(args[0])
+    if node.target in _NEW:
+        return tuple(args[1])
+    return tuple(args[0].shape)  # the *_like ops
+
+
 @graph_op(aten.empty.memory_format, aten.empty_strided.default, aten.new_empty.default,
           aten.new_empty_strided.default, aten.empty_like.default, aten.zeros.default,
           aten.new_zeros.default, aten.zeros_like.default)
 def zeros(node, *args, **kwargs):
-    return jnp.zeros(_shape(node), _dtype(node))
+    return jnp.zeros(_factory_shape(node, args), _dtype(node))
 
 
 @graph_op(aten.ones.default, aten.new_ones.default, aten.ones_like.default)
 def ones(node, *args, **kwargs):
-    return jnp.ones(_shape(node), _dtype(node))
+    return jnp.ones(_factory_shape(node, args), _dtype(node))
 
 
 @graph_op(aten.full.default)
 def full(node, size, fill_value, **kwargs):
-    return jnp.full(_shape(node), fill_value, _dtype(node))
+    return jnp.full(tuple(size), fill_value, _dtype(node))
 
 
 @graph_op(aten.new_full.default, aten.full_like.default)
 def full_like(node, x, *args, **kwargs):
     fill_value = args[1] if node.target is aten.new_full.default else args[0]
-    return jnp.full(_shape(node), fill_value, _dtype(node))
+    return jnp.full(_factory_shape(node, (x, *args)), fill_value, _dtype(node))
 
 
 @graph_op(aten.scalar_tensor.default)
@@ -192,7 +220,7 @@ def to_copy(node, x, **kwargs):
 
 @graph_op(aten.copy.default)
 def copy(node, x, src, non_blocking=False):
-    return jnp.broadcast_to(jnp.asarray(src).astype(_dtype(node)), _shape(node))
+    return jnp.broadcast_to(jnp.asarray(src).astype(_dtype(node)), x.shape)
 
 
 def _sample_dtype(node: Any) -> Any:
@@ -202,12 +230,12 @@ def _sample_dtype(node: Any) -> Any:
 
 @graph_op(aten.rand.default, aten.rand.generator, aten.rand_like.default)
 def rand(node, *args, generator=None, **kwargs):
-    return jax.random.uniform(generator, _shape(node), _sample_dtype(node)).astype(_dtype(node))
+    return jax.random.uniform(generator, _factory_shape(node, args), _sample_dtype(node)).astype(_dtype(node))
 
 
 @graph_op(aten.randn.default, aten.randn.generator, aten.randn_like.default)
 def randn(node, *args, generator=None, **kwargs):
-    return jax.random.normal(generator, _shape(node), _sample_dtype(node)).astype(_dtype(node))
+    return jax.random.normal(generator, _factory_shape(node, args), _sample_dtype(node)).astype(_dtype(node))
 
 
 #: Graph ops that draw random numbers: they receive the node's key as ``generator``.
