@@ -35,6 +35,8 @@ class TpuGraphLowering(GraphLowering):
         self._lock = threading.Lock()
 
     def lowers(self, op: torch._ops.OpOverload) -> bool:
+        if op in _SIZE_QUERIES:
+            return True
         entry = kernels.get(op)
         if entry is not None:
             return type(entry.fn) in self._pure
@@ -84,6 +86,7 @@ class GraphProgram:
         self._random = {node: i for i, node in enumerate(random_nodes)}
         self._jitted: dict[tuple, Any] = {}
         self._seen: dict[tuple, int] = {}
+        self._statics: dict[tuple, dict[int, Any]] = {}  # per structure: non-array outputs
         self.compiled = 0
         self.name = f"compiled graph ({len(self._body)} ops)"
 
@@ -104,6 +107,7 @@ class GraphProgram:
         if jitted is None:
             jitted = self._jitted[key] = jax.jit(self._program(key))
             self._seen[key] = 0
+            self._statics[key] = {}
         try:
             if modes.current() == "debug":
                 outputs, status = jitted(arrays, seed)
@@ -119,10 +123,16 @@ class GraphProgram:
         if size != self._seen[key]:
             self.compiled += size - self._seen[key]
             self._seen[key] = size
+        statics = self._statics[key]
+        if statics:  # sizes the graph returns: Python numbers, fixed per input structure
+            outputs = list(outputs)
+            for position, value in statics.items():
+                outputs[position] = value
         return outputs
 
     def _program(self, structure: tuple) -> Any:
         placeholders, body, outputs, random = self._placeholders, self._body, self._outputs, self._random
+        statics = self._statics
 
         def program(arrays: list, seed: Any) -> Any:
             env: dict[torch.fx.Node, Any] = {}
@@ -143,14 +153,36 @@ class GraphProgram:
                         kwargs = {**kwargs, "generator": jax.random.fold_in(key, random[node])}
                     env[node] = _evaluate(node, args, kwargs)
             results = [env[o] if isinstance(o, torch.fx.Node) else o for o in outputs]
+            for position, value in enumerate(results):
+                if not isinstance(value, jax.Array):
+                    statics[structure][position] = value  # known while tracing: not a program output
+                    results[position] = None
             return results, stated.status()
 
         program.__name__ = "accelkit_tpu_graph"
         return program
 
 
+_SIZE_QUERIES = {
+    torch.ops.aten.sym_size.int: lambda x, dim: x.shape[dim],
+    torch.ops.aten.sym_numel.default: lambda x: x.size,
+    torch.ops.aten.sym_stride.int: lambda x, dim: _contiguous_stride(x.shape, dim),
+    torch.ops.aten.sym_storage_offset.default: lambda x: 0,
+}
+
+
+def _contiguous_stride(shape: tuple[int, ...], dim: int) -> int:
+    stride = 1
+    for size in shape[dim % len(shape) + 1:]:
+        stride *= size
+    return stride
+
+
 def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
     target = node.target
+    query = _SIZE_QUERIES.get(target)
+    if query is not None:
+        return query(*args, **kwargs)  # values inside the program are contiguous
     if not isinstance(target, torch._ops.OpOverload):
         if target is operator.getitem:
             return args[0][args[1]]
