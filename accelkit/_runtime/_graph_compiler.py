@@ -128,7 +128,8 @@ class GraphCompiler:
                     stacklevel=2,
                 )
         if not eager:
-            run = Segment(ctx, self, gm)
+            # The mutated inputs' new values stay backend arrays: they are stored, not returned.
+            run = Segment(ctx, self, gm, stored=len(writebacks))
             segments = 1
         else:
             run, segments = self._split(ctx, gm, eager)
@@ -193,14 +194,17 @@ class Segment:
     """One lowered graph as a function of tensors: reads the inputs' backend arrays, runs the
     program, wraps its arrays as new device tensors."""
 
-    def __init__(self, ctx: Any, compiler: GraphCompiler, gm: torch.fx.GraphModule):
+    def __init__(self, ctx: Any, compiler: GraphCompiler, gm: torch.fx.GraphModule, stored: int = 0):
+        """``stored``: the last outputs are input mutations' values, returned as backend arrays."""
         lowering = compiler.lowering
         random_nodes = [n for n in gm.graph.nodes if _is_random(n)]
         self._ctx = ctx
         self._compiler = compiler
         self._random = bool(random_nodes)
         self._program = lowering.lower(gm, random_nodes)
-        self._tensor_outputs = [isinstance(_val(a), torch.Tensor) for a in _output_args(gm)]
+        outputs = _output_args(gm)
+        self._tensor_outputs = [isinstance(_val(a), torch.Tensor) for a in outputs[: len(outputs) - stored]]
+        self._tensor_outputs += [False] * stored
         self._single = _single_output(gm)
         self.__name__ = f"{lowering.name}_segment"
 
