@@ -37,10 +37,12 @@ class TpuGraphLowering(GraphLowering):
     def lowers(self, op: torch._ops.OpOverload) -> bool:
         if op in _SIZE_QUERIES:
             return True
+        if op in GRAPH_OPS:
+            return True
         entry = kernels.get(op)
         if entry is not None:
             return type(entry.fn) in self._pure
-        return op in GRAPH_OPS or is_view(op)
+        return is_view(op)
 
     def lower(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]) -> GraphProgram:
         program = GraphProgram(graph, random_nodes)

@@ -262,3 +262,14 @@ def convolution_backward(node, grad, x, weight, bias_sizes, stride, padding, dil
     from accelkit_backends.tpu.kernels.conv import convolution_backward as lowered
 
     return lowered(grad, x, weight, stride, padding, dilation, transposed, output_padding, groups, output_mask)
+
+
+@graph_op(aten.index.Tensor)
+def index(node, x, indices):
+    """Integer indexing: the eager kernel's own program. (A boolean index has a data-dependent
+    shape, which Dynamo does not capture into a graph by default.)"""
+    from accelkit_backends.tpu.kernels.indexing import _index
+
+    if any(i is not None and i.dtype in (jnp.bool_, jnp.uint8) for i in indices):
+        raise NotImplementedError("tpu graphs: a boolean index has a data-dependent shape")
+    return _index(x, indices)

@@ -244,6 +244,7 @@ def test_device_side_check_inside_a_compiled_graph(dev):
     compiled = torch.compile(lambda x, i: x[i] * 2, backend="tpu")
     x = torch.arange(6.0, device=dev)
     assert compiled(x, torch.tensor([1, 5], device=dev)).cpu().tolist() == [2.0, 10.0]
+    assert accelkit.stats()["compile"]["eager_nodes"] == {}  # the gather is inside the program
     with execution_mode("debug"), pytest.raises(IndexError, match="out of bounds"):
         compiled(x, torch.tensor([1, 6], device=dev))
 
