@@ -273,3 +273,17 @@ def index(node, x, indices):
     if any(i is not None and i.dtype in (jnp.bool_, jnp.uint8) for i in indices):
         raise NotImplementedError("tpu graphs: a boolean index has a data-dependent shape")
     return _index(x, indices)
+
+
+@graph_op(aten.arange.default, aten.arange.start, aten.arange.start_step, aten.linspace.default,
+          aten.logspace.default, aten.eye.default, aten.eye.m)
+def constant_factory(node, *args, **kwargs):
+    """A factory of Python numbers only: its values are fixed when the program is traced, so
+    they are computed there by PyTorch's CPU kernel (exactly CPU's values) and become a
+    constant of the program."""
+    kwargs = {**kwargs, "device": "cpu"}
+    kwargs.pop("pin_memory", None)
+    values = node.target(*args, **kwargs)
+    if values.dtype == torch.bfloat16:
+        return jnp.asarray(values.float().numpy()).astype(jnp.bfloat16)
+    return jnp.asarray(values.numpy())

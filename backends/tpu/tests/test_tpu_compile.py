@@ -292,3 +292,26 @@ def test_persistent_cache_is_hit_by_a_second_process(tmp_path):
     warm_hits, warm_misses = map(int, warm.stdout.split())
     assert cold_hits == 0 and cold_misses > 0
     assert warm_hits == cold_misses and warm_misses == 0
+
+
+def test_hugging_face_static_cache_generate_compiles_decode_once(dev):
+    transformers = pytest.importorskip("transformers", reason="transformers is in the test extra")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt = torch.randint(0, 128, (1, 6))
+    with torch.no_grad():
+        expected = model.generate(prompt, max_new_tokens=8, do_sample=False, cache_implementation="static")
+    model.to(dev)
+    model.forward = torch.compile(model.forward, backend="tpu")
+    accelkit.reset_stats()
+    with torch.no_grad():
+        tokens = model.generate(prompt.to(dev), max_new_tokens=8, do_sample=False, cache_implementation="static")
+    assert tokens.cpu().tolist() == expected.tolist()
+    stats = accelkit.stats()["compile"]
+    assert stats["graphs_captured"] == 2  # the prefill and the decode step
+    assert stats["programs_compiled"] == 2  # the decode step's program serves all 7 decode steps
+    assert stats["program_calls"] == 8 and stats["eager_nodes"] == {}
