@@ -71,7 +71,7 @@ class GraphCompiler:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> Callable[..., Any]:
         from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.partitioners import default_partition
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
 
         from accelkit import _runtime
 
@@ -84,7 +84,7 @@ class GraphCompiler:
             bw_compiler=lambda g, inputs: self._compile(ctx, g, "backward"),
             inference_compiler=lambda g, inputs: self._compile(ctx, g, "inference"),
             decompositions=self._decompositions_for(ctx),
-            partition_fn=default_partition,
+            partition_fn=min_cut_rematerialization_partition,
             keep_inference_input_mutations=True,
         )(gm, example_inputs)
         STATS.add(compile_seconds=time.perf_counter() - started)
@@ -129,7 +129,7 @@ class GraphCompiler:
                 )
         if not eager:
             # The mutated inputs' new values stay backend arrays: they are stored, not returned.
-            run = Segment(ctx, self, gm, stored=len(writebacks))
+            run = Segment(ctx, self, gm, stored=len(writebacks)).run_owned
             segments = 1
         else:
             run, segments = self._split(ctx, gm, eager)
@@ -139,13 +139,14 @@ class GraphCompiler:
 
         def compiled(args: list) -> Any:
             values = list(args)
-            args.clear()  # boxed convention: let the inputs go as soon as they are read
+            args.clear()  # boxed convention: the inputs are ours to let go once read
             if constants:
                 values.extend(constants)
-            results = run(*values)
+            destinations = [values[p] for p in positions]
+            results = run(values)
             if writebacks:
-                for position, value in zip(positions, results[outputs_kept:]):
-                    _store(ctx, values[position], value)
+                for destination, value in zip(destinations, results[outputs_kept:]):
+                    _store(ctx, destination, value)
                 results = results[:outputs_kept]
             return results
 
@@ -187,7 +188,12 @@ class GraphCompiler:
             segments += 1
         fused.graph.lint()
         fused.recompile()
-        return (lambda *values: list(_as_tuple(fused(*values)))), segments
+        def run(values: list) -> list:
+            arguments = list(values)
+            values.clear()
+            return list(_as_tuple(fused(*arguments)))
+
+        return run, segments
 
 
 class Segment:
@@ -197,20 +203,38 @@ class Segment:
     def __init__(self, ctx: Any, compiler: GraphCompiler, gm: torch.fx.GraphModule, stored: int = 0):
         """``stored``: the last outputs are input mutations' values, returned as backend arrays."""
         lowering = compiler.lowering
+        outputs = _output_args(gm)
+        self._single = _single_output(gm)
+        # An output that is an input (a forward saving its input for the backward) is that
+        # input tensor itself, not a copy made by the program.
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self._passthrough = [placeholders.index(o) if isinstance(o, torch.fx.Node) and o.op == "placeholder" else None
+                             for o in outputs]
+        if any(p is not None for p in self._passthrough):
+            output = next(n for n in gm.graph.nodes if n.op == "output")
+            kept = tuple(None if p is not None else o for o, p in zip(outputs, self._passthrough))
+            output.args = (kept[0] if self._single else kept,)
+            gm.recompile()
         random_nodes = [n for n in gm.graph.nodes if _is_random(n)]
         self._ctx = ctx
         self._compiler = compiler
         self._random = bool(random_nodes)
         self._program = lowering.lower(gm, random_nodes)
-        outputs = _output_args(gm)
         self._tensor_outputs = [isinstance(_val(a), torch.Tensor) for a in outputs[: len(outputs) - stored]]
         self._tensor_outputs += [False] * stored
-        self._single = _single_output(gm)
         self.__name__ = f"{lowering.name}_segment"
 
     def __call__(self, *args: Any) -> Any:
+        return self.run_owned(list(args))
+
+    def run_owned(self, args: list) -> Any:
+        """Run on ``args``, which it empties once their arrays are read: an input the caller
+        no longer holds (a saved activation at the end of its backward) is freed before the
+        outputs are allocated, as the eager backward frees it op by op."""
         ctx = self._ctx
         inputs = [_array_of(ctx, a) if isinstance(a, torch.Tensor) else a for a in args]
+        kept = {p: args[p] for p in self._passthrough if p is not None}
+        args.clear()
         seed = int(torch.randint(0, 2**31 - 1, (), generator=ctx.generator)) if self._random else 0
         before = self._compiler.programs_compiled()
         started = time.perf_counter()
@@ -220,8 +244,9 @@ class Segment:
         else:
             STATS.add(program_cache_hits=1, calls=1)
         results = [
-            T.from_array(ctx, out) if is_tensor and out is not None else out
-            for out, is_tensor in zip(outputs, self._tensor_outputs)
+            kept[passed] if passed is not None
+            else T.from_array(ctx, out) if is_tensor and out is not None else out
+            for out, is_tensor, passed in zip(outputs, self._tensor_outputs, self._passthrough)
         ]
         return results[0] if self._single else results
 
