@@ -125,7 +125,7 @@ def reset_stats() -> None:
     if ctx is not None:
         ctx.counters.reset()
         ctx.allocator.reset_peak_stats()
-        _runtime.reset_compile_stats(ctx)
+        _runtime.reset_compile_stats()
         registry().get(ctx.name).call("accelkit_reset_stats", name=ctx.name)
 
 

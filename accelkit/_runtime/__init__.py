@@ -112,16 +112,13 @@ def compile_stats(ctx: BackendContext) -> dict[str, Any]:
     from accelkit._runtime._graph_compiler import GraphCompiler
 
     compiler = ctx.compiler if isinstance(ctx.compiler, GraphCompiler) else None
-    return STATS.snapshot(
-        compiler.programs_compiled() if compiler else 0, compiler.persistent_cache() if compiler else None
-    )
+    return STATS.snapshot(compiler.persistent_cache() if compiler else None)
 
 
-def reset_compile_stats(ctx: BackendContext) -> None:
+def reset_compile_stats() -> None:
     from accelkit._runtime._compile_stats import STATS
-    from accelkit._runtime._graph_compiler import GraphCompiler
 
-    STATS.reset(ctx.compiler.programs_compiled() if isinstance(ctx.compiler, GraphCompiler) else 0)
+    STATS.reset()
 
 
 def conflict_error(active_name: str, requested: str) -> BackendConflictError:

@@ -16,10 +16,9 @@ class CompileStats:
         self._lock = threading.Lock()
         self.reset()
 
-    def reset(self, programs_compiled: int = 0) -> None:
-        """Zero the counters; ``programs_compiled`` is the backend's running total now."""
+    def reset(self) -> None:
         with self._lock:
-            self._programs_baseline = programs_compiled
+            self.programs = 0
             self.graphs_captured = 0
             self.aot_graphs: Counter[str] = Counter()
             self.segments = 0
@@ -40,14 +39,14 @@ class CompileStats:
             self.segments += segments
             self.eager_nodes.update(eager_ops)
 
-    def snapshot(self, programs_compiled: int, persistent: dict[str, Any] | None) -> dict[str, Any]:
+    def snapshot(self, persistent: dict[str, Any] | None) -> dict[str, Any]:
         breaks, reasons, recompiles = _dynamo_counts()
         base_breaks, base_reasons, base_recompiles = self._dynamo_baseline
         with self._lock:
             return {
                 "graphs_captured": self.graphs_captured,
                 "aot_graphs": dict(self.aot_graphs),
-                "programs_compiled": programs_compiled - self._programs_baseline,
+                "programs_compiled": self.programs,
                 "program_segments": self.segments,
                 "program_calls": self.calls,
                 "program_cache_hits": self.program_cache_hits,

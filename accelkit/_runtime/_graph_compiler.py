@@ -127,6 +127,7 @@ class GraphCompiler:
                     "silence, =deny to forbid)",
                     stacklevel=2,
                 )
+        built = self.programs_compiled()
         if not eager:
             # The mutated inputs' new values stay backend arrays: they are stored, not returned.
             run = Segment(ctx, self, gm, stored=len(writebacks)).run_owned
@@ -134,6 +135,7 @@ class GraphCompiler:
         else:
             run, segments = self._split(ctx, gm, eager)
         STATS.graph(kind, segments, eager_ops)
+        STATS.add(programs=self.programs_compiled() - built)
         positions = [p for p, _ in writebacks]
         outputs_kept = len(_output_args(gm)) - len(writebacks)
 
@@ -239,8 +241,9 @@ class Segment:
         before = self._compiler.programs_compiled()
         started = time.perf_counter()
         outputs = self._program(inputs, seed)
-        if self._compiler.programs_compiled() != before:
-            STATS.add(compile_seconds=time.perf_counter() - started, calls=1)
+        after = self._compiler.programs_compiled()
+        if after != before:
+            STATS.add(compile_seconds=time.perf_counter() - started, calls=1, programs=after - before)
         else:
             STATS.add(program_cache_hits=1, calls=1)
         results = [

@@ -51,7 +51,7 @@ class TpuGraphLowering(GraphLowering):
         return program
 
     def programs_compiled(self) -> int:
-        return sum(p.compiled for p in self._programs)
+        return GraphProgram.compiled_total
 
     def use_cache_directory(self, path: str) -> None:
         """JAX's persistent compilation cache, for every program (eager ops' too), however
@@ -76,8 +76,14 @@ class TpuGraphLowering(GraphLowering):
         return {"hits": counts.get("hits", 0), "misses": counts.get("requests", 0) - counts.get("hits", 0)}
 
 
+_count_lock = threading.Lock()
+
+
 class GraphProgram:
     """One aten graph as a jitted JAX function, one executable per input structure."""
+
+    #: Executables built by every graph program of the process.
+    compiled_total = 0
 
     def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]):
         nodes = list(graph.graph.nodes)
@@ -123,7 +129,9 @@ class GraphProgram:
             raise refused.error from None
         size = jitted._cache_size()
         if size != self._seen[key]:
-            self.compiled += size - self._seen[key]
+            with _count_lock:
+                self.compiled += size - self._seen[key]
+                GraphProgram.compiled_total += size - self._seen[key]
             self._seen[key] = size
         statics = self._statics[key]
         if statics:  # sizes the graph returns: Python numbers, fixed per input structure
