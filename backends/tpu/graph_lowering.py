@@ -15,7 +15,7 @@ from accelkit.sdk import GraphLowering, ViewSpec
 from accelkit_backends.tpu import checks, modes
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize
 from accelkit_backends.tpu.graph_ops import GRAPH_OPS, RANDOM, indexed_view, is_view
-from accelkit_backends.tpu.lowering import DEVICE, Lowering, kernels
+from accelkit_backends.tpu.lowering import Lowering, kernels
 
 def _pure_lowerings() -> tuple[type, ...]:
     """Lowering classes whose ``fn`` is the whole kernel (subclasses adding host-side work,
@@ -116,17 +116,7 @@ class GraphProgram:
             jitted = self._jitted[key] = jax.jit(self._program(key))
             self._seen[key] = 0
             self._statics[key] = {}
-        try:
-            if modes.current() == "debug":
-                outputs, status = jitted(arrays, seed)
-                if status is not None:
-                    checks.raise_now(status, self.name, DEVICE)
-            else:
-                outputs, status = jitted(arrays, seed)
-                if status is not None:
-                    checks.defer(status, self.name, DEVICE, outputs)
-        except checks.Refused as refused:
-            raise refused.error from None
+        outputs = modes.run_program(self.name, inputs, jitted, arrays, seed)
         size = jitted._cache_size()
         if size != self._seen[key]:
             with _count_lock:

@@ -232,17 +232,7 @@ class Lowering:
     def _run(self, signature: _Signature, arrays: list, scalars: list, args: Any) -> Any:
         """Run the signature's program and count it (``args`` name the inputs in debug mode)."""
         jitted = signature.jitted
-        try:
-            if modes.current() == "debug":
-                out, status = modes.run_checked(self.name, args, jitted, arrays, scalars)
-                if status is not None:
-                    checks.raise_now(status, self.name, DEVICE)
-            else:
-                out, status = jitted(arrays, scalars)
-                if status is not None:
-                    checks.defer(status, self.name, DEVICE, out)
-        except checks.Refused as refused:
-            raise refused.error from None
+        out = modes.run_program(self.name, args, jitted, arrays, scalars)
         tally = signature.only
         if tally is None or jitted._cache_size() != signature.seen:
             tally = self._tally(signature, arrays, scalars)

@@ -83,3 +83,24 @@ def run_checked(op: str, args: Any, program: Any, *inputs: Any) -> Any:
     except Exception as exc:
         raise TpuExecutionError(f"{op} failed on tpu:0 with arguments ({_shapes(args)}): {exc}") from exc
     return out
+
+
+def run_program(op: str, args: Any, program: Any, *inputs: Any) -> Any:
+    """Run a program returning ``(results, status)`` in the current mode and return its results:
+    in debug mode waited for (:func:`run_checked`) and its device-side checks raised at once; in
+    strict mode its status left to the next synchronisation. PyTorch's own error for refused
+    arguments (:class:`checks.Refused`) is raised as it is."""
+    from accelkit_backends.tpu.lowering import DEVICE
+
+    try:
+        if current() == "debug":
+            out, status = run_checked(op, args, program, *inputs)
+            if status is not None:
+                checks.raise_now(status, op, DEVICE)
+        else:
+            out, status = program(*inputs)
+            if status is not None:
+                checks.defer(status, op, DEVICE, out)
+    except checks.Refused as refused:
+        raise refused.error from None
+    return out
