@@ -213,7 +213,7 @@ class Segment:
         self._passthrough = [placeholders.index(o) if isinstance(o, torch.fx.Node) and o.op == "placeholder" else None
                              for o in outputs]
         if any(p is not None for p in self._passthrough):
-            output = next(n for n in gm.graph.nodes if n.op == "output")
+            output = gm.graph.output_node()
             kept = tuple(None if p is not None else o for o, p in zip(outputs, self._passthrough))
             output.args = (kept[0] if self._single else kept,)
             gm.recompile()
@@ -298,12 +298,12 @@ def _lift_input_mutations(gm: torch.fx.GraphModule) -> list[tuple[int, torch.fx.
             if _val(source) is None or _val(destination) is None:
                 continue
             if tuple(_val(source).shape) != tuple(_val(destination).shape) or _val(source).dtype != _val(destination).dtype:
-                continue  # a broadcasting or casting copy: leave it to the lowering
+                continue  # a broadcasting or casting copy stays a node: it runs eagerly, into the input
             node.replace_all_uses_with(destination)
             gm.graph.erase_node(node)
             writebacks.append((positions[destination], source))
     if writebacks:
-        output = next(n for n in gm.graph.nodes if n.op == "output")
+        output = gm.graph.output_node()
         outputs = list(_output_args(gm)) + [source for _, source in writebacks]
         output.args = (tuple(outputs),)
         gm.recompile()
@@ -311,12 +311,12 @@ def _lift_input_mutations(gm: torch.fx.GraphModule) -> list[tuple[int, torch.fx.
 
 
 def _store(ctx: Any, destination: torch.Tensor, value: Any) -> None:
-    """Write a compiled input mutation into the input's memory, as ``copy_`` would."""
-    array = _array_of(ctx, value) if isinstance(value, torch.Tensor) else value
+    """Write a compiled input mutation (a tensor, or a backend array) into the input's memory,
+    as ``copy_`` would."""
     if destination.device.type != ctx.name:
-        destination.copy_(value if isinstance(value, torch.Tensor) else T.from_array(ctx, array))
+        destination.copy_(value if isinstance(value, torch.Tensor) else T.from_array(ctx, value))
         return
-    T.write(ctx, destination, array)
+    T.write(ctx, destination, _array_of(ctx, value) if isinstance(value, torch.Tensor) else value)
     torch.autograd.graph.increment_version(destination)
 
 
@@ -327,12 +327,12 @@ def _array_of(ctx: Any, tensor: torch.Tensor) -> Any:
 
 
 def _output_args(gm: torch.fx.GraphModule) -> tuple:
-    output = next(n for n in gm.graph.nodes if n.op == "output")
+    output = gm.graph.output_node()
     return _as_tuple(output.args[0])
 
 
 def _single_output(gm: torch.fx.GraphModule) -> bool:
-    output = next(n for n in gm.graph.nodes if n.op == "output")
+    output = gm.graph.output_node()
     return not isinstance(output.args[0], tuple | list)
 
 

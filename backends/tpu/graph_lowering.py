@@ -30,9 +30,7 @@ class TpuGraphLowering(GraphLowering):
 
     def __init__(self) -> None:
         self._pure = _pure_lowerings()
-        self._programs: list[GraphProgram] = []
         self._cache_counts: dict[str, int] = {}
-        self._lock = threading.Lock()
 
     def lowers(self, op: torch._ops.OpOverload) -> bool:
         if op in _SIZE_QUERIES:
@@ -45,10 +43,7 @@ class TpuGraphLowering(GraphLowering):
         return is_view(op)
 
     def lower(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]) -> GraphProgram:
-        program = GraphProgram(graph, random_nodes)
-        with self._lock:
-            self._programs.append(program)
-        return program
+        return GraphProgram(graph, random_nodes)
 
     def programs_compiled(self) -> int:
         return GraphProgram.compiled_total
@@ -95,7 +90,6 @@ class GraphProgram:
         self._jitted: dict[tuple, Any] = {}
         self._seen: dict[tuple, int] = {}
         self._statics: dict[tuple, dict[int, Any]] = {}  # per structure: non-array outputs
-        self.compiled = 0
         self.name = f"compiled graph ({len(self._body)} ops)"
 
     def __call__(self, inputs: list, seed: int) -> list:
@@ -120,7 +114,6 @@ class GraphProgram:
         size = jitted._cache_size()
         if size != self._seen[key]:
             with _count_lock:
-                self.compiled += size - self._seen[key]
                 GraphProgram.compiled_total += size - self._seen[key]
             self._seen[key] = size
         statics = self._statics[key]

@@ -223,19 +223,20 @@ def copy(node, x, src, non_blocking=False):
     return jnp.broadcast_to(jnp.asarray(src).astype(_dtype(node)), x.shape)
 
 
-def _sample_dtype(node: Any) -> Any:
-    dtype = _dtype(node)
-    return jnp.float64 if dtype == jnp.float64 else jnp.float32
-
-
 @graph_op(aten.rand.default, aten.rand.generator, aten.rand_like.default)
 def rand(node, *args, generator=None, **kwargs):
-    return jax.random.uniform(generator, _factory_shape(node, args), _sample_dtype(node)).astype(_dtype(node))
+    """Eagerly ``rand`` is ``empty`` then ``uniform_``: the same uniform lowering here."""
+    from accelkit_backends.tpu.kernels.random import uniform
+
+    return uniform(jnp.zeros(_factory_shape(node, args), _dtype(node)), generator=generator).astype(_dtype(node))
 
 
 @graph_op(aten.randn.default, aten.randn.generator, aten.randn_like.default)
 def randn(node, *args, generator=None, **kwargs):
-    return jax.random.normal(generator, _factory_shape(node, args), _sample_dtype(node)).astype(_dtype(node))
+    """Eagerly ``randn`` is ``empty`` then ``normal_``: the same normal lowering here."""
+    from accelkit_backends.tpu.kernels.random import normal
+
+    return normal(jnp.zeros(_factory_shape(node, args), _dtype(node)), generator=generator).astype(_dtype(node))
 
 
 #: Graph ops that draw random numbers: they receive the node's key as ``generator``.
