@@ -27,15 +27,26 @@ def dev() -> torch.device:
 
 
 def on_device(value, dev):
-    """``value`` on tpu with the same geometry: views are re-made on the device from their base."""
+    """``value`` on ``dev`` (a copy, also when ``dev`` is where it already is) with the same
+    geometry: a view is re-made from a copy of its base."""
     if isinstance(value, torch.Tensor):
         if value._base is not None:
-            base = value._base.to(dev)
+            base = value._base.to(dev, copy=True)
             return base.as_strided(value.shape, value.stride(), value.storage_offset())
-        return value.to(dev)
+        return value.to(dev, copy=True)
     if isinstance(value, list | tuple):
         return type(value)(on_device(v, dev) for v in value)
     return value
+
+
+def sample(shape, dtype=torch.float32, seed=0, low=-5, high=6):
+    """Reproducible input: normal floats, integers in ``[low, high)`` (with ties), random booleans."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    return torch.randint(low, high, shape, generator=g, dtype=dtype)
 
 
 def assert_native(*names):

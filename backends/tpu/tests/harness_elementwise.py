@@ -6,20 +6,10 @@ from __future__ import annotations
 import torch
 
 import accelkit
-from conftest import on_device
+from conftest import on_device, sample  # noqa: F401 - sample: for the tests
 
 
 BF16_TOL = {"rtol": 1.6e-2, "atol": 1e-2}
-
-
-def sample(shape, dtype, seed=0, low=-5, high=6):
-    """Reproducible input: normal floats, small integers (with ties), random booleans."""
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    return torch.randint(low, high, shape, generator=g, dtype=dtype)
 
 
 def compare(dev, fn, *inputs, **tol):

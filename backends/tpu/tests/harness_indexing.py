@@ -6,15 +6,7 @@ from __future__ import annotations
 import torch
 
 import accelkit
-
-
-def sample(shape, dtype=torch.float32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    return torch.randint(-5, 6, shape, generator=g, dtype=dtype)
+from conftest import on_device, sample  # noqa: F401 - sample: for the tests
 
 
 def compare(dev, fn, *inputs, **tol):
@@ -77,15 +69,3 @@ def compare_grad(dev, fn, *inputs):
     with accelkit.fallback_policy("deny"):
         actual = run(on_device(tuple(inputs), dev))
     assert_same(actual, expected)
-
-
-def on_device(value, dev):
-    """``value`` on ``dev`` with the same geometry: a view is re-made from a copy of its base."""
-    if isinstance(value, torch.Tensor):
-        if value._base is not None:
-            base = value._base.to(dev, copy=True)
-            return base.as_strided(value.shape, value.stride(), value.storage_offset())
-        return value.to(dev, copy=True)
-    if isinstance(value, list | tuple):
-        return type(value)(on_device(v, dev) for v in value)
-    return value

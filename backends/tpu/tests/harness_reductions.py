@@ -6,19 +6,15 @@ from __future__ import annotations
 import torch
 
 from conftest import on_device
+from conftest import sample as shared_sample
 
 
 ALL_DTYPES = [torch.float32, torch.bfloat16, torch.int64, torch.bool]
 
 
 def sample(shape, dtype, seed=0, low=-4, high=5):
-    """Reproducible input: normal floats, small integers (with ties), random booleans."""
-    g = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g).bool()
-    if dtype.is_floating_point:
-        return torch.randn(shape, generator=g).to(dtype)
-    return torch.randint(low, high, shape, generator=g, dtype=dtype)
+    """:func:`conftest.sample` with this family's integer range."""
+    return shared_sample(shape, dtype, seed, low, high)
 
 
 def compare(dev, fn, *inputs, **tol):
