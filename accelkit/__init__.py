@@ -83,7 +83,8 @@ def stats() -> dict[str, Any]:
     Keys: ``backend``, ``fallback_policy``, ``ops`` (per aten overload: native, decomposed and
     fallback executions), ``totals``, ``memory`` (the allocator's statistics), ``compile``
     (what ``torch.compile(backend=<name>)`` captured, compiled and reused; see
-    ``docs/compile.md``), plus sections the backend contributes (``accelkit_stats`` hook).
+    ``docs/compile.md``), ``distributed`` (collectives per kind: calls, bytes, host seconds and
+    the estimated seconds on the target's interconnect; see ``docs/distributed.md``), plus sections the backend contributes (``accelkit_stats`` hook).
 
     :raises PluginError: the backend's ``accelkit_stats`` hook raised or returned a non-dict.
     """
@@ -101,6 +102,7 @@ def stats() -> dict[str, Any]:
         "totals": ctx.counters.totals(),
         "memory": ctx.allocator.memory_stats(),
         "compile": _runtime.compile_stats(ctx),
+        "distributed": _runtime.distributed_stats(),
     }
     record = registry().get(ctx.name)
     for section in record.call("accelkit_stats", name=ctx.name):
@@ -126,6 +128,7 @@ def reset_stats() -> None:
         ctx.counters.reset()
         ctx.allocator.reset_peak_stats()
         _runtime.reset_compile_stats()
+        _runtime.reset_distributed_stats()
         registry().get(ctx.name).call("accelkit_reset_stats", name=ctx.name)
 
 

@@ -247,19 +247,19 @@ def accelkit_make_process_group(
 ) -> Any | None:
     """Create a c10d process group for tensors on this device.
 
-    Kind: firstresult. Optional.
+    Kind: firstresult. Optional. Called by c10d (through the runtime) for every group created on
+    the backend: ``init_process_group("<name>")``, ``new_group``, device meshes.
 
     :param name: the backend's name.
     :param store: the c10d store of the group's rendezvous.
     :param rank: this process's rank in the group.
     :param world_size: the number of processes in the group.
     :param timeout: the group's timeout (a ``datetime.timedelta``).
-    :returns: a ``torch.distributed.ProcessGroup`` implementing allreduce, allgather,
-        reduce_scatter, broadcast, all_to_all and barrier; ``None`` or a missing hook:
-        collectives are not supported on this backend.
-
-    Not called yet: the core's torch.distributed registration, which will create the group
-    when c10d asks for the backend's device, is still to be built.
+    :returns: a ``torch.distributed.ProcessGroup`` implementing c10d's collectives (allreduce,
+        broadcast, reduce, allgather, all_gather_single, reduce_scatter, reduce_scatter_single,
+        alltoall, alltoall_base, gather, scatter, send, recv, barrier);
+        :func:`accelkit.sdk.host_staged_process_group` is the shared one. A missing hook:
+        ``init_process_group("<name>")`` raises, saying the backend has no collectives.
     """
 
 

@@ -27,6 +27,7 @@ from accelkit._runtime._core_ops import core_ops
 from accelkit._runtime._decomp_guards import guard_decompositions
 from accelkit._runtime._device_module import DeviceModule
 from accelkit._runtime._dispatch import Pipeline
+from accelkit._runtime._distributed import install_distributed
 from accelkit._runtime._dynamo_hooks import install as install_dynamo_hooks
 from accelkit._runtime._fallback import CPU_EQUIVALENTS, ROUTED_COMPOSITES
 from accelkit._runtime._scalar_checks import guard
@@ -92,6 +93,7 @@ def activate(record: BackendRecord) -> torch.device:
         try:
             _install(ctx)
             install_dynamo_hooks(ctx, record.plugin_file())
+            install_distributed(ctx, record)
         except BaseException as exc:
             _failed = f"activating {record.name!r} failed part-way ({type(exc).__name__}: {exc})"
             raise
@@ -119,6 +121,9 @@ def reset_compile_stats() -> None:
     from accelkit._runtime._compile_stats import STATS
 
     STATS.reset()
+
+
+from accelkit._runtime._distributed import distributed_stats, reset_distributed_stats  # noqa: E402
 
 
 def conflict_error(active_name: str, requested: str) -> BackendConflictError:

@@ -18,6 +18,9 @@ entry-point group ``accelkit.backends``; ``accelkit new-backend NAME`` writes on
 - compiling: :class:`GraphLowering` (what a backend's compiler supplies) and
   :func:`graph_compiler` (the shared ``torch.compile`` machinery around it); the entry points
   Dynamo resolves ``backend="<name>"`` through: :mod:`accelkit.sdk.dynamo_backends`;
+- collectives: :func:`host_staged_process_group` (the c10d process group
+  ``accelkit_make_process_group`` answers with) and :class:`Interconnect` (the device model's
+  network, for collective estimates);
 - options: :func:`env_choice`.
 """
 
@@ -31,6 +34,7 @@ from accelkit.sdk._active import (
     meta_tensor,
     register_kernel,
 )
+from accelkit.sdk._collectives import host_staged_process_group
 from accelkit.sdk._compile import GraphLowering, graph_compiler
 from accelkit.sdk._allocator import Buffer, DeviceAllocator, ViewSpec, format_bytes, size_class
 from accelkit.sdk._kernels import (
@@ -50,6 +54,7 @@ from accelkit.sdk._records import (
     DtypeRules,
     ExpectationRule,
     Expectations,
+    Interconnect,
     Tolerance,
     UnsupportedDtypeError,
 )
@@ -71,6 +76,7 @@ __all__ = [
     "ExpectationRule",
     "Expectations",
     "GraphLowering",
+    "Interconnect",
     "KernelDeclined",
     "KernelEntry",
     "KernelTable",
@@ -86,6 +92,7 @@ __all__ = [
     "env_choice",
     "format_bytes",
     "graph_compiler",
+    "host_staged_process_group",
     "hookimpl",
     "meta_call",
     "meta_tensor",

@@ -68,6 +68,32 @@ def _frozen(mapping: Mapping | None) -> Mapping:
 
 
 @dataclass(frozen=True)
+class Interconnect:
+    """The device-to-device network collectives cross, as data for their time estimates.
+
+    :ivar name: e.g. ``"ICI"``, ``"NeuronLink-v3"``.
+    :ivar bandwidth: bytes per second one device moves in each direction, all its links together
+        (half a vendor's bidirectional per-chip figure).
+    :ivar links: links per device, if known.
+    :ivar topology: e.g. ``"2D torus"``.
+    :ivar latency: seconds per ring step, if known; ``None`` leaves latency out of estimates.
+    :ivar sources: where each figure comes from, keyed by field name.
+    """
+
+    name: str
+    bandwidth: float
+    links: int | None = None
+    topology: str = ""
+    latency: float | None = None
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.bandwidth <= 0:
+            raise ValueError(f"interconnect {self.name!r}: bandwidth must be positive")
+        object.__setattr__(self, "sources", _frozen(self.sources))
+
+
+@dataclass(frozen=True)
 class DeviceModel:
     """A target generation as data: every figure the simulators and estimates read.
 
@@ -80,6 +106,7 @@ class DeviceModel:
     :ivar simulated: whether this process runs a model of the target rather than the target.
     :ivar sources: where each figure comes from, keyed by field name.
     :ivar extra: further figures (MXU shape, SBUF size, ...), also with sources.
+    :ivar interconnect: the device-to-device network, for collective estimates, if known.
     """
 
     name: str
@@ -91,6 +118,7 @@ class DeviceModel:
     simulated: bool = False
     sources: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
+    interconnect: Interconnect | None = None
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:

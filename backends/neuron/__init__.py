@@ -17,6 +17,7 @@ Public extras: :func:`profile` (a timeline exported as a Chrome trace) and
 from __future__ import annotations
 
 from accelkit.sdk import BackendInfo, hookimpl
+from accelkit_backends.neuron.collectives import accelkit_make_process_group
 from accelkit_backends.neuron.device import device_model, probe
 from accelkit_backends.neuron.runtime import (
     accelkit_backend_activated,
@@ -61,6 +62,7 @@ __all__ = [
     "accelkit_dtype_rules",
     "accelkit_kernels",
     "accelkit_make_allocator",
+    "accelkit_make_process_group",
     "accelkit_register_backend",
     "accelkit_reset_stats",
     "accelkit_stats",

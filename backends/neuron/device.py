@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from accelkit.sdk import DeviceModel, DeviceProbe, hookimpl
+from accelkit.sdk import DeviceModel, DeviceProbe, Interconnect, hookimpl
 
 TARGET_ENV = "ACCELKIT_NEURON_TARGET"
 #: trn2 (NeuronCore-v3): the generation TorchNeuron launched on and the one AWS sells for
@@ -156,6 +156,24 @@ _GENERATIONS = {
 
 TARGETS = tuple(_GENERATIONS)
 
+#: Chip-to-chip NeuronLink per generation: (bytes/s per chip, links, source). AWS does not say
+#: whether the figure is per direction; it is taken as bidirectional, like Google's ICI figures,
+#: and halved per direction. Cores of one chip share it.
+_NEURONLINK = {
+    "trn1": ("NeuronLink-v2", 384 * GB, 4, "N-arch2, N-trn2 table: NeuronLink-v2, 4 links, 384 GB/s per chip"),
+    "trn2": ("NeuronLink-v3", 1280 * GB, 4, "N-trn2: NeuronLink-v3, 4 links, 1.28 TB/s per chip"),
+    "trn3": ("NeuronLink-v4", 2560 * GB, None, "N-trn3: NeuronLink-v4, 2.56 TB/s per device"),
+}
+
+
+def _interconnect(generation: str) -> Interconnect:
+    name, per_chip, links, source = _NEURONLINK[generation]
+    return Interconnect(
+        name=name, bandwidth=per_chip / 2, links=links, topology="ring / 2D torus within an instance",
+        sources=dict(bandwidth=f"{source}; taken as bidirectional, half per direction",
+                     latency="not published: left out"),
+    )
+
 #: What NeuronCore memory and engines hold (N-ndt: no 64-bit types; int64 is stored in HBM and
 #: computed as int32, see ``runtime.py``).
 NATIVE_DTYPES = frozenset({
@@ -200,6 +218,7 @@ def device_model(generation: str | None = None) -> DeviceModel:
             sbuf_bytes=core.partitions * core.sbuf_partition_bytes,
             psum_bytes=core.partitions * core.psum_partition_bytes,
         ),
+        interconnect=_interconnect(name),
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from accelkit.sdk import BackendInfo, hookimpl
 from accelkit_backends.ref.buffers import accelkit_make_allocator
+from accelkit_backends.ref.collectives import accelkit_make_process_group
 from accelkit_backends.ref.compiler import accelkit_make_compiler
 from accelkit_backends.ref.device import device_model, probe
 from accelkit_backends.ref.kernels import accelkit_kernels
@@ -34,6 +35,7 @@ __all__ = [
     "accelkit_kernels",
     "accelkit_make_allocator",
     "accelkit_make_compiler",
+    "accelkit_make_process_group",
     "accelkit_register_backend",
     "device_model",
     "probe",

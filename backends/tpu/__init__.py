@@ -17,6 +17,7 @@ Public extras: :func:`execution_mode` (strict / debug) and :func:`register_jax_k
 from __future__ import annotations
 
 from accelkit.sdk import BackendInfo, hookimpl
+from accelkit_backends.tpu.collectives import accelkit_make_process_group
 from accelkit_backends.tpu.compiler import accelkit_make_compiler
 from accelkit_backends.tpu.device import accelkit_device_model, probe
 from accelkit_backends.tpu.runtime import (
@@ -63,6 +64,7 @@ __all__ = [
     "accelkit_kernels",
     "accelkit_make_allocator",
     "accelkit_make_compiler",
+    "accelkit_make_process_group",
     "accelkit_register_backend",
     "accelkit_reset_stats",
     "accelkit_stats",

@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from accelkit.sdk import DeviceModel, DeviceProbe, hookimpl
+from accelkit.sdk import DeviceModel, DeviceProbe, Interconnect, hookimpl
 
 TARGET_ENV = "ACCELKIT_TPU_TARGET"
 #: v5e: the most widely available Cloud TPU generation and the one JAX's docs use as the example.
@@ -70,6 +70,24 @@ _GENERATIONS = {
 
 TARGETS = tuple(_GENERATIONS)
 
+#: Inter-chip interconnect per generation: (bidirectional bytes/s per chip, links, topology,
+#: source). Collective estimates use half the bidirectional figure per direction.
+_ICI = {
+    "v4": (540 * GB, 6, "3D torus", "hardware-facts §1: SB 4.5e10 B/s one-way per link x 6 links (derived, [X])"),
+    "v5e": (400 * GB, 4, "2D torus", "G-v5e: ICI 400 GBps bidirectional, 4 ports"),
+    "v5p": (1200 * GB, None, "3D torus", "G-v5p: ICI 1200 GBps bidirectional"),
+    "v6e": (800 * GB, 4, "2D torus", "G-v6e: ICI 800 GBps bidirectional, 4 ports"),
+    "7x": (1200 * GB, None, "3D torus", "G-7x: ICI 1200 GBps bidirectional per chip"),
+}
+
+
+def _interconnect(name: str) -> Interconnect:
+    bidirectional, links, topology, source = _ICI[name]
+    return Interconnect(
+        name="ICI", bandwidth=bidirectional / 2, links=links, topology=topology,
+        sources=dict(bandwidth=f"{source}; half per direction", latency="not published: left out"),
+    )
+
 
 def target_name() -> str:
     """The generation to model: ``ACCELKIT_TPU_TARGET``, else :data:`DEFAULT_TARGET`."""
@@ -93,7 +111,7 @@ def device_model(name: str | None = None, simulated: bool = True) -> DeviceModel
     sources["dtypes"] = "hardware-facts §1.3: no f64/c128 hardware; f16 converted"
     return DeviceModel(
         name=name, vendor="Google TPU", peak_flops=peak, dtypes=_NATIVE, simulated=simulated,
-        sources=sources, **spec,
+        sources=sources, interconnect=_interconnect(name), **spec,
     )
 
 

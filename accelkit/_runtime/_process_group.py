@@ -1,0 +1,617 @@
+"""A c10d process group for an accelkit device whose bytes travel through host memory and gloo.
+
+``dist.init_process_group("<device>")`` (and every ``new_group``, ``DeviceMesh`` and DTensor
+group on it) builds one :class:`HostStagedProcessGroup`. Each collective:
+
+1. checks that the ranks agree (:mod:`._collective_checks`): mismatched sizes, dtypes, roots,
+   reduce ops or collectives raise :class:`CollectiveMismatchError` on every rank instead of
+   gloo aborting the process;
+2. copies the device tensors to contiguous host tensors (CPU tensors are used in place);
+3. runs gloo's collective on them (real TCP transport, asynchronous in gloo's threads);
+4. on ``wait()``, copies the results back into the device tensors, views and non-contiguous
+   tensors included, without bumping their version counters (a collective is not an autograd
+   in-place op, as with gloo on CPU or NCCL on CUDA).
+
+Semantics are gloo's on CPU tensors, which the conformance suite compares against per rank:
+same reduce ops (``PREMUL_SUM`` is NCCL's and refused), same dtypes, same results. ``Work.wait``
+and ``Work.get_future`` complete the collective on the calling thread; a failure (a rank that
+timed out or died) raises :class:`CollectiveError` naming the collective, the group and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from accelkit._runtime._collective_checks import (
+    CollectiveError,
+    CollectiveMismatchError,
+    Fingerprint,
+    describe_tensor,
+    disagreement,
+    dtype_code,
+    exchange_summaries,
+    mismatch_message,
+)
+from accelkit._runtime._collective_stats import STATS
+
+_REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+
+
+def reduce_op_name(op: Any) -> str:
+    return next((name for name in _REDUCE_OPS if op == getattr(dist.ReduceOp, name)), str(op))
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _shapes(tensors: Sequence[torch.Tensor]) -> tuple:
+    return tuple((dtype_code(t.dtype), tuple(t.shape)) for t in tensors)
+
+
+class _Staged:
+    """A tensor's host stand-in: the tensor itself when it is a contiguous CPU tensor, else a
+    contiguous host copy (``copy_in``) or an empty one (for outputs), written back by
+    :meth:`write_back`."""
+
+    __slots__ = ("tensor", "host")
+
+    def __init__(self, tensor: torch.Tensor, copy_in: bool):
+        self.tensor = tensor
+        if tensor.device.type == "cpu" and tensor.is_contiguous():
+            self.host = tensor
+        elif copy_in:
+            self.host = tensor.detach().to("cpu").contiguous()
+        else:
+            self.host = torch.empty(tensor.shape, dtype=tensor.dtype)
+
+    def write_back(self) -> None:
+        if self.host is self.tensor:
+            return
+        version = self.tensor._version
+        with torch.no_grad():
+            self.tensor.copy_(self.host)
+        torch._C._autograd._unsafe_set_version_counter((self.tensor,), (version,))
+
+
+def _inputs(tensors: Sequence[torch.Tensor]) -> list[_Staged]:
+    return [_Staged(t, copy_in=True) for t in tensors]
+
+
+def _outputs(tensors: Sequence[torch.Tensor]) -> list[_Staged]:
+    return [_Staged(t, copy_in=False) for t in tensors]
+
+
+def _hosts(staged: Sequence[_Staged]) -> list[torch.Tensor]:
+    return [s.host for s in staged]
+
+
+class _StagedWork(dist._Work):
+    """The pending part of one collective: gloo's works, then the write-back of the results.
+
+    ``wait()`` and ``get_future()`` finish it on the calling thread (the future is complete when
+    returned; its value is the collective's output tensors, as c10d's own backends give).
+    """
+
+    def __init__(self, group: HostStagedProcessGroup, kind: str, pending: list[Any],
+                 finish: Callable[[], Any], nbytes: int, started: float):
+        super().__init__()
+        self._group, self._kind, self._pending, self._finish = group, kind, pending, finish
+        self._nbytes, self._started = nbytes, started
+        self._future: torch.futures.Future = torch.futures.Future()
+        self._done = False
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if not self._done:
+            with self._group.failure(self._kind):
+                for work in self._pending:
+                    work.wait()
+            result = self._finish()
+            self._done = True
+            STATS.record(self._kind, self._nbytes, self._group.size(), time.perf_counter() - self._started)
+            self._future.set_result(result)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        self.wait()
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._done
+
+    def is_success(self) -> bool:
+        return self._done
+
+    def source_rank(self) -> int:
+        return getattr(self, "_source", -1)
+
+
+class HostStagedProcessGroup(dist.ProcessGroup):
+    """The c10d process group of one accelkit device type, for every tensor of a group (device
+    and CPU tensors alike: c10d uses a Python process group for all devices)."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: timedelta, *, device_type: str):
+        super().__init__(rank, size)
+        self._device_type = device_type
+        self._timeout = timeout
+        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+        self._checks = dist.PrefixStore("accelkit-mismatch", store)
+        self._name = ""
+        self._desc = ""
+        self._sequence = 0
+        self._coalescing: list[_StagedWork] | None = None
+
+    # -- identity ------------------------------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return self._device_type
+
+    def getGroupName(self) -> str:
+        return self._name
+
+    def setGroupName(self, name: str) -> None:
+        self._name = name
+
+    def getGroupDesc(self) -> str:
+        return self._desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._desc = desc
+
+    def __repr__(self) -> str:
+        return f"HostStagedProcessGroup({self._device_type!r}, rank={self.rank()}, size={self.size()}, name={self._name!r})"
+
+    # -- the shared steps ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def failure(self, kind: str) -> Iterator[None]:
+        """Turn a transport failure inside the block into a :class:`CollectiveError`."""
+        try:
+            yield
+        except CollectiveError:
+            raise
+        except RuntimeError as exc:
+            text = str(exc)
+            if "Timed out" in text or "timed out" in text:
+                cause = (f"another rank did not take part within the group's timeout "
+                         f"({self._timeout.total_seconds():g} s): it is slow, stuck, dead, or calls "
+                         "a different collective. Check every rank's log; if it is only slow, pass "
+                         "a longer timeout= to init_process_group/new_group")
+            elif "Application timeout caused pair closure" in text:
+                cause = ("an earlier collective of this group timed out, which closed its connections; "
+                         "the group cannot be used again: destroy it and create a new one")
+            elif "reset by peer" in text or "closed" in text.lower() or "Broken pipe" in text:
+                cause = "a peer process exited or lost its connection; see that rank's log"
+            else:
+                cause = "the gloo transport failed"
+            raise CollectiveError(
+                f"{kind} on process group {self._name!r} ({self._device_type}, rank {self.rank()} "
+                f"of {self.size()}) failed: {cause}. Transport error: {text.splitlines()[0] if text else exc!r}"
+            ) from exc
+
+    def _agree(self, kind: str, fingerprint: Fingerprint) -> None:
+        self._sequence += 1
+        mine = fingerprint.packed(self.size())
+        table = torch.empty(self.size() * mine.numel(), dtype=torch.int64)
+        with self.failure(kind):
+            self._gloo._allgather_base(table, mine).wait()
+        found = disagreement(table.view(self.size(), -1))
+        if found:
+            with self.failure(kind):
+                summaries = exchange_summaries(self._checks, str(self._sequence), self.rank(), self.size(), fingerprint)
+            raise CollectiveMismatchError(mismatch_message(kind, self._name, found, summaries))
+
+    def _run(self, kind: str, fingerprint: Fingerprint, launch: Callable[[], Any],
+             outputs: Sequence[_Staged], result: Any, nbytes: int) -> _StagedWork:
+        self._agree(kind, fingerprint)
+        started = time.perf_counter()
+        with self.failure(kind):
+            pending = launch()
+
+        def finish() -> Any:
+            for staged in outputs:
+                staged.write_back()
+            return result
+
+        work = _StagedWork(self, kind, pending if isinstance(pending, list) else [pending], finish, nbytes, started)
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
+
+    # -- reductions ------------------------------------------------------------------------------
+
+    def _reduce_op(self, kind: str, op: Any) -> str:
+        name = reduce_op_name(op)
+        if name == "PREMUL_SUM":
+            raise ValueError(
+                f"{kind} with ReduceOp.PREMUL_SUM: that op is NCCL's, and gloo (which moves "
+                f"{self._device_type}'s bytes) has none; multiply the tensor by the factor, then use SUM"
+            )
+        return name
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
+        opts = opts if opts is not None else dist.AllreduceOptions()
+        op = self._reduce_op("all_reduce", opts.reduceOp)
+        staged = _inputs(tensors)
+        fp = Fingerprint(f"all_reduce({op}) {', '.join(map(describe_tensor, tensors))}",
+                         ("all_reduce", op, _shapes(tensors)))
+        return self._run("all_reduce", fp, lambda: self._gloo.allreduce(_hosts(staged), opts),
+                         staged, tensors, _nbytes(tensors))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
+        opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
+        op = self._reduce_op("all_reduce_coalesced", opts.reduceOp)
+        staged = _inputs(tensors)
+        fp = Fingerprint(f"all_reduce_coalesced({op}) {', '.join(map(describe_tensor, tensors))}",
+                         ("all_reduce_coalesced", op, _shapes(tensors)))
+        return self._run("all_reduce", fp, lambda: self._gloo.allreduce_coalesced(_hosts(staged), opts),
+                         staged, tensors, _nbytes(tensors))
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
+        opts = opts if opts is not None else dist.ReduceOptions()
+        op = self._reduce_op("reduce", opts.reduceOp)
+        staged = _inputs(tensors)
+        fp = Fingerprint(f"reduce({op}, dst={opts.rootRank}) {', '.join(map(describe_tensor, tensors))}",
+                         ("reduce", op, opts.rootRank, _shapes(tensors)))
+        return self._run("reduce", fp, lambda: self._gloo.reduce(_hosts(staged), opts),
+                         staged, tensors, _nbytes(tensors))
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
+        opts = opts if opts is not None else dist.BroadcastOptions()
+        staged = _inputs(tensors)
+        fp = Fingerprint(f"broadcast(src={opts.rootRank}) {', '.join(map(describe_tensor, tensors))}",
+                         ("broadcast", opts.rootRank, _shapes(tensors)))
+        return self._run("broadcast", fp, lambda: self._gloo.broadcast(_hosts(staged), opts),
+                         staged, tensors, _nbytes(tensors))
+
+    # -- gathers and scatters --------------------------------------------------------------------
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> _StagedWork:
+        problem = None
+        for outs, inp in zip(output_lists, inputs):
+            if len(outs) != self.size():
+                problem = f"the output list has {len(outs)} tensors; the group has {self.size()} ranks"
+            elif any(o.numel() != inp.numel() or o.dtype != inp.dtype for o in outs):
+                problem = f"every output must be {describe_tensor(inp)} like the input"
+        fp = Fingerprint(f"all_gather {', '.join(map(describe_tensor, inputs))}",
+                         ("all_gather", _shapes(inputs)), problem=problem)
+        staged_in = _inputs(inputs)
+        staged_out = [_outputs(outs) for outs in output_lists]
+        return self._run(
+            "all_gather", fp,
+            lambda: self._gloo.allgather([_hosts(s) for s in staged_out], _hosts(staged_in)),
+            [s for outs in staged_out for s in outs], output_lists, _nbytes(inputs) * self.size(),
+        )
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _StagedWork:
+        problem = None
+        if output.numel() != input.numel() * self.size() or output.dtype != input.dtype:
+            problem = (f"the output is {describe_tensor(output)}; all_gather_into_tensor needs "
+                       f"{self.size()} x {describe_tensor(input)} elements of the input's dtype")
+        fp = Fingerprint(f"all_gather_into_tensor {describe_tensor(input)} -> {describe_tensor(output)}",
+                         ("all_gather_single", dtype_code(input.dtype), input.numel()), problem=problem)
+        staged_in, staged_out = _Staged(input, copy_in=True), _Staged(output, copy_in=False)
+        return self._run("all_gather", fp, lambda: self._gloo._allgather_base(staged_out.host, staged_in.host),
+                         [staged_out], [output], _nbytes([output]))
+
+    _allgather_base = all_gather_single
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> _StagedWork:
+        works = [self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _Combined(works, outputs)
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> _StagedWork:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        op = self._reduce_op("reduce_scatter", opts.reduceOp)
+        problem = None
+        for out, ins in zip(outputs, input_lists):
+            if len(ins) != self.size():
+                problem = f"the input list has {len(ins)} tensors; the group has {self.size()} ranks"
+            elif ins[self.rank()].numel() != out.numel() or any(t.dtype != out.dtype for t in ins):
+                problem = f"the output {describe_tensor(out)} does not fit this rank's input {describe_tensor(ins[self.rank()])}"
+        fp = Fingerprint(f"reduce_scatter({op}) inputs {[list(map(describe_tensor, ins)) for ins in input_lists]}",
+                         ("reduce_scatter", op, tuple(_shapes(ins) for ins in input_lists)), problem=problem)
+        staged_out = _outputs(outputs)
+        staged_in = [_inputs(ins) for ins in input_lists]
+        return self._run(
+            "reduce_scatter", fp,
+            lambda: self._gloo.reduce_scatter(_hosts(staged_out), [_hosts(s) for s in staged_in], opts),
+            staged_out, outputs, sum(_nbytes(ins) for ins in input_lists),
+        )
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _StagedWork:
+        opts = opts if opts is not None else dist.ReduceScatterOptions()
+        op = self._reduce_op("reduce_scatter_tensor", opts.reduceOp)
+        problem = None
+        if input.numel() != output.numel() * self.size() or output.dtype != input.dtype:
+            problem = (f"the input is {describe_tensor(input)}; reduce_scatter_tensor needs "
+                       f"{self.size()} x {describe_tensor(output)} elements of the output's dtype")
+        fp = Fingerprint(f"reduce_scatter_tensor({op}) {describe_tensor(input)} -> {describe_tensor(output)}",
+                         ("reduce_scatter_single", op, dtype_code(input.dtype), input.numel()), problem=problem)
+        staged_in, staged_out = _Staged(input, copy_in=True), _Staged(output, copy_in=False)
+        return self._run("reduce_scatter", fp,
+                         lambda: self._gloo._reduce_scatter_base(staged_out.host, staged_in.host, opts),
+                         [staged_out], [output], _nbytes([input]))
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> _StagedWork:
+        works = [self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs)]
+        return _Combined(works, outputs)
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> _StagedWork:
+        opts = opts if opts is not None else dist.GatherOptions()
+        root = opts.rootRank
+        problem = None
+        if self.rank() == root:
+            outs = output_lists[0] if output_lists else []
+            if len(outs) != self.size():
+                problem = f"the gather list has {len(outs)} tensors; the group has {self.size()} ranks"
+            elif any(o.numel() != inputs[0].numel() or o.dtype != inputs[0].dtype for o in outs):
+                problem = f"every gather_list tensor must be {describe_tensor(inputs[0])} like the input"
+        fp = Fingerprint(f"gather(dst={root}) {', '.join(map(describe_tensor, inputs))}",
+                         ("gather", root, _shapes(inputs)), problem=problem)
+        staged_in = _inputs(inputs)
+        staged_out = [_outputs(outs) for outs in output_lists]
+        return self._run(
+            "gather", fp, lambda: self._gloo.gather([_hosts(s) for s in staged_out], _hosts(staged_in), opts),
+            [s for outs in staged_out for s in outs], output_lists, _nbytes(inputs) * self.size(),
+        )
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> _StagedWork:
+        opts = opts if opts is not None else dist.ScatterOptions()
+        root = opts.rootRank
+        problem = None
+        if self.rank() == root:
+            ins = input_lists[0] if input_lists else []
+            if len(ins) != self.size():
+                problem = f"the scatter list has {len(ins)} tensors; the group has {self.size()} ranks"
+            elif any(t.numel() != outputs[0].numel() or t.dtype != outputs[0].dtype for t in ins):
+                problem = f"every scatter_list tensor must be {describe_tensor(outputs[0])} like the output"
+        fp = Fingerprint(f"scatter(src={root}) {', '.join(map(describe_tensor, outputs))}",
+                         ("scatter", root, _shapes(outputs)), problem=problem)
+        staged_out = _outputs(outputs)
+        staged_in = [_inputs(ins) for ins in input_lists]
+        return self._run(
+            "scatter", fp, lambda: self._gloo.scatter(_hosts(staged_out), [_hosts(s) for s in staged_in], opts),
+            staged_out, outputs, _nbytes(outputs) * self.size(),
+        )
+
+    # -- all-to-all ------------------------------------------------------------------------------
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: Any = None) -> _StagedWork:
+        world = self.size()
+        problem = None
+        in_splits, out_splits = list(input_split_sizes), list(output_split_sizes)
+        if not in_splits:
+            if input.shape[0] % world if input.dim() else True:
+                problem = f"input {describe_tensor(input)}: dim 0 must divide by {world} without input_split_sizes"
+            in_splits = [input.shape[0] // world if input.dim() else 0] * world
+        if not out_splits:
+            if output.shape[0] % world if output.dim() else True:
+                problem = f"output {describe_tensor(output)}: dim 0 must divide by {world} without output_split_sizes"
+            out_splits = [output.shape[0] // world if output.dim() else 0] * world
+        row_in = input[0].numel() if input.dim() and input.shape[0] else (input.numel() and 1)
+        row_out = output[0].numel() if output.dim() and output.shape[0] else (output.numel() and 1)
+        if not problem and (sum(in_splits) != (input.shape[0] if input.dim() else 0)
+                            or sum(out_splits) != (output.shape[0] if output.dim() else 0)):
+            problem = (f"splits {in_splits} (input) / {out_splits} (output) do not add up to dim 0 of "
+                       f"{describe_tensor(input)} / {describe_tensor(output)}")
+        fp = Fingerprint(
+            f"all_to_all_single {describe_tensor(input)} splits {in_splits} -> {describe_tensor(output)} splits {out_splits}",
+            ("all_to_all", dtype_code(input.dtype), dtype_code(output.dtype)),
+            sends=[s * row_in for s in in_splits], receives=[s * row_out for s in out_splits], problem=problem,
+        )
+        staged_in, staged_out = _Staged(input, copy_in=True), _Staged(output, copy_in=False)
+        return self._run(
+            "all_to_all", fp,
+            lambda: self._gloo.alltoall_base(staged_out.host, staged_in.host, list(output_split_sizes),
+                                             list(input_split_sizes), opts or dist.AllToAllOptions()),
+            [staged_out], output, _nbytes([input]),
+        )
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> _StagedWork:
+        """Sizes may differ per peer (gloo's own list all-to-all refuses that): the tensors travel
+        as one flat all-to-all with per-peer element counts."""
+        world = self.size()
+        problem = None
+        if len(outputs) != world or len(inputs) != world:
+            problem = f"all_to_all needs {world} input and {world} output tensors, got {len(inputs)} and {len(outputs)}"
+        elif len({t.dtype for t in (*inputs, *outputs)}) > 1:
+            problem = "all_to_all needs one dtype for every input and output tensor"
+        fp = Fingerprint(
+            f"all_to_all {[describe_tensor(t) for t in inputs]} -> {[describe_tensor(t) for t in outputs]}",
+            ("all_to_all_list", tuple(dtype_code(t.dtype) for t in inputs[:1])),
+            sends=[] if problem else [t.numel() for t in inputs],
+            receives=[] if problem else [t.numel() for t in outputs], problem=problem,
+        )
+        self._agree("all_to_all", fp)
+        sends, receives = [t.numel() for t in inputs], [t.numel() for t in outputs]
+        flat_in = torch.cat([t.detach().to("cpu").reshape(-1) for t in inputs])
+        flat_out = torch.empty(sum(receives), dtype=flat_in.dtype)
+        started = time.perf_counter()
+        with self.failure("all_to_all"):
+            pending = self._gloo.alltoall_base(flat_out, flat_in, receives, sends, dist.AllToAllOptions())
+
+        def finish() -> list[torch.Tensor]:
+            for out, part in zip(outputs, flat_out.split(receives)):
+                staged = _Staged(out, copy_in=False)
+                staged.host = part.view(out.shape)
+                staged.write_back()
+            return outputs
+
+        work = _StagedWork(self, "all_to_all", [pending], finish, _nbytes(inputs), started)
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
+
+    # -- point to point --------------------------------------------------------------------------
+
+    @staticmethod
+    def _header(tensor: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([tensor.numel(), dtype_code(tensor.dtype)], dtype=torch.int64)
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> _StagedWork:
+        """Sends a two-number header (elements, dtype) before the payload, so the receiver can
+        refuse a tensor that does not fit instead of gloo aborting it."""
+        (tensor,) = tensors
+        staged = _Staged(tensor, copy_in=True)
+        header = self._header(tensor)
+        started = time.perf_counter()
+        with self.failure("send"):
+            pending = [self._gloo.send([header], dst, tag), self._gloo.send([staged.host], dst, tag)]
+        work = _StagedWork(self, "send", pending, lambda: tensors, _nbytes(tensors), started)
+        work._keep = (header, staged)
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> _StagedWork:
+        return self._receive(tensors, src, tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> _StagedWork:
+        return self._receive(tensors, None, tag)
+
+    def _receive(self, tensors: list[torch.Tensor], src: int | None, tag: int) -> _StagedWork:
+        """The header, then the payload, are received by a helper thread that touches only host
+        buffers (so the payload's receive is posted as soon as the header arrives, as gloo posts
+        it at once: ``isend``/``irecv`` pairs waited in any order cannot deadlock); ``wait()``
+        then writes the tensor on the calling thread."""
+        (tensor,) = tensors
+        staged = _Staged(tensor, copy_in=False)
+        expected = self._header(tensor).tolist()
+        started = time.perf_counter()
+
+        def receive() -> tuple[int, str | None]:
+            header = torch.empty(2, dtype=torch.int64)
+            first = self._gloo.recv([header], src, tag) if src is not None else self._gloo.recv_anysource([header], tag)
+            first.wait()
+            source = src if src is not None else first.source_rank()
+            numel, code = header.tolist()
+            fits = [numel, code] == expected
+            target = staged.host if fits else torch.empty(int(numel), dtype=_dtype(code))
+            self._gloo.recv([target], source, tag).wait()
+            if fits:
+                return source, None
+            return source, (
+                f"recv on process group {self._name!r}: rank {source} sent {numel} elements of "
+                f"{_dtype_name(code)}, but this rank (rank {self.rank()}) receives into "
+                f"{describe_tensor(tensor)}; the message was received and dropped, the tensor is unchanged"
+            )
+
+        background = _Background(receive)
+        work: _StagedWork
+
+        def finish() -> list[torch.Tensor]:
+            work._source, problem = background.result
+            if problem:
+                raise CollectiveMismatchError(problem)
+            staged.write_back()
+            return tensors
+
+        work = _StagedWork(self, "recv", [background], finish, _nbytes(tensors), started)
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
+
+    # -- synchronisation -------------------------------------------------------------------------
+
+    def barrier(self, opts: Any = None) -> _StagedWork:
+        return self._run("barrier", Fingerprint("barrier", ("barrier",)), lambda: self._gloo.barrier(), [], [], 0)
+
+    def start_coalescing(self, device: torch.device) -> None:
+        """Collectives until :meth:`end_coalescing` complete together (``batch_isend_irecv``)."""
+        self._coalescing = []
+
+    def end_coalescing(self, device: torch.device) -> dist._Work:
+        works, self._coalescing = self._coalescing or [], None
+        return _Combined(works, None)
+
+    def _start_coalescing(self, device: torch.device) -> None:
+        self.start_coalescing(device)
+
+    def _end_coalescing(self, device: torch.device) -> dist._Work:
+        return self.end_coalescing(device)
+
+
+class _Background:
+    """A host-only function run on a daemon thread; ``wait()`` joins it and re-raises."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True, name="accelkit-recv")
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.result = fn()
+        except BaseException as exc:  # handed to the waiting thread
+            self._error = exc
+
+    def wait(self) -> None:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
+class _Combined(dist._Work):
+    """Several works that complete together."""
+
+    def __init__(self, works: list[dist._Work], result: Any):
+        super().__init__()
+        self._works, self._result = works, result
+        self._future: torch.futures.Future = torch.futures.Future()
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        if not self._future.done():
+            for work in self._works:
+                work.wait()
+            self._future.set_result(self._result)
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        self.wait()
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        return self._future.done()
+
+
+def _dtype(code: int) -> torch.dtype:
+    from accelkit._runtime._collective_checks import DTYPE_CODES
+
+    return DTYPE_CODES[code] if 0 <= code < len(DTYPE_CODES) else torch.uint8
+
+
+def _dtype_name(code: int) -> str:
+    return str(_dtype(code)).removeprefix("torch.")
+
+
+def create_process_group(device_type: str) -> Callable[..., HostStagedProcessGroup]:
+    """The c10d creator for ``dist.Backend.register_backend``."""
+
+    def create(store: Any, rank: int, world_size: int, timeout: timedelta) -> HostStagedProcessGroup:
+        return HostStagedProcessGroup(store, rank, world_size, timeout, device_type=device_type)
+
+    return create

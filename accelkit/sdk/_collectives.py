@@ -1,0 +1,25 @@
+"""Collectives: the shared c10d process group a backend answers ``accelkit_make_process_group``
+with, when its bytes travel through host memory (gloo over TCP) rather than the device's own
+interconnect."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+
+def host_staged_process_group(name: str, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
+    """A ``torch.distributed.ProcessGroup`` for device type ``name``: every collective checks
+    that the ranks' arguments agree (else every rank raises ``CollectiveMismatchError``), stages
+    device tensors through host memory, runs gloo's collective, and writes the results back into
+    the device tensors. Timeouts and dead ranks raise ``CollectiveError`` within ``timeout``.
+
+    The arguments are the hook's, passed through::
+
+        @hookimpl
+        def accelkit_make_process_group(name, store, rank, world_size, timeout):
+            return host_staged_process_group(name, store, rank, world_size, timeout)
+    """
+    from accelkit._runtime._process_group import HostStagedProcessGroup
+
+    return HostStagedProcessGroup(store, rank, world_size, timeout, device_type=name)

@@ -1,0 +1,469 @@
+"""The scenarios :func:`accelkit.sdk.testing.distributed.run_ranks` runs, one per process and rank.
+
+``python -m accelkit.sdk.testing.distributed_cases SCENARIO`` under torchrun's environment
+activates ``ACCELKIT_DEVICE``, joins the process group of that name and prints one JSON line of
+findings. Every comparison is made here, per rank, against an independent reference computed in
+the same process: gloo on CPU tensors (a second group of the same ranks) for collectives, a
+single-process full-batch run on the CPU for training.
+
+Scenarios: ``collectives``, ``mismatch``, ``dead_rank``, ``timeout``, ``ddp``, ``fsdp2``,
+``dtensor``, ``checkpoint``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from accelkit.sdk.testing.distributed import RESULT_PREFIX
+
+Case = Callable[[torch.device, Any, int, int], list[torch.Tensor]]
+
+
+def _join(timeout_s: float = 60.0) -> tuple[torch.device, Any, int, int]:
+    import torch.distributed as dist
+
+    import accelkit
+
+    device = accelkit.select_device(os.environ["ACCELKIT_DEVICE"])
+    dist.init_process_group(device.type, timeout=timedelta(seconds=timeout_s))
+    gloo = dist.new_group(backend="gloo")
+    return device, gloo, dist.get_rank(), dist.get_world_size()
+
+
+# -- collectives against gloo on CPU -------------------------------------------------------------
+
+
+def _values(rank: int, n: int, dtype: torch.dtype = torch.float32, salt: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * rank + salt)
+    if dtype.is_floating_point:
+        return torch.randn(n, generator=g).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (n,), generator=g).bool()
+    return torch.randint(-8, 9, (n,), generator=g).to(dtype)
+
+
+def collective_cases(world: int) -> dict[str, Case]:
+    """Each case runs one collective on ``device`` tensors in ``group`` and returns the tensors
+    whose values must equal the same call's on CPU tensors in the gloo group."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    cases: dict[str, Case] = {}
+
+    def all_reduce(op: str, dtype: torch.dtype) -> Case:
+        def case(d, group, rank, world):
+            x = _values(rank, 37, dtype).to(d)
+            dist.all_reduce(x, op=getattr(dist.ReduceOp, op), group=group)
+            return [x]
+        return case
+
+    for op in ("SUM", "AVG", "PRODUCT", "MIN", "MAX"):
+        cases[f"all_reduce[{op}]"] = all_reduce(op, torch.float32)
+    for op in ("BAND", "BOR", "BXOR"):
+        cases[f"all_reduce[{op},int32]"] = all_reduce(op, torch.int32)
+    cases["all_reduce[SUM,bfloat16]"] = all_reduce("SUM", torch.bfloat16)
+    cases["all_reduce[SUM,int64]"] = all_reduce("SUM", torch.int64)
+
+    def all_reduce_view(d, group, rank, world):
+        # gloo reduces a view's storage as if it were contiguous, so the reference runs on a copy.
+        base = _values(rank, 24).reshape(4, 6).to(d)
+        view = base[:, 1::2]
+        if d.type == "cpu":
+            dense = view.contiguous()
+            dist.all_reduce(dense, group=group)
+            view.copy_(dense)
+        else:
+            dist.all_reduce(view, group=group)
+        return [base]
+
+    cases["all_reduce[non-contiguous view]"] = all_reduce_view
+
+    def broadcast(d, group, rank, world):
+        x = _values(rank, 11).to(d)
+        dist.broadcast(x, src=world - 1, group=group)
+        return [x]
+
+    def reduce(d, group, rank, world):
+        x = _values(rank, 9).to(d)
+        dist.reduce(x, dst=0, op=dist.ReduceOp.MAX, group=group)
+        return [x] if rank == 0 else []
+
+    def all_gather(d, group, rank, world):
+        out = [torch.empty(5, device=d) for _ in range(world)]
+        dist.all_gather(out, _values(rank, 5).to(d), group=group)
+        return out
+
+    def all_gather_bf16(d, group, rank, world):
+        out = [torch.empty(5, dtype=torch.bfloat16, device=d) for _ in range(world)]
+        dist.all_gather(out, _values(rank, 5, torch.bfloat16).to(d), group=group)
+        return out
+
+    def all_gather_into_tensor(d, group, rank, world):
+        out = torch.empty(world * 6, device=d)
+        dist.all_gather_into_tensor(out, _values(rank, 6).to(d), group=group)
+        return [out]
+
+    def reduce_scatter(d, group, rank, world):
+        out = torch.empty(4, device=d)
+        dist.reduce_scatter(out, [_values(rank, 4, salt=i).to(d) for i in range(world)], group=group)
+        return [out]
+
+    def reduce_scatter_tensor(d, group, rank, world):
+        out = torch.empty(3, device=d)
+        dist.reduce_scatter_tensor(out, _values(rank, 3 * world).to(d), group=group)
+        return [out]
+
+    def all_to_all_single_even(d, group, rank, world):
+        out = torch.empty(2 * world, 3, device=d)
+        dist.all_to_all_single(out, _values(rank, 6 * world).reshape(2 * world, 3).to(d), group=group)
+        return [out]
+
+    def all_to_all_single_uneven(d, group, rank, world):
+        # rank r sends r + j + 1 rows to rank j, so rank j receives r + j + 1 rows from rank r.
+        sends = [rank + j + 1 for j in range(world)]
+        receives = [r + rank + 1 for r in range(world)]
+        out = torch.empty(sum(receives), 2, device=d)
+        inp = _values(rank, 2 * sum(sends)).reshape(-1, 2).to(d)
+        dist.all_to_all_single(out, inp, receives, sends, group=group)
+        return [out]
+
+    def all_to_all_list(d, group, rank, world):
+        # Uneven sizes (rank r sends r + 1 elements to each rank): gloo's own list all_to_all
+        # refuses them, so the reference is its all_to_all_single over the concatenation.
+        inputs = [_values(rank, rank + 1, salt=j).to(d) for j in range(world)]
+        out = [torch.empty(j + 1, device=d) for j in range(world)]
+        if d.type != "cpu":
+            dist.all_to_all(out, inputs, group=group)
+            return out
+        flat = torch.empty(sum(o.numel() for o in out))
+        dist.all_to_all_single(flat, torch.cat(inputs), [o.numel() for o in out], [i.numel() for i in inputs], group=group)
+        return list(flat.split([o.numel() for o in out]))
+
+    def gather(d, group, rank, world):
+        out = [torch.empty(4, device=d) for _ in range(world)] if rank == 1 else None
+        dist.gather(_values(rank, 4).to(d), out, dst=1, group=group)
+        return out or []
+
+    def scatter(d, group, rank, world):
+        out = torch.empty(4, device=d)
+        chunks = [_values(rank, 4, salt=j).to(d) for j in range(world)] if rank == 0 else None
+        dist.scatter(out, chunks, src=0, group=group)
+        return [out]
+
+    def send_recv(d, group, rank, world):
+        x = _values(rank, 7).to(d)
+        if rank == 0:
+            for peer in range(1, world):
+                dist.send(x, peer, group=group)
+            return [x]
+        dist.recv(x, 0, group=group)
+        return [x]
+
+    def batch_isend_irecv(d, group, rank, world):
+        send, recv = _values(rank, 5).to(d), torch.empty(5, device=d)
+        ops = [dist.P2POp(dist.isend, send, (rank + 1) % world, group),
+               dist.P2POp(dist.irecv, recv, (rank - 1) % world, group)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        return [recv]
+
+    def async_all_reduce(d, group, rank, world):
+        xs = [_values(rank, 8, salt=i).to(d) for i in range(3)]
+        works = [dist.all_reduce(x, group=group, async_op=True) for x in xs]
+        for work in works:
+            work.wait()
+        return xs
+
+    def functional_all_reduce(d, group, rank, world):
+        return [funcol.all_reduce(_values(rank, 6).to(d), "sum", group or dist.group.WORLD)]
+
+    def functional_all_gather(d, group, rank, world):
+        return [funcol.all_gather_tensor(_values(rank, 3).to(d), 0, group or dist.group.WORLD)]
+
+    def barrier(d, group, rank, world):
+        dist.barrier(group=group)
+        return []
+
+    for fn in (broadcast, reduce, all_gather, all_gather_bf16, all_gather_into_tensor, reduce_scatter,
+               reduce_scatter_tensor, all_to_all_single_even, all_to_all_single_uneven, all_to_all_list,
+               gather, scatter, send_recv, batch_isend_irecv, async_all_reduce, functional_all_reduce,
+               functional_all_gather, barrier):
+        cases[fn.__name__] = fn
+    return cases
+
+
+def scenario_collectives() -> dict[str, Any]:
+    device, gloo, rank, world = _join()
+    findings = {}
+    for name, case in collective_cases(world).items():
+        try:
+            got = [t.cpu() for t in case(device, None, rank, world)]
+            want = case(torch.device("cpu"), gloo, rank, world)
+            same = len(got) == len(want) and all(
+                g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w) for g, w in zip(got, want))
+            findings[name] = "ok" if same else f"differs from gloo on CPU: {got} vs {want}"
+        except Exception as exc:
+            findings[name] = f"error: {type(exc).__name__}: {exc}"
+    import accelkit
+
+    findings["stats"] = accelkit.stats()["distributed"]
+    return findings
+
+
+# -- failures ------------------------------------------------------------------------------------
+
+
+def _outcome(fn: Callable[[], Any]) -> dict[str, Any]:
+    started = time.perf_counter()
+    try:
+        fn()
+        return {"raised": None, "seconds": time.perf_counter() - started}
+    except Exception as exc:
+        return {"raised": type(exc).__name__, "message": str(exc), "seconds": time.perf_counter() - started}
+
+
+def scenario_mismatch() -> dict[str, Any]:
+    import torch.distributed as dist
+
+    device, _gloo, rank, world = _join()
+    findings = {}
+    findings["sizes"] = _outcome(lambda: dist.all_reduce(torch.ones(4 if rank == 0 else 6, device=device)))
+    findings["dtypes"] = _outcome(lambda: dist.all_reduce(
+        torch.ones(4, device=device, dtype=torch.float32 if rank == 0 else torch.int32)))
+    findings["collectives"] = _outcome(lambda: dist.all_reduce(torch.ones(4, device=device)) if rank == 0
+                                       else dist.broadcast(torch.ones(4, device=device), src=0))
+    findings["roots"] = _outcome(lambda: dist.broadcast(torch.ones(4, device=device), src=rank))
+    findings["all_gather_output"] = _outcome(lambda: dist.all_gather(
+        [torch.empty(3, device=device) for _ in range(world + (rank == 0))], torch.ones(3, device=device)))
+    # rank 0 sends 2 elements to the last rank, which expects 1 from each rank.
+    sends = [1] * (world - 1) + [2 if rank == 0 else 1]
+    findings["all_to_all_splits"] = _outcome(lambda: dist.all_to_all_single(
+        torch.empty(world, device=device), torch.ones(sum(sends), device=device), [1] * world, sends))
+    received = torch.full((5,), 7.0, device=device)
+    if rank == 0:
+        findings["send_recv_sizes"] = _outcome(lambda: dist.send(torch.ones(3, device=device), 1))
+    elif rank == 1:
+        findings["send_recv_sizes"] = _outcome(lambda: dist.recv(received, 0))
+    findings["received_unchanged"] = bool(torch.equal(received.cpu(), torch.full((5,), 7.0)))
+    x = torch.full((3,), float(rank + 1), device=device)
+    dist.all_reduce(x)
+    findings["usable_after"] = x.cpu().tolist() == [float(sum(range(1, world + 1)))] * 3
+    dist.barrier()
+    return findings
+
+
+def scenario_dead_rank() -> dict[str, Any]:
+    import torch.distributed as dist
+
+    device, _gloo, rank, world = _join(timeout_s=float(os.environ.get("ACCELKIT_TEST_TIMEOUT", "10")))
+    dist.barrier()
+    if rank == world - 1:
+        os._exit(17)
+    return {"all_reduce": _outcome(lambda: dist.all_reduce(torch.ones(4, device=device)))}
+
+
+def scenario_timeout() -> dict[str, Any]:
+    import torch.distributed as dist
+
+    timeout = float(os.environ.get("ACCELKIT_TEST_TIMEOUT", "4"))
+    device, _gloo, rank, world = _join(timeout_s=timeout)
+    dist.barrier()
+    if rank == world - 1:
+        time.sleep(timeout * 2.5)
+        return {"slept": True}
+    return {"all_reduce": _outcome(lambda: dist.all_reduce(torch.ones(4, device=device))), "timeout": timeout}
+
+
+# -- training against one process on the CPU -----------------------------------------------------
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def _batches(steps: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(123)
+    return [(torch.randn(batch, 8, generator=g), torch.randn(batch, 4, generator=g)) for _ in range(steps)]
+
+
+def _train(model: torch.nn.Module, batches: list, device: torch.device, rank: int = 0, world: int = 1) -> list[float]:
+    """SGD on the mean-squared error; each rank takes its contiguous slice of every batch, so the
+    mean of the ranks' gradients is the full batch's gradient."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for x, y in batches:
+        rows = x.shape[0] // world
+        xs, ys = x[rank * rows:(rank + 1) * rows].to(device), y[rank * rows:(rank + 1) * rows].to(device)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(xs), ys)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return [float(v.cpu()) for v in losses]
+
+
+def _parameters(model: torch.nn.Module) -> list[torch.Tensor]:
+    from torch.distributed.tensor import DTensor
+
+    return [(p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu() for p in model.parameters()]
+
+
+def _compare_training(device_model: torch.nn.Module, losses: list[float], world: int) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    reference = _model()
+    reference_losses = _train(reference, _batches(4, 8), torch.device("cpu"))
+    # The full-batch loss is the mean of the ranks' slice losses.
+    mean = torch.tensor(losses)
+    dist.all_reduce(mean, op=dist.ReduceOp.SUM, group=dist.new_group(backend="gloo"))
+    mean /= world
+    got, want = _parameters(device_model), _parameters(reference)
+    return {
+        "losses": mean.tolist(), "reference_losses": reference_losses,
+        "losses_close": bool(torch.allclose(mean, torch.tensor(reference_losses), rtol=1e-5, atol=1e-6)),
+        "parameters_close": all(torch.allclose(g, w, rtol=1e-5, atol=1e-6) for g, w in zip(got, want)),
+        "max_parameter_difference": max(float((g - w).abs().max()) for g, w in zip(got, want)),
+    }
+
+
+def scenario_ddp() -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel
+
+    device, _gloo, rank, world = _join()
+    model = _model().to(device)
+    ddp = DistributedDataParallel(model, bucket_cap_mb=0.0001)  # several gradient buckets
+    losses = _train(ddp, _batches(4, 8), device, rank, world)
+    import accelkit
+
+    findings = _compare_training(model, losses, world)
+    findings["all_reduce_calls"] = accelkit.stats()["distributed"]["collectives"]["all_reduce"]["calls"]
+    return findings
+
+
+def scenario_fsdp2() -> dict[str, Any]:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    device, _gloo, rank, world = _join()
+    precision = os.environ.get("ACCELKIT_TEST_PRECISION", "float32")
+    model = _model().to(device)
+    policy = MixedPrecisionPolicy(param_dtype=getattr(torch, precision), reduce_dtype=torch.float32)
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mp_policy=policy)
+    fully_shard(model, mp_policy=policy)
+    shard = model[0].weight
+    findings = {"shard_shape": list(shard.to_local().shape), "shard_device": str(shard.to_local().device)}
+    losses = _train(model, _batches(4, 8), device, rank, world)
+    if precision == "float32":
+        findings.update(_compare_training(model, losses, world))
+    else:
+        findings["losses"] = losses
+        findings["finite"] = all(v == v for v in losses)
+    return findings
+
+
+def scenario_dtensor() -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    import torch.distributed as dist
+
+    device, _gloo, rank, world = _join()
+    dist.destroy_process_group()
+    mesh = init_device_mesh(device.type, (world,))
+    findings: dict[str, Any] = {"mesh_device_type": mesh.device_type}
+    full = torch.arange(4.0 * world * 3).reshape(4 * world, 3)
+    sharded = distribute_tensor(full.to(device), mesh, [Shard(0)])
+    findings["local_shape"] = list(sharded.to_local().shape)
+    findings["local_device"] = str(sharded.to_local().device)
+    findings["shard_is_rows"] = bool(torch.equal(sharded.to_local().cpu(), full.chunk(world)[rank]))
+    replicated = sharded.redistribute(mesh, [Replicate()])
+    findings["redistribute_replicate"] = bool(torch.equal(replicated.to_local().cpu(), full))
+    findings["reshard_columns"] = bool(torch.equal(
+        sharded.redistribute(mesh, [Shard(1)]).full_tensor().cpu(), full))
+    findings["sum"] = float((sharded * 2).sum().full_tensor().cpu()) == float(full.sum() * 2)
+
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(6, 8 * world), torch.nn.ReLU(), torch.nn.Linear(8 * world, 5))
+    tp = torch.nn.Sequential(torch.nn.Linear(6, 8 * world), torch.nn.ReLU(), torch.nn.Linear(8 * world, 5))
+    tp.load_state_dict(plain.state_dict())
+    tp = parallelize_module(tp.to(device), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(5))
+    out = tp(x.to(device))
+    out.sum().backward()
+    want = plain(x)
+    want.sum().backward()
+    findings["tp_output_close"] = bool(torch.allclose(out.cpu(), want, rtol=1e-5, atol=1e-6))
+    findings["tp_local_weight_shape"] = list(tp[0].weight.to_local().shape)
+    findings["tp_grad_close"] = bool(torch.allclose(tp[0].weight.grad.full_tensor().cpu(), plain[0].weight.grad,
+                                                    rtol=1e-5, atol=1e-6))
+    return findings
+
+
+def scenario_checkpoint(directory: str) -> dict[str, Any]:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    device, _gloo, rank, world = _join()
+    model = _model().to(device)
+    fully_shard(model)
+    _train(model, _batches(2, 8), device, rank, world)
+    dcp.save(get_model_state_dict(model), checkpoint_id=directory)
+    saved = _parameters(model)
+
+    torch.manual_seed(99)
+    fresh = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to(device)
+    fully_shard(fresh)
+    changed = not all(torch.equal(a, b) for a, b in zip(_parameters(fresh), saved))
+    state = get_model_state_dict(fresh)
+    dcp.load(state, checkpoint_id=directory)
+    set_model_state_dict(fresh, state)
+    loaded = _parameters(fresh)
+    return {
+        "fresh_differs": changed,
+        "round_trip_equal": all(torch.equal(a, b) for a, b in zip(loaded, saved)),
+        "files": sorted(os.listdir(directory)),
+        "local_device": str(fresh[0].weight.to_local().device),
+    }
+
+
+SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
+    "collectives": scenario_collectives,
+    "mismatch": scenario_mismatch,
+    "dead_rank": scenario_dead_rank,
+    "timeout": scenario_timeout,
+    "ddp": scenario_ddp,
+    "fsdp2": scenario_fsdp2,
+    "dtensor": scenario_dtensor,
+    "checkpoint": scenario_checkpoint,
+}
+
+
+def main(argv: list[str]) -> int:
+    name, *args = argv
+    try:
+        findings = SCENARIOS[name](*args)
+    except Exception:
+        findings = {"scenario_error": traceback.format_exc()}
+    print(RESULT_PREFIX + json.dumps(findings, default=str), flush=True)
+    import torch.distributed as dist
+
+    if dist.is_initialized() and "scenario_error" not in findings and name not in ("dead_rank", "timeout"):
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,16 @@
+"""neuron's torch.distributed process group: host-staged through gloo over TCP (the shared one).
+
+The simulator has no NeuronLink; the device model's NeuronLink figures give the estimates.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from accelkit.sdk import hookimpl, host_staged_process_group
+
+
+@hookimpl
+def accelkit_make_process_group(name: str, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
+    return host_staged_process_group(name, store, rank, world_size, timeout)
