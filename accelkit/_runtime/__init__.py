@@ -288,6 +288,7 @@ def _install(ctx: BackendContext) -> None:
     install_autocast(autocast, ctx.name, ctx.autocast)
     _libraries.extend((kernels, fallbacks, autocast))
     install_serialization(ctx)
+    _tensors.install_storage_resize(ctx)
     _install_formatting(ctx)
 
 

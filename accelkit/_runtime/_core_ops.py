@@ -211,7 +211,13 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
     def local_scalar_dense(self):
         return T.to_host(ctx, self).item()
 
+    def record_stream(self, stream):
+        # Every stream is the device's one in-order queue, and the allocator frees in program
+        # order, so a tensor used on "another" stream is never reused too early.
+        return None
+
     return {
+        aten.record_stream.default: record_stream,
         aten.empty.memory_format: empty,
         aten.empty_strided.default: empty_strided,
         aten.as_strided.default: as_strided,

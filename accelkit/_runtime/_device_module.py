@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from accelkit._runtime._context import BackendContext
+from accelkit._runtime._streams import event_class, stream_class, stream_context
 from accelkit.sdk import DeviceModel
 
 
@@ -53,6 +54,8 @@ class DeviceModule(types.ModuleType):
     def __init__(self, ctx: BackendContext):
         super().__init__(f"torch.{ctx.name}", f"accelkit device module for {ctx.name!r}")
         self._ctx = ctx
+        self.Stream = stream_class(ctx.name)
+        self.Event = event_class(ctx.name, ctx.allocator.synchronize)
 
     # -- identity and availability ---------------------------------------------------------
 
@@ -112,6 +115,22 @@ class DeviceModule(types.ModuleType):
         """Wait until all work queued on the device is done."""
         self._index(device)
         self._ctx.allocator.synchronize()
+
+    # -- streams (one in-order queue; see accelkit/_runtime/_streams.py) -----------------------
+
+    def current_stream(self, device: Any = None) -> torch.Stream:
+        self._index(device)
+        return self.Stream()
+
+    default_stream = current_stream
+
+    def set_stream(self, stream: torch.Stream) -> None:
+        """Accepted for any stream of the device: they are all its one queue."""
+        if stream.device.type != self._ctx.name:
+            raise ValueError(f"torch.{self._ctx.name}.set_stream() needs a {self._ctx.name} stream, got {stream}")
+
+    def stream(self, stream: torch.Stream | None) -> Any:
+        return stream_context(self._ctx.name, stream)
 
     # -- properties ------------------------------------------------------------------------
 

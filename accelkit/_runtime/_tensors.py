@@ -111,19 +111,45 @@ def new_tensor(
 
 
 def _grow(ctx: BackendContext, storage: torch.UntypedStorage, old: Buffer, needed: int) -> None:
-    """Give ``storage`` (whose buffer is ``old``) at least ``needed`` bytes, keeping the bytes it
-    holds, as a CPU storage's resize does: a new buffer, so a new byte size and address, which
-    every tensor on the storage sees. Nothing changes if the allocation fails."""
-    if needed <= old.nbytes:
-        return
-    grown = ctx.allocator.allocate(needed)
-    if old.nbytes:
-        ctx.allocator.write_bytes(grown.block, ctx.allocator.read_bytes(old.block, old.nbytes))
+    """Give ``storage`` (whose buffer is ``old``) at least ``needed`` bytes (see
+    :func:`resize_storage`). Nothing changes if the allocation fails."""
+    if needed > old.nbytes:
+        resize_storage(ctx, storage, needed)
+
+
+def resize_storage(ctx: BackendContext, storage: torch.UntypedStorage, nbytes: int) -> None:
+    """``storage.resize_(nbytes)`` as a CPU storage's: a new buffer that keeps the first bytes
+    the storage held, so a new byte size and address, which every tensor on the storage sees
+    (FSDP2 frees a parameter's memory with ``resize_(0)`` and brings it back the same way).
+    Nothing changes if the allocation fails."""
+    old: Buffer = storage.payload
+    new = ctx.allocator.allocate(nbytes)
+    kept = min(old.nbytes, nbytes)
+    if kept:
+        ctx.allocator.write_bytes(new.block, ctx.allocator.read_bytes(old.block, kept))
     placeholder = _storage_at(0, _DEVICE, 0)
     storage._swap_data_ptr_(placeholder)  # byte sizes must match or one be 0: empty it first
-    storage._swap_data_ptr_(_storage_at(grown.address, _DEVICE, grown.nbytes))
+    if nbytes:
+        storage._swap_data_ptr_(_storage_at(new.address, _DEVICE, new.nbytes))
     del placeholder  # it holds the old address, which the old buffer gives back when it goes
-    storage.payload = grown
+    storage.payload = new
+
+
+def install_storage_resize(ctx: BackendContext) -> None:
+    """Route ``UntypedStorage.resize_`` of device storages to :func:`resize_storage`: PyTorch
+    reaches PrivateUse1 storages' resize only through a C++ hook Python cannot implement."""
+    original = torch.UntypedStorage.resize_
+
+    def resize_(self: torch.UntypedStorage, size: int) -> torch.UntypedStorage:
+        if self.device.type != ctx.name:
+            return original(self, size)
+        if int(size) < 0:
+            raise RuntimeError(f"resize_ of a {ctx.name} storage needs a byte size >= 0, got {size}")
+        resize_storage(ctx, self, int(size))
+        return self
+
+    resize_.__doc__ = original.__doc__
+    torch.UntypedStorage.resize_ = resize_
 
 
 def set_geometry(
