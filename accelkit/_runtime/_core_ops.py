@@ -75,6 +75,9 @@ def _strides_for(size: tuple[int, ...], memory_format: Any) -> tuple[int, ...] |
     return None
 
 
+_COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
+
+
 def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
     """The runtime-owned kernels for ``ctx``'s backend, keyed by aten overload."""
     allocator = ctx.allocator
@@ -211,6 +214,18 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
     def local_scalar_dense(self):
         return T.to_host(ctx, self).item()
 
+    def to_copy(self, *, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+                memory_format=None):
+        # A non-blocking copy to the host asks PyTorch for a pinned host tensor, which a Python
+        # backend cannot allocate (the pinned allocator is a C++ hook). The copy is synchronous
+        # anyway, so it is made blocking, into ordinary host memory.
+        if non_blocking and device is not None and torch.device(device).type == "cpu":
+            non_blocking = False
+        return aten._to_copy.default.redispatch(
+            _COMPOSITE, self, dtype=dtype, layout=layout, device=device, pin_memory=pin_memory,
+            non_blocking=non_blocking, memory_format=memory_format,
+        )
+
     def record_stream(self, stream):
         # Every stream is the device's one in-order queue, and the allocator frees in program
         # order, so a tensor used on "another" stream is never reused too early.
@@ -218,6 +233,7 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
 
     return {
         aten.record_stream.default: record_stream,
+        aten._to_copy.default: to_copy,
         aten.empty.memory_format: empty,
         aten.empty_strided.default: empty_strided,
         aten.as_strided.default: as_strided,

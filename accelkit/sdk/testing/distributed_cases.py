@@ -318,7 +318,10 @@ def _parameters(model: torch.nn.Module) -> list[torch.Tensor]:
     return [(p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu() for p in model.parameters()]
 
 
-def _compare_training(device_model: torch.nn.Module, losses: list[float], world: int) -> dict[str, Any]:
+def _compare_training(device_model: torch.nn.Module, losses: list[float], world: int,
+                      low_precision: bool = False) -> dict[str, Any]:
+    """Compare with the single-process full-batch run on the CPU; ``low_precision`` (bf16
+    compute) loosens the tolerance to bf16's resolution."""
     import torch.distributed as dist
 
     reference = _model()
@@ -328,10 +331,11 @@ def _compare_training(device_model: torch.nn.Module, losses: list[float], world:
     dist.all_reduce(mean, op=dist.ReduceOp.SUM, group=dist.new_group(backend="gloo"))
     mean /= world
     got, want = _parameters(device_model), _parameters(reference)
+    rtol, atol = (2e-2, 2e-2) if low_precision else (1e-5, 1e-6)
     return {
         "losses": mean.tolist(), "reference_losses": reference_losses,
-        "losses_close": bool(torch.allclose(mean, torch.tensor(reference_losses), rtol=1e-5, atol=1e-6)),
-        "parameters_close": all(torch.allclose(g, w, rtol=1e-5, atol=1e-6) for g, w in zip(got, want)),
+        "losses_close": bool(torch.allclose(mean, torch.tensor(reference_losses), rtol=rtol, atol=atol)),
+        "parameters_close": all(torch.allclose(g, w, rtol=rtol, atol=atol) for g, w in zip(got, want)),
         "max_parameter_difference": max(float((g - w).abs().max()) for g, w in zip(got, want)),
     }
 
@@ -363,11 +367,7 @@ def scenario_fsdp2() -> dict[str, Any]:
     shard = model[0].weight
     findings = {"shard_shape": list(shard.to_local().shape), "shard_device": str(shard.to_local().device)}
     losses = _train(model, _batches(4, 8), device, rank, world)
-    if precision == "float32":
-        findings.update(_compare_training(model, losses, world))
-    else:
-        findings["losses"] = losses
-        findings["finite"] = all(v == v for v in losses)
+    findings.update(_compare_training(model, losses, world, low_precision=precision != "float32"))
     return findings
 
 
