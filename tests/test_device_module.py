@@ -350,3 +350,62 @@ def test_index_zero_is_accepted_everywhere(dev):
     torch.ref.set_device(dev)
     assert torch.ones(1, device="ref:0").device == dev
     assert torch.ref.current_device() == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# streams and events: one in-order queue
+# ---------------------------------------------------------------------------------------------
+
+
+def test_streams_are_the_devices_one_in_order_queue(dev):
+    side = torch.ref.Stream(priority=-1)
+    assert isinstance(side, torch.Stream) and side.device == torch.device("ref", 0)
+    assert torch.ref.current_stream() == torch.ref.default_stream() == side  # one queue
+    with torch.ref.stream(side):
+        x = torch.arange(4.0, device=dev) * 2
+    event = side.record_event()
+    torch.ref.current_stream().wait_event(event)
+    torch.ref.current_stream().wait_stream(side)
+    x.record_stream(side)
+    assert event.query()
+    assert x.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+    with pytest.raises(ValueError, match="needs a ref stream"):
+        torch.ref.set_stream(torch.Stream(device="cpu"))
+
+
+def test_timed_events_measure_the_work_between_them(dev):
+    start, end = torch.ref.Event(enable_timing=True), torch.ref.Event(enable_timing=True)
+    start.record()
+    x = torch.randn(64, 64, device=dev)
+    for _ in range(5):
+        x = x @ x
+    end.record()
+    end.synchronize()
+    assert end.query()
+    assert start.elapsed_time(end) > 0
+    with pytest.raises(RuntimeError, match="enable_timing=True"):
+        torch.ref.Event().elapsed_time(end)
+    with pytest.raises(RuntimeError, match="recorded first"):
+        torch.ref.Event(enable_timing=True).elapsed_time(end)
+
+
+def test_a_device_storage_resizes_as_a_cpu_storage_does(dev):
+    x = torch.arange(6.0, device=dev)
+    storage = x.untyped_storage()
+    storage.resize_(0)
+    assert storage.nbytes() == 0
+    storage.resize_(24)
+    restored = torch.empty(0, device=dev).set_(storage, 0, (6,), (1,))
+    restored.copy_(torch.arange(6.0))
+    storage.resize_(16)
+    assert storage.nbytes() == 16
+    assert torch.empty(0, device=dev).set_(storage, 0, (4,), (1,)).cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    with pytest.raises(RuntimeError, match=">= 0"):
+        storage.resize_(-1)
+
+
+def test_a_non_blocking_copy_to_the_host_is_an_ordinary_host_tensor(dev):
+    x = torch.arange(5.0, device=dev)
+    host = x.to("cpu", non_blocking=True)
+    assert host.device.type == "cpu" and not host.is_pinned()
+    assert host.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]

@@ -1,0 +1,154 @@
+"""torch.distributed on accelkit devices: real processes on 127.0.0.1, real gloo underneath.
+
+Each test starts fresh ranks (``accelkit.sdk.testing.distributed.run_ranks``) that compare,
+per rank, against an independent reference in the same process: gloo on CPU tensors for every
+collective, a single-process full-batch CPU run for training. A rank that hangs is killed at the
+deadline and fails the test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from accelkit.sdk.testing.distributed import run_ranks
+
+DEVICES = ["tpu", "neuron"]
+
+
+def _findings(device: str, scenario: str, **kwargs):
+    ranks = run_ranks(device, scenario, **kwargs)
+    for rank in ranks:
+        assert "scenario_error" not in rank.findings, rank.findings.get("scenario_error")
+    return ranks
+
+
+def _ok(ranks) -> None:
+    for rank in ranks:
+        assert rank.returncode == 0, rank.describe()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_collective_matches_gloo_on_cpu(device):
+    ranks = _findings(device, "collectives")
+    _ok(ranks)
+    for rank in ranks:
+        stats = rank.findings.pop("stats")
+        failed = {name: outcome for name, outcome in rank.findings.items() if outcome != "ok"}
+        assert not failed, f"rank {rank.rank}: {failed}"
+        assert len(rank.findings) >= 25
+        assert "host-staged" in stats["transport"]
+        all_reduce = stats["collectives"]["all_reduce"]
+        assert all_reduce["calls"] >= 10 and all_reduce["bytes"] > 0
+        assert all_reduce["estimated_seconds"] > 0
+        assert stats["interconnect"]["name"] in ("ICI", "NeuronLink-v2", "NeuronLink-v3", "NeuronLink-v4")
+
+
+def test_mismatched_arguments_raise_on_every_rank_and_leave_the_group_usable():
+    ranks = _findings("tpu", "mismatch")
+    _ok(ranks)
+    for rank in ranks:
+        f = rank.findings
+        for case in ("sizes", "dtypes", "collectives", "roots", "all_gather_output", "all_to_all_splits"):
+            assert f[case]["raised"] == "CollectiveMismatchError", (rank.rank, case, f[case])
+        assert "rank 0: all_reduce(SUM) float32[4]" in f["sizes"]["message"]
+        assert "rank 1: all_reduce(SUM) float32[6]" in f["sizes"]["message"]
+        assert "rank 1: broadcast(src=0)" in f["collectives"]["message"]
+        assert "output list has 3 tensors" in f["all_gather_output"]["message"]
+        assert "rank 0 sends 2 elements to rank 1, which expects 1" in f["all_to_all_splits"]["message"]
+        assert f["received_unchanged"] is True
+        assert f["usable_after"] is True
+    receiver = ranks[1].findings["send_recv_sizes"]
+    assert receiver["raised"] == "CollectiveMismatchError"
+    assert "rank 0 sent 3 elements of float32" in receiver["message"] and "float32[5]" in receiver["message"]
+
+
+def test_a_dead_rank_is_an_error_not_a_hang():
+    ranks = run_ranks("tpu", "dead_rank", deadline=120, env={"ACCELKIT_TEST_TIMEOUT": "20"})
+    survivor, dead = ranks
+    assert dead.returncode == 17
+    outcome = survivor.findings["all_reduce"]
+    assert outcome["raised"] == "CollectiveError"
+    assert "peer process exited" in outcome["message"] and "all_reduce" in outcome["message"]
+    assert outcome["seconds"] < 20
+
+
+def test_a_rank_that_never_comes_times_out_within_the_group_timeout():
+    ranks = run_ranks("tpu", "timeout", deadline=120, env={"ACCELKIT_TEST_TIMEOUT": "3"})
+    outcome = ranks[0].findings["all_reduce"]
+    assert outcome["raised"] == "CollectiveError"
+    assert "timeout" in outcome["message"] and "3 s" in outcome["message"]
+    assert 2.5 < outcome["seconds"] < 3 + 5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ddp_matches_single_process_full_batch_training(device):
+    ranks = _findings(device, "ddp")
+    _ok(ranks)
+    for rank in ranks:
+        f = rank.findings
+        assert f["losses_close"] and f["parameters_close"], f
+        assert f["all_reduce_calls"] >= 4  # several gradient buckets per step
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_fsdp2_matches_single_process_training(precision):
+    ranks = _findings("tpu", "fsdp2", env={"ACCELKIT_TEST_PRECISION": precision})
+    _ok(ranks)
+    for rank in ranks:
+        f = rank.findings
+        assert f["shard_shape"] == [8, 8] and f["shard_device"] == "tpu:0"
+        assert f["losses_close"] and f["parameters_close"], f
+
+
+def test_fsdp2_on_neuron():
+    ranks = _findings("neuron", "fsdp2")
+    _ok(ranks)
+    assert all(r.findings["parameters_close"] and r.findings["shard_device"] == "neuron:0" for r in ranks)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_dtensor_sharding_redistribution_and_tensor_parallel_linear(device):
+    ranks = _findings(device, "dtensor")
+    _ok(ranks)
+    for rank in ranks:
+        f = rank.findings
+        assert f["mesh_device_type"] == device and f["local_device"] == f"{device}:0"
+        assert f["local_shape"] == [4, 3] and f["tp_local_weight_shape"] == [8, 6]
+        for check in ("shard_is_rows", "redistribute_replicate", "reshard_columns", "sum", "tp_output_close",
+                      "tp_grad_close"):
+            assert f[check] is True, (rank.rank, check)
+
+
+def test_sharded_checkpoint_round_trip(tmp_path):
+    ranks = _findings("tpu", "checkpoint", args=(str(tmp_path / "checkpoint"),))
+    _ok(ranks)
+    for rank in ranks:
+        f = rank.findings
+        assert f["fresh_differs"] and f["round_trip_equal"]
+        assert f["files"] == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+        assert f["local_device"] == "tpu:0"
+
+
+def test_estimates_follow_the_ring_algorithms_on_the_device_models_interconnect():
+    from accelkit._runtime._collective_stats import estimate_seconds
+    from accelkit.sdk import Interconnect
+
+    link = Interconnect(name="test", bandwidth=100e9)
+    mib = 1 << 20
+    assert estimate_seconds("all_reduce", 64 * mib, 4, link) == pytest.approx(2 * 3 / 4 * 64 * mib / 100e9)
+    assert estimate_seconds("all_gather", 64 * mib, 4, link) == pytest.approx(3 / 4 * 64 * mib / 100e9)
+    assert estimate_seconds("broadcast", mib, 2, link) == pytest.approx(mib / 100e9)
+    assert estimate_seconds("all_reduce", mib, 1, link) == 0.0
+    assert estimate_seconds("all_reduce", mib, 2, None) is None
+    slow = Interconnect(name="test", bandwidth=100e9, latency=1e-6)
+    assert estimate_seconds("all_reduce", 0, 4, slow) == pytest.approx(6e-6)
+
+
+def test_the_device_models_carry_their_interconnect_with_sources():
+    from accelkit_backends.neuron.device import device_model as neuron_model
+    from accelkit_backends.tpu.device import device_model as tpu_model
+
+    v5e = tpu_model("v5e").interconnect
+    assert v5e.name == "ICI" and v5e.bandwidth == 200e9 and "G-v5e" in v5e.sources["bandwidth"]
+    trn2 = neuron_model("trn2").interconnect
+    assert trn2.name == "NeuronLink-v3" and trn2.bandwidth == 640e9 and "N-trn2" in trn2.sources["bandwidth"]
