@@ -9,8 +9,7 @@ group on it) builds one :class:`HostStagedProcessGroup`. Each collective:
 2. copies the device tensors to contiguous host tensors (CPU tensors are used in place);
 3. runs gloo's collective on them (real TCP transport, asynchronous in gloo's threads);
 4. on ``wait()``, copies the results back into the device tensors, views and non-contiguous
-   tensors included, without bumping their version counters (a collective is not an autograd
-   in-place op, as with gloo on CPU or NCCL on CUDA).
+   tensors included, without bumping their version counters (see :class:`_Staged`).
 
 Semantics are gloo's on CPU tensors, which the conformance suite compares against per rank:
 same reduce ops (``PREMUL_SUM`` is NCCL's and refused), same dtypes, same results. ``Work.wait``
@@ -21,6 +20,7 @@ timed out or died) raises :class:`CollectiveError` naming the collective, the gr
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from accelkit._runtime import _tensors
 from accelkit._runtime._collective_checks import (
     CollectiveError,
     CollectiveMismatchError,
@@ -45,6 +46,18 @@ from accelkit._runtime._collective_stats import STATS
 _REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
 
 
+CHECKS_ENV = "ACCELKIT_COLLECTIVE_CHECKS"
+
+
+def checks_enabled() -> bool:
+    """Whether groups check the ranks' agreement before each collective (``ACCELKIT_COLLECTIVE_CHECKS``,
+    default on). Off saves one small all-gather per collective (about 0.8 ms on loopback) and
+    lets gloo abort the process on mismatched sizes, as plain gloo does."""
+    from accelkit.sdk import env_choice
+
+    return env_choice(CHECKS_ENV, ("on", "off"), "on") == "on"
+
+
 def reduce_op_name(op: Any) -> str:
     return next((name for name in _REDUCE_OPS if op == getattr(dist.ReduceOp, name)), str(op))
 
@@ -57,37 +70,89 @@ def _shapes(tensors: Sequence[torch.Tensor]) -> tuple:
     return tuple((dtype_code(t.dtype), tuple(t.shape)) for t in tensors)
 
 
+class _HostPool:
+    """Host staging buffers kept between collectives, by byte size (a fresh 64 MiB buffer costs
+    more in page faults than the copy into it). At most ``limit`` bytes are kept."""
+
+    def __init__(self, limit: int = 512 << 20):
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._kept = 0
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def take(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        nbytes = math.prod(shape) * dtype.itemsize
+        with self._lock:
+            free = self._free.get(nbytes)
+            if free:
+                self._kept -= nbytes
+                raw = free.pop()
+            else:
+                raw = None
+        if raw is None:
+            raw = torch.empty(nbytes, dtype=torch.uint8)
+        return raw.view(dtype).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
+
+    def give(self, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        if not nbytes or tensor.untyped_storage().nbytes() != nbytes:
+            return
+        raw = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage(), 0, (nbytes,), (1,))
+        with self._lock:
+            if self._kept + nbytes <= self._limit:
+                self._free.setdefault(nbytes, []).append(raw)
+                self._kept += nbytes
+
+
 class _Staged:
     """A tensor's host stand-in: the tensor itself when it is a contiguous CPU tensor, else a
-    contiguous host copy (``copy_in``) or an empty one (for outputs), written back by
-    :meth:`write_back`."""
+    host buffer from the group's pool, filled with the tensor's values (``copy_in``) or not (an
+    output), written back by :meth:`write_back` and returned by :meth:`release`. Tensors of the
+    active device are read and written through its allocator directly: one copy each way, no
+    dispatch, no version-counter bump (a collective is not an autograd in-place op, as with
+    gloo on CPU or NCCL on CUDA)."""
 
-    __slots__ = ("tensor", "host")
+    __slots__ = ("tensor", "host", "_ctx", "_pool")
 
-    def __init__(self, tensor: torch.Tensor, copy_in: bool):
+    def __init__(self, tensor: torch.Tensor, copy_in: bool, pool: _HostPool | None = None,
+                 host: torch.Tensor | None = None):
+        from accelkit._runtime import active
+
         self.tensor = tensor
+        ctx = active()
+        self._ctx = ctx if ctx is not None and tensor.device.type == ctx.name else None
+        self._pool = None
+        if host is not None:  # values already on the host, to write back
+            self.host = host
+            return
         if tensor.device.type == "cpu" and tensor.is_contiguous():
             self.host = tensor
-        elif copy_in:
-            self.host = tensor.detach().to("cpu").contiguous()
+            return
+        self._pool = pool or _HostPool(limit=0)
+        self.host = self._pool.take(tensor.shape, tensor.dtype)
+        if not copy_in:
+            return
+        if self._ctx is not None and not _tensors.has_math_bits(tensor):
+            self._ctx.allocator.to_host_into(_tensors.read(self._ctx, tensor), self.host)
         else:
-            self.host = torch.empty(tensor.shape, dtype=tensor.dtype)
+            self.host.copy_(tensor.detach())
 
     def write_back(self) -> None:
         if self.host is self.tensor:
             return
-        version = self.tensor._version
-        with torch.no_grad():
-            self.tensor.copy_(self.host)
-        torch._C._autograd._unsafe_set_version_counter((self.tensor,), (version,))
+        if self._ctx is not None:
+            _tensors.write_values(self._ctx, self.tensor, self._ctx.allocator.from_host(self.host))
+        else:
+            version = self.tensor._version
+            with torch.no_grad():
+                self.tensor.copy_(self.host)
+            torch._C._autograd._unsafe_set_version_counter((self.tensor,), (version,))
 
-
-def _inputs(tensors: Sequence[torch.Tensor]) -> list[_Staged]:
-    return [_Staged(t, copy_in=True) for t in tensors]
-
-
-def _outputs(tensors: Sequence[torch.Tensor]) -> list[_Staged]:
-    return [_Staged(t, copy_in=False) for t in tensors]
+    def release(self) -> None:
+        """Give the host buffer back to the pool (after gloo and the write-back are done)."""
+        if self._pool is not None:
+            self._pool.give(self.host)
+            self._pool = None
 
 
 def _hosts(staged: Sequence[_Staged]) -> list[torch.Tensor]:
@@ -148,6 +213,9 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         self._desc = ""
         self._sequence = 0
         self._coalescing: list[_StagedWork] | None = None
+        self._checked = checks_enabled()
+        self._pool = _HostPool()
+        self._open: list[_Staged] = []  # staged since the last collective began
 
     # -- identity ------------------------------------------------------------------------------
 
@@ -197,8 +265,28 @@ class HostStagedProcessGroup(dist.ProcessGroup):
                 f"of {self.size()}) failed: {cause}. Transport error: {text.splitlines()[0] if text else exc!r}"
             ) from exc
 
+    def _stage(self, tensor: torch.Tensor, copy_in: bool) -> _Staged:
+        staged = _Staged(tensor, copy_in, self._pool)
+        self._open.append(staged)
+        return staged
+
+    def _inputs(self, tensors: Sequence[torch.Tensor]) -> list[_Staged]:
+        return [self._stage(t, True) for t in tensors]
+
+    def _outputs(self, tensors: Sequence[torch.Tensor]) -> list[_Staged]:
+        return [self._stage(t, False) for t in tensors]
+
+    def _claim_staged(self) -> list[_Staged]:
+        """The buffers staged for the collective being started, to release when it is done."""
+        staged, self._open = self._open, []
+        return staged
+
     def _agree(self, kind: str, fingerprint: Fingerprint) -> None:
         self._sequence += 1
+        if not self._checked:
+            if fingerprint.problem:
+                raise CollectiveMismatchError(f"{kind} on process group {self._name!r}: {fingerprint.problem}")
+            return
         mine = fingerprint.packed(self.size())
         table = torch.empty(self.size() * mine.numel(), dtype=torch.int64)
         with self.failure(kind):
@@ -211,6 +299,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
 
     def _run(self, kind: str, fingerprint: Fingerprint, launch: Callable[[], Any],
              outputs: Sequence[_Staged], result: Any, nbytes: int) -> _StagedWork:
+        staged_here = self._claim_staged()
         self._agree(kind, fingerprint)
         started = time.perf_counter()
         with self.failure(kind):
@@ -219,6 +308,8 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         def finish() -> Any:
             for staged in outputs:
                 staged.write_back()
+            for staged in staged_here:
+                staged.release()
             return result
 
         work = _StagedWork(self, kind, pending if isinstance(pending, list) else [pending], finish, nbytes, started)
@@ -240,7 +331,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.AllreduceOptions()
         op = self._reduce_op("all_reduce", opts.reduceOp)
-        staged = _inputs(tensors)
+        staged = self._inputs(tensors)
         fp = Fingerprint(f"all_reduce({op}) {', '.join(map(describe_tensor, tensors))}",
                          ("all_reduce", op, _shapes(tensors)))
         return self._run("all_reduce", fp, lambda: self._gloo.allreduce(_hosts(staged), opts),
@@ -249,7 +340,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         op = self._reduce_op("all_reduce_coalesced", opts.reduceOp)
-        staged = _inputs(tensors)
+        staged = self._inputs(tensors)
         fp = Fingerprint(f"all_reduce_coalesced({op}) {', '.join(map(describe_tensor, tensors))}",
                          ("all_reduce_coalesced", op, _shapes(tensors)))
         return self._run("all_reduce", fp, lambda: self._gloo.allreduce_coalesced(_hosts(staged), opts),
@@ -258,7 +349,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.ReduceOptions()
         op = self._reduce_op("reduce", opts.reduceOp)
-        staged = _inputs(tensors)
+        staged = self._inputs(tensors)
         fp = Fingerprint(f"reduce({op}, dst={opts.rootRank}) {', '.join(map(describe_tensor, tensors))}",
                          ("reduce", op, opts.rootRank, _shapes(tensors)))
         return self._run("reduce", fp, lambda: self._gloo.reduce(_hosts(staged), opts),
@@ -266,7 +357,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.BroadcastOptions()
-        staged = _inputs(tensors)
+        staged = self._inputs(tensors)
         fp = Fingerprint(f"broadcast(src={opts.rootRank}) {', '.join(map(describe_tensor, tensors))}",
                          ("broadcast", opts.rootRank, _shapes(tensors)))
         return self._run("broadcast", fp, lambda: self._gloo.broadcast(_hosts(staged), opts),
@@ -283,8 +374,8 @@ class HostStagedProcessGroup(dist.ProcessGroup):
                 problem = f"every output must be {describe_tensor(inp)} like the input"
         fp = Fingerprint(f"all_gather {', '.join(map(describe_tensor, inputs))}",
                          ("all_gather", _shapes(inputs)), problem=problem)
-        staged_in = _inputs(inputs)
-        staged_out = [_outputs(outs) for outs in output_lists]
+        staged_in = self._inputs(inputs)
+        staged_out = [self._outputs(outs) for outs in output_lists]
         return self._run(
             "all_gather", fp,
             lambda: self._gloo.allgather([_hosts(s) for s in staged_out], _hosts(staged_in)),
@@ -298,7 +389,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
                        f"{self.size()} x {describe_tensor(input)} elements of the input's dtype")
         fp = Fingerprint(f"all_gather_into_tensor {describe_tensor(input)} -> {describe_tensor(output)}",
                          ("all_gather_single", dtype_code(input.dtype), input.numel()), problem=problem)
-        staged_in, staged_out = _Staged(input, copy_in=True), _Staged(output, copy_in=False)
+        staged_in, staged_out = self._stage(input, True), self._stage(output, False)
         return self._run("all_gather", fp, lambda: self._gloo._allgather_base(staged_out.host, staged_in.host),
                          [staged_out], [output], _nbytes([output]))
 
@@ -322,8 +413,8 @@ class HostStagedProcessGroup(dist.ProcessGroup):
                 problem = f"the output {describe_tensor(out)} does not fit this rank's input {describe_tensor(ins[self.rank()])}"
         fp = Fingerprint(f"reduce_scatter({op}) inputs {[list(map(describe_tensor, ins)) for ins in input_lists]}",
                          ("reduce_scatter", op, tuple(_shapes(ins) for ins in input_lists)), problem=problem)
-        staged_out = _outputs(outputs)
-        staged_in = [_inputs(ins) for ins in input_lists]
+        staged_out = self._outputs(outputs)
+        staged_in = [self._inputs(ins) for ins in input_lists]
         return self._run(
             "reduce_scatter", fp,
             lambda: self._gloo.reduce_scatter(_hosts(staged_out), [_hosts(s) for s in staged_in], opts),
@@ -339,7 +430,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
                        f"{self.size()} x {describe_tensor(output)} elements of the output's dtype")
         fp = Fingerprint(f"reduce_scatter_tensor({op}) {describe_tensor(input)} -> {describe_tensor(output)}",
                          ("reduce_scatter_single", op, dtype_code(input.dtype), input.numel()), problem=problem)
-        staged_in, staged_out = _Staged(input, copy_in=True), _Staged(output, copy_in=False)
+        staged_in, staged_out = self._stage(input, True), self._stage(output, False)
         return self._run("reduce_scatter", fp,
                          lambda: self._gloo._reduce_scatter_base(staged_out.host, staged_in.host, opts),
                          [staged_out], [output], _nbytes([input]))
@@ -365,8 +456,8 @@ class HostStagedProcessGroup(dist.ProcessGroup):
                 problem = f"every gather_list tensor must be {describe_tensor(inputs[0])} like the input"
         fp = Fingerprint(f"gather(dst={root}) {', '.join(map(describe_tensor, inputs))}",
                          ("gather", root, _shapes(inputs)), problem=problem)
-        staged_in = _inputs(inputs)
-        staged_out = [_outputs(outs) for outs in output_lists]
+        staged_in = self._inputs(inputs)
+        staged_out = [self._outputs(outs) for outs in output_lists]
         return self._run(
             "gather", fp, lambda: self._gloo.gather([_hosts(s) for s in staged_out], _hosts(staged_in), opts),
             [s for outs in staged_out for s in outs], output_lists, _nbytes(inputs) * self.size(),
@@ -384,8 +475,8 @@ class HostStagedProcessGroup(dist.ProcessGroup):
                 problem = f"every scatter_list tensor must be {describe_tensor(outputs[0])} like the output"
         fp = Fingerprint(f"scatter(src={root}) {', '.join(map(describe_tensor, outputs))}",
                          ("scatter", root, _shapes(outputs)), problem=problem)
-        staged_out = _outputs(outputs)
-        staged_in = [_inputs(ins) for ins in input_lists]
+        staged_out = self._outputs(outputs)
+        staged_in = [self._inputs(ins) for ins in input_lists]
         return self._run(
             "scatter", fp, lambda: self._gloo.scatter(_hosts(staged_out), [_hosts(s) for s in staged_in], opts),
             staged_out, outputs, _nbytes(outputs) * self.size(),
@@ -417,7 +508,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
             ("all_to_all", dtype_code(input.dtype), dtype_code(output.dtype)),
             sends=[s * row_in for s in in_splits], receives=[s * row_out for s in out_splits], problem=problem,
         )
-        staged_in, staged_out = _Staged(input, copy_in=True), _Staged(output, copy_in=False)
+        staged_in, staged_out = self._stage(input, True), self._stage(output, False)
         return self._run(
             "all_to_all", fp,
             lambda: self._gloo.alltoall_base(staged_out.host, staged_in.host, list(output_split_sizes),
@@ -452,9 +543,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
 
         def finish() -> list[torch.Tensor]:
             for out, part in zip(outputs, flat_out.split(receives)):
-                staged = _Staged(out, copy_in=False)
-                staged.host = part.view(out.shape)
-                staged.write_back()
+                _Staged(out, False, host=part.view(out.shape)).write_back()
             return outputs
 
         work = _StagedWork(self, "all_to_all", [pending], finish, _nbytes(inputs), started)
@@ -472,13 +561,19 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         """Sends a two-number header (elements, dtype) before the payload, so the receiver can
         refuse a tensor that does not fit instead of gloo aborting it."""
         (tensor,) = tensors
-        staged = _Staged(tensor, copy_in=True)
+        staged = self._stage(tensor, True)
+        self._claim_staged()
         header = self._header(tensor)
         started = time.perf_counter()
         with self.failure("send"):
             pending = [self._gloo.send([header], dst, tag), self._gloo.send([staged.host], dst, tag)]
-        work = _StagedWork(self, "send", pending, lambda: tensors, _nbytes(tensors), started)
-        work._keep = (header, staged)
+
+        def finish() -> list[torch.Tensor]:
+            staged.release()
+            return tensors
+
+        work = _StagedWork(self, "send", pending, finish, _nbytes(tensors), started)
+        work._keep = header
         if self._coalescing is not None:
             self._coalescing.append(work)
         return work
@@ -495,7 +590,8 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         it at once: ``isend``/``irecv`` pairs waited in any order cannot deadlock); ``wait()``
         then writes the tensor on the calling thread."""
         (tensor,) = tensors
-        staged = _Staged(tensor, copy_in=False)
+        staged = self._stage(tensor, False)
+        self._claim_staged()
         expected = self._header(tensor).tolist()
         started = time.perf_counter()
 
@@ -522,8 +618,10 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         def finish() -> list[torch.Tensor]:
             work._source, problem = background.result
             if problem:
+                staged.release()
                 raise CollectiveMismatchError(problem)
             staged.write_back()
+            staged.release()
             return tensors
 
         work = _StagedWork(self, "recv", [background], finish, _nbytes(tensors), started)

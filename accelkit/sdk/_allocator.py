@@ -181,6 +181,12 @@ class DeviceAllocator:
     def from_host(self, tensor: torch.Tensor) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement from_host")
 
+    def to_host_into(self, array: Any, out: torch.Tensor) -> None:
+        """Copy an array's values into ``out``, an existing contiguous host tensor of its shape
+        and dtype (collectives stage through reused host buffers: a fresh buffer per call costs
+        its page faults). Default: ``out.copy_(self.to_host(array))``."""
+        out.copy_(self.to_host(array))
+
     def array_meta(self, array: Any) -> tuple[tuple[int, ...], torch.dtype]:
         raise NotImplementedError(f"{type(self).__name__} must implement array_meta")
 
