@@ -43,6 +43,33 @@ def test_every_collective_matches_gloo_on_cpu(device):
         assert stats["interconnect"]["name"] in ("ICI", "NeuronLink-v2", "NeuronLink-v3", "NeuronLink-v4")
 
 
+def test_a_group_bound_to_the_device_with_device_id():
+    ranks = _findings("tpu", "ddp", env={"ACCELKIT_TEST_DEVICE_ID": "1"})
+    _ok(ranks)
+    assert all(r.findings["parameters_close"] for r in ranks)
+
+
+def test_the_ddp_example_under_torchrun_matches_one_process(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from accelkit.sdk.testing.distributed import free_port
+
+    example = Path(__file__).parents[1] / "examples" / "train_ddp.py"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-port", str(free_port()), str(example)]
+    done = subprocess.run(torchrun, env={**os.environ, "ACCELKIT_DEVICE": "tpu"}, capture_output=True,
+                          text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line[:4].strip().isdigit()]
+    assert len(rows) == 8
+    for _step, ddp, single in rows:
+        assert abs(float(ddp) - float(single)) < 1e-5
+    assert "2 ranks on tpu" in done.stdout and "estimated" in done.stdout
+
+
 def test_mismatched_arguments_raise_on_every_rank_and_leave_the_group_usable():
     ranks = _findings("tpu", "mismatch")
     _ok(ranks)
@@ -112,7 +139,8 @@ def test_dtensor_sharding_redistribution_and_tensor_parallel_linear(device):
     _ok(ranks)
     for rank in ranks:
         f = rank.findings
-        assert f["mesh_device_type"] == device and f["local_device"] == f"{device}:0"
+        assert f["mesh_device_type"] == device and f["mesh_backend"] == device
+        assert f["local_device"] == f"{device}:0"
         assert f["local_shape"] == [4, 3] and f["tp_local_weight_shape"] == [8, 6]
         for check in ("shard_is_rows", "redistribute_replicate", "reshard_columns", "sum", "tp_output_close",
                       "tp_grad_close"):

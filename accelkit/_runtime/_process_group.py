@@ -208,6 +208,10 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         self._device_type = device_type
         self._timeout = timeout
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+        # c10d asks a group for the backend of a device (init_process_group(device_id=...),
+        # DeviceMesh); gloo is what moves this group's bytes, for the device and for the CPU.
+        for device in (torch.device(device_type), torch.device("cpu")):
+            self._register_backend(device, dist.ProcessGroup.BackendType.CUSTOM, self._gloo)
         self._checks = dist.PrefixStore("accelkit-mismatch", store)
         self._name = ""
         self._desc = ""

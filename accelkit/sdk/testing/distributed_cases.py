@@ -34,7 +34,8 @@ def _join(timeout_s: float = 60.0) -> tuple[torch.device, Any, int, int]:
     import accelkit
 
     device = accelkit.select_device(os.environ["ACCELKIT_DEVICE"])
-    dist.init_process_group(device.type, timeout=timedelta(seconds=timeout_s))
+    bound = {"device_id": device} if os.environ.get("ACCELKIT_TEST_DEVICE_ID") else {}
+    dist.init_process_group(device.type, timeout=timedelta(seconds=timeout_s), **bound)
     gloo = dist.new_group(backend="gloo")
     return device, gloo, dist.get_rank(), dist.get_world_size()
 
@@ -379,9 +380,9 @@ def scenario_dtensor() -> dict[str, Any]:
     import torch.distributed as dist
 
     device, _gloo, rank, world = _join()
-    dist.destroy_process_group()
-    mesh = init_device_mesh(device.type, (world,))
-    findings: dict[str, Any] = {"mesh_device_type": mesh.device_type}
+    mesh = init_device_mesh(device.type, (world,))  # on the default group _join made
+    findings_group = dist.get_backend(mesh.get_group())
+    findings: dict[str, Any] = {"mesh_device_type": mesh.device_type, "mesh_backend": findings_group}
     full = torch.arange(4.0 * world * 3).reshape(4 * world, 3)
     sharded = distribute_tensor(full.to(device), mesh, [Shard(0)])
     findings["local_shape"] = list(sharded.to_local().shape)
