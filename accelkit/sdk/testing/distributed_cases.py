@@ -68,11 +68,11 @@ def collective_cases(world: int) -> dict[str, Case]:
         return case
 
     for op in ("SUM", "AVG", "PRODUCT", "MIN", "MAX"):
-        cases[f"all_reduce[{op}]"] = all_reduce(op, torch.float32)
+        cases[f"all_reduce.{op}"] = all_reduce(op, torch.float32)
     for op in ("BAND", "BOR", "BXOR"):
-        cases[f"all_reduce[{op},int32]"] = all_reduce(op, torch.int32)
-    cases["all_reduce[SUM,bfloat16]"] = all_reduce("SUM", torch.bfloat16)
-    cases["all_reduce[SUM,int64]"] = all_reduce("SUM", torch.int64)
+        cases[f"all_reduce.{op}.int32"] = all_reduce(op, torch.int32)
+    cases["all_reduce.SUM.bfloat16"] = all_reduce("SUM", torch.bfloat16)
+    cases["all_reduce.SUM.int64"] = all_reduce("SUM", torch.int64)
 
     def all_reduce_view(d, group, rank, world):
         # gloo reduces a view's storage as if it were contiguous, so the reference runs on a copy.
@@ -86,7 +86,7 @@ def collective_cases(world: int) -> dict[str, Case]:
             dist.all_reduce(view, group=group)
         return [base]
 
-    cases["all_reduce[non-contiguous view]"] = all_reduce_view
+    cases["all_reduce.non_contiguous_view"] = all_reduce_view
 
     def broadcast(d, group, rank, world):
         x = _values(rank, 11).to(d)
