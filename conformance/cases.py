@@ -24,6 +24,7 @@ SUITE_FILES = {
     "modules": "test_modules.py",
     "contract": "test_contract.py",
     "dynamic": "test_dynamic.py",
+    "distributed": "test_distributed.py",
 }
 _FILE_SUITES = {name: suite for suite, name in SUITE_FILES.items()}
 DTYPE_NAMES = frozenset({

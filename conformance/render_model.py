@@ -32,6 +32,7 @@ SUITE_TITLES = {
     "modules": "modules — PyTorch module database",
     "contract": "contract — accelkit's contract checks",
     "dynamic": "dynamic — dynamic shapes under torch.compile",
+    "distributed": "distributed — collectives and training across processes, against gloo on CPU",
 }
 OUTCOME_HEADERS = {"skip-declared": "skip decl.", "skip-other": "skip other"}
 
