@@ -31,6 +31,11 @@ def _devices(args: argparse.Namespace) -> int:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    collective = [r.name for r in reports if r.kind == "plugin" and r.supports.get("collectives")]
+    if collective:
+        print(f"\ntorch.distributed (init_process_group(\"<name>\")): {', '.join(collective)}. accelkit's "
+              "shared process group is host-staged: device tensors go through host memory and gloo "
+              "over TCP, not the device interconnect (whose time stats()['distributed'] estimates).")
     conflicts = [(r.name, line) for r in reports for line in r.conflicts]
     if conflicts:
         print("\nrefused plugins (a backend name has one owner):")

@@ -32,7 +32,8 @@ def accelkit_cli(*args: str, env: dict[str, str] | None = None, command: list[st
 
 def table(stdout: str) -> dict[str, dict[str, str]]:
     """``accelkit devices`` output as {device: {column: cell}} (columns are 2+ spaces apart)."""
-    header, *rows = stdout.splitlines()
+    table_part, _, _ = stdout.partition("\n\n")  # notes follow the table after a blank line
+    header, *rows = table_part.splitlines()
     columns = re.split(r"\s{2,}", header.strip())
     parsed = {}
     for row in rows:
@@ -58,6 +59,8 @@ def test_devices_table_shows_ref_as_an_available_simulated_plugin_and_the_cpu():
     cpu = rows["cpu"]
     assert (cpu["KIND"], cpu["STATUS"], cpu["MODE"], cpu["COUNT"]) == ("builtin", "available", "real", "1")
     assert list(rows)[-4:] == BUILTIN_ORDER
+    assert "torch.distributed" in proc.stdout and "host-staged" in proc.stdout
+
 
 
 def test_devices_json_lists_every_device_with_its_state():

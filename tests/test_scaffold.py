@@ -41,6 +41,7 @@ EXPECTED_FILES = {
     "accelkit_mychip/buffers.py",
     "accelkit_mychip/kernels.py",
     "accelkit_mychip/compiler.py",
+    "accelkit_mychip/collectives.py",
     "accelkit_mychip/conformance.toml",
     "tests/conftest.py",
     "tests/test_backend.py",
@@ -204,7 +205,7 @@ def test_hook_implementations_take_no_name_and_check_none(package):
                         hooks[spec or node.name] = (path, node)
     assert set(hooks) == {
         "accelkit_register_backend", "accelkit_probe", "accelkit_device_model", "accelkit_make_allocator",
-        "accelkit_kernels", "accelkit_make_compiler",
+        "accelkit_kernels", "accelkit_make_compiler", "accelkit_make_process_group",
     }
     init = package["accelkit_mychip/__init__.py"]
     for spec, (path, hook) in hooks.items():

@@ -90,7 +90,8 @@ def test_backends_is_a_read_only_view():
     with pytest.raises(AttributeError):
         view.name = "other"
     assert view.implements("accelkit_make_compiler")
-    assert not view.implements("accelkit_make_process_group")
+    assert view.implements("accelkit_make_process_group")
+    assert not view.implements("accelkit_autocast_policy")
 
 
 def test_defaults_fill_hooks_a_backend_leaves_out():

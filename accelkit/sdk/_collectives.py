@@ -8,8 +8,8 @@ from datetime import timedelta
 from typing import Any
 
 
-def host_staged_process_group(name: str, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
-    """A ``torch.distributed.ProcessGroup`` for device type ``name``: every collective checks
+def host_staged_process_group(store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
+    """A ``torch.distributed.ProcessGroup`` for the active backend's device: every collective checks
     that the ranks' arguments agree (else every rank raises ``CollectiveMismatchError``), stages
     device tensors through host memory, runs gloo's collective, and writes the results back into
     the device tensors. Timeouts and dead ranks raise ``CollectiveError`` within ``timeout``.
@@ -17,9 +17,16 @@ def host_staged_process_group(name: str, store: Any, rank: int, world_size: int,
     The arguments are the hook's, passed through::
 
         @hookimpl
-        def accelkit_make_process_group(name, store, rank, world_size, timeout):
-            return host_staged_process_group(name, store, rank, world_size, timeout)
+        def accelkit_make_process_group(store, rank, world_size, timeout):
+            return host_staged_process_group(store, rank, world_size, timeout)
+
+    :raises AccelkitError: no backend is active (c10d creates groups only after activation).
     """
+    from accelkit._errors import AccelkitError
+    from accelkit._runtime import active
     from accelkit._runtime._process_group import HostStagedProcessGroup
 
-    return HostStagedProcessGroup(store, rank, world_size, timeout, device_type=name)
+    ctx = active()
+    if ctx is None:
+        raise AccelkitError("a host-staged process group needs an active backend: call accelkit.select_device() first")
+    return HostStagedProcessGroup(store, rank, world_size, timeout, device_type=ctx.name)

@@ -12,5 +12,5 @@ from accelkit.sdk import hookimpl, host_staged_process_group
 
 
 @hookimpl
-def accelkit_make_process_group(name: str, store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
-    return host_staged_process_group(name, store, rank, world_size, timeout)
+def accelkit_make_process_group(store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
+    return host_staged_process_group(store, rank, world_size, timeout)
