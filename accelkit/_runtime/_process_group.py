@@ -321,6 +321,14 @@ class HostStagedProcessGroup(dist.ProcessGroup):
             self._coalescing.append(work)
         return work
 
+    def _per_rank_problem(self, what: str, tensors: Sequence[torch.Tensor], like: torch.Tensor) -> str | None:
+        """Why a list of one tensor per rank, each like ``like``, is not that, or None."""
+        if len(tensors) != self.size():
+            return f"the {what} has {len(tensors)} tensors; the group has {self.size()} ranks"
+        if any(t.numel() != like.numel() or t.dtype != like.dtype for t in tensors):
+            return f"every tensor of the {what} must be {describe_tensor(like)}"
+        return None
+
     # -- reductions ------------------------------------------------------------------------------
 
     def _reduce_op(self, kind: str, op: Any) -> str:
@@ -332,50 +340,45 @@ class HostStagedProcessGroup(dist.ProcessGroup):
             )
         return name
 
+    def _in_place(self, kind: str, call: str, tensors: list[torch.Tensor], same: tuple,
+                  gloo_call: Callable[[list[torch.Tensor]], Any]) -> _StagedWork:
+        """A collective that reads and rewrites ``tensors`` (reductions, broadcast).
+
+        :param call: how the call reads in messages, e.g. ``all_reduce(SUM)``.
+        :param same: what must be equal on every rank besides the tensors' dtypes and shapes.
+        """
+        staged = self._inputs(tensors)
+        fp = Fingerprint(f"{call} {', '.join(map(describe_tensor, tensors))}", (*same, _shapes(tensors)))
+        return self._run(kind, fp, lambda: gloo_call(_hosts(staged)), staged, tensors, _nbytes(tensors))
+
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.AllreduceOptions()
         op = self._reduce_op("all_reduce", opts.reduceOp)
-        staged = self._inputs(tensors)
-        fp = Fingerprint(f"all_reduce({op}) {', '.join(map(describe_tensor, tensors))}",
-                         ("all_reduce", op, _shapes(tensors)))
-        return self._run("all_reduce", fp, lambda: self._gloo.allreduce(_hosts(staged), opts),
-                         staged, tensors, _nbytes(tensors))
+        return self._in_place("all_reduce", f"all_reduce({op})", tensors, ("all_reduce", op),
+                              lambda hosts: self._gloo.allreduce(hosts, opts))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
         op = self._reduce_op("all_reduce_coalesced", opts.reduceOp)
-        staged = self._inputs(tensors)
-        fp = Fingerprint(f"all_reduce_coalesced({op}) {', '.join(map(describe_tensor, tensors))}",
-                         ("all_reduce_coalesced", op, _shapes(tensors)))
-        return self._run("all_reduce", fp, lambda: self._gloo.allreduce_coalesced(_hosts(staged), opts),
-                         staged, tensors, _nbytes(tensors))
+        return self._in_place("all_reduce", f"all_reduce_coalesced({op})", tensors, ("all_reduce_coalesced", op),
+                              lambda hosts: self._gloo.allreduce_coalesced(hosts, opts))
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.ReduceOptions()
         op = self._reduce_op("reduce", opts.reduceOp)
-        staged = self._inputs(tensors)
-        fp = Fingerprint(f"reduce({op}, dst={opts.rootRank}) {', '.join(map(describe_tensor, tensors))}",
-                         ("reduce", op, opts.rootRank, _shapes(tensors)))
-        return self._run("reduce", fp, lambda: self._gloo.reduce(_hosts(staged), opts),
-                         staged, tensors, _nbytes(tensors))
+        return self._in_place("reduce", f"reduce({op}, dst={opts.rootRank})", tensors, ("reduce", op, opts.rootRank),
+                              lambda hosts: self._gloo.reduce(hosts, opts))
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.BroadcastOptions()
-        staged = self._inputs(tensors)
-        fp = Fingerprint(f"broadcast(src={opts.rootRank}) {', '.join(map(describe_tensor, tensors))}",
-                         ("broadcast", opts.rootRank, _shapes(tensors)))
-        return self._run("broadcast", fp, lambda: self._gloo.broadcast(_hosts(staged), opts),
-                         staged, tensors, _nbytes(tensors))
+        return self._in_place("broadcast", f"broadcast(src={opts.rootRank})", tensors, ("broadcast", opts.rootRank),
+                              lambda hosts: self._gloo.broadcast(hosts, opts))
 
     # -- gathers and scatters --------------------------------------------------------------------
 
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> _StagedWork:
-        problem = None
-        for outs, inp in zip(output_lists, inputs):
-            if len(outs) != self.size():
-                problem = f"the output list has {len(outs)} tensors; the group has {self.size()} ranks"
-            elif any(o.numel() != inp.numel() or o.dtype != inp.dtype for o in outs):
-                problem = f"every output must be {describe_tensor(inp)} like the input"
+        problem = next((p for outs, inp in zip(output_lists, inputs)
+                        if (p := self._per_rank_problem("output list", outs, inp))), None)
         fp = Fingerprint(f"all_gather {', '.join(map(describe_tensor, inputs))}",
                          ("all_gather", _shapes(inputs)), problem=problem)
         staged_in = self._inputs(inputs)
@@ -453,11 +456,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         root = opts.rootRank
         problem = None
         if self.rank() == root:
-            outs = output_lists[0] if output_lists else []
-            if len(outs) != self.size():
-                problem = f"the gather list has {len(outs)} tensors; the group has {self.size()} ranks"
-            elif any(o.numel() != inputs[0].numel() or o.dtype != inputs[0].dtype for o in outs):
-                problem = f"every gather_list tensor must be {describe_tensor(inputs[0])} like the input"
+            problem = self._per_rank_problem("gather list", output_lists[0] if output_lists else [], inputs[0])
         fp = Fingerprint(f"gather(dst={root}) {', '.join(map(describe_tensor, inputs))}",
                          ("gather", root, _shapes(inputs)), problem=problem)
         staged_in = self._inputs(inputs)
@@ -472,11 +471,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         root = opts.rootRank
         problem = None
         if self.rank() == root:
-            ins = input_lists[0] if input_lists else []
-            if len(ins) != self.size():
-                problem = f"the scatter list has {len(ins)} tensors; the group has {self.size()} ranks"
-            elif any(t.numel() != outputs[0].numel() or t.dtype != outputs[0].dtype for t in ins):
-                problem = f"every scatter_list tensor must be {describe_tensor(outputs[0])} like the output"
+            problem = self._per_rank_problem("scatter list", input_lists[0] if input_lists else [], outputs[0])
         fp = Fingerprint(f"scatter(src={root}) {', '.join(map(describe_tensor, outputs))}",
                          ("scatter", root, _shapes(outputs)), problem=problem)
         staged_out = self._outputs(outputs)
