@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 from accelkit._runtime import _tensors
 from accelkit._runtime._collective_checks import (
+    DTYPE_CODES,
     CollectiveError,
     CollectiveMismatchError,
     Fingerprint,
@@ -696,19 +697,8 @@ class _Combined(dist._Work):
 
 
 def _dtype(code: int) -> torch.dtype:
-    from accelkit._runtime._collective_checks import DTYPE_CODES
-
     return DTYPE_CODES[code] if 0 <= code < len(DTYPE_CODES) else torch.uint8
 
 
 def _dtype_name(code: int) -> str:
     return str(_dtype(code)).removeprefix("torch.")
-
-
-def create_process_group(device_type: str) -> Callable[..., HostStagedProcessGroup]:
-    """The c10d creator for ``dist.Backend.register_backend``."""
-
-    def create(store: Any, rank: int, world_size: int, timeout: timedelta) -> HostStagedProcessGroup:
-        return HostStagedProcessGroup(store, rank, world_size, timeout, device_type=device_type)
-
-    return create
