@@ -1,5 +1,6 @@
 """The ``accelkit`` command: ``accelkit devices [--json]``, ``accelkit select [SPEC]``,
-``accelkit new-backend NAME [--dir DIR]`` (see :mod:`accelkit._scaffold`) and
+``accelkit new-backend NAME [--dir DIR]`` (see :mod:`accelkit._scaffold`),
+``accelkit native {build,status}`` (see :mod:`accelkit._native`) and
 ``accelkit conformance {run,report,diff}`` (see :mod:`accelkit_conformance`)."""
 
 from __future__ import annotations
@@ -72,6 +73,17 @@ def _new_backend(args: argparse.Namespace) -> int:
     return 0
 
 
+def _native(args: argparse.Namespace) -> int:
+    from accelkit import _native
+
+    if args.action == "build":
+        path, seconds = _native.build(force=args.force)
+        print(f"built in {seconds:.1f} s: {path}" if seconds else f"already built: {path}")
+    else:
+        print(_native.status())
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="accelkit", description="One accelerator layer for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -91,6 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     new.add_argument("--dir", default=None, metavar="DIR",
                      help="where to write the package, new or empty (default: accelkit-NAME in the current directory)")
     new.set_defaults(run=_new_backend)
+    native = commands.add_parser(
+        "native", help="build accelkit's native extension (needed for several devices per process)",
+        description="Build (or show the state of) accelkit's C++ extension, compiled against the installed "
+                    "torch with the system compiler; see accelkit._native.",
+    )
+    native.add_argument("action", choices=("build", "status"))
+    native.add_argument("--force", action="store_true", help="rebuild even when it is built already")
+    native.set_defaults(run=_native)
     commands.add_parser(
         "conformance", add_help=False,
         help="run the conformance suites against backends, render and compare results (run, report, diff)",

@@ -131,19 +131,22 @@ def accelkit_backend_activated(name: str, device: torch.device, device_model: De
 
 
 @hookspec(firstresult=True)
-def accelkit_make_allocator(name: str, device_model: DeviceModel) -> DeviceAllocator | None:
-    """Create the allocator that owns the backend's device memory.
+def accelkit_make_allocator(name: str, device_model: DeviceModel, index: int) -> DeviceAllocator | None:
+    """Create the allocator that owns one device's memory.
 
     Kind: firstresult. Required for activation.
 
     :param name: the backend's name.
     :param device_model: the record from :func:`accelkit_device_model`; its ``memory_bytes``
-        is the capacity.
+        is the capacity of each device.
+    :param index: which device (``name:index``), from 0 to the probe's ``device_count`` - 1.
+        Each device has its own allocator, so its own accounting and capacity; the results
+        that the runtime hands an allocator come from kernels run on its device.
     :returns: a subclass of :class:`accelkit.sdk.DeviceAllocator`, which adds caching,
         statistics and the capacity check (``torch.OutOfMemoryError``) around the backend's
         raw primitives; ``None``: the backend cannot be activated.
 
-    Called by the core at activation, once.
+    Called by the core at activation, once per device.
     """
 
 

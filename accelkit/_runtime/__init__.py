@@ -20,7 +20,7 @@ from torch._ops import OpOverload
 from accelkit._errors import AccelkitError, BackendConflictError, DeviceUnavailableError, PluginError
 from accelkit._contract import autocast_policy
 from accelkit._plugins import BackendRecord
-from accelkit._runtime import _tensors
+from accelkit._runtime import _devices, _tensors
 from accelkit._runtime._autocast import install_autocast
 from accelkit._runtime._context import BackendContext, policy_from_env
 from accelkit._runtime._core_ops import core_ops
@@ -141,9 +141,18 @@ def _build_context(record: BackendRecord, probe: Any) -> BackendContext:
     model = record.answer("accelkit_device_model", DeviceModel)
     if model is None:
         raise DeviceUnavailableError(f"backend {name!r} does not describe its device (accelkit_device_model)")
-    allocator = record.answer("accelkit_make_allocator", DeviceAllocator, device_model=model)
-    if allocator is None:
-        raise DeviceUnavailableError(f"backend {name!r} provides no allocator (accelkit_make_allocator)")
+    count = max(1, probe.device_count)
+    allocators = []
+    for index in range(count):
+        allocator = record.answer("accelkit_make_allocator", DeviceAllocator, device_model=model, index=index)
+        if allocator is None:
+            raise DeviceUnavailableError(f"backend {name!r} provides no allocator (accelkit_make_allocator)")
+        allocator.index = index
+        allocators.append(allocator)
+    devices = None
+    if count > 1:
+        devices = _devices.DeviceSwitch(_native_for(name, count), name)
+        allocator = _devices.CurrentDeviceAllocator(allocators, devices.current)
     decompositions = record.answer("accelkit_decompositions", Mapping)
     return BackendContext(
         name=name,
@@ -160,7 +169,23 @@ def _build_context(record: BackendRecord, probe: Any) -> BackendContext:
         autocast=autocast_policy(record),
         fallback_policy=policy_from_env(record.info.default_fallback),
         compiler=record.answer("accelkit_make_compiler", Callable),
+        allocators=tuple(allocators),
+        devices=devices,
     )
+
+
+def _native_for(name: str, count: int) -> Any:
+    """accelkit's native extension, for a process with ``count`` devices of ``name``."""
+    from accelkit import _native
+
+    try:
+        return _native.load()
+    except _native.NativeUnavailableError as exc:
+        raise DeviceUnavailableError(
+            f"{name} has {count} devices in this process (ACCELKIT_{name.upper()}_DEVICES), which needs "
+            f"accelkit's native extension: {exc}. Build it with `python -m accelkit native build`, or "
+            f"use one device per process (unset ACCELKIT_{name.upper()}_DEVICES)."
+        ) from None
 
 
 class _Hooks(_acc.PrivateUse1Hooks):
@@ -211,26 +236,38 @@ def register_device_guard() -> None:
             _guard = guard
 
 
+def _probe_tensor(ctx: BackendContext, dtype: torch.dtype) -> torch.Tensor:
+    """An empty 0-d tensor on the backend's last device, made without a kernel."""
+    if ctx.devices is None:
+        return _acc.create_empty_tensor([], dtype)
+    from accelkit import _native
+
+    return _native.load().device_tensor([], [], dtype, ctx.device_count - 1, 0, 0)
+
+
 class _EngineProbe(torch.autograd.Function):
     """A backward whose gradient lives on the device, running no device kernel."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return _acc.create_empty_tensor([], x.dtype)
+    def forward(ctx: Any, x: torch.Tensor, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        return make()
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> None:
-        return None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[None, None]:
+        return None, None
 
 
-def _check_autograd_engine(name: str) -> None:
-    """Run one device backward now, so that a process whose autograd engine has no queue for
-    PrivateUse1 (a backward ran before :func:`register_device_guard`) fails at selection,
-    with the reason, and never inside PyTorch at the user's first backward."""
+def _check_autograd_engine(ctx: BackendContext) -> None:
+    """Run one backward on the last device now, so that a process whose autograd engine has no
+    queue for it (a backward ran before :func:`register_device_guard`, or, with several devices,
+    before activation) fails at selection, with the reason, and never inside PyTorch at the
+    user's first backward."""
+    name = ctx.name
     with torch.inference_mode(False), torch.enable_grad(), torch.autograd.set_multithreading_enabled(True):
         x = torch.zeros((), requires_grad=True)
         try:
-            torch.autograd.backward(_EngineProbe.apply(x), _acc.create_empty_tensor([], x.dtype))
+            make = functools.partial(_probe_tensor, ctx, x.dtype)
+            torch.autograd.backward(_EngineProbe.apply(x, make), make())
         except RuntimeError as exc:
             if "fork-based multiprocessing" in str(exc):
                 return  # a forked child: PyTorch refuses every backward here with this reason
@@ -250,13 +287,20 @@ def _install(ctx: BackendContext) -> None:
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
     register_device_guard()
+    if ctx.devices is not None:
+        # The native guard replaces the Python one (registered at import, before any backward).
+        from accelkit import _native
+
+        native = _native.load()
+        native.install_guard(ctx.device_count, lambda index: ctx.allocators[index].synchronize())
+        _tensors.use_native_devices(native)
     _setup_privateuseone_for_python_backend(
         rename=ctx.name, backend_module=DeviceModule(ctx), hook=_Hooks(ctx), device_guard=_guard or _Guard()
     )
-    _check_autograd_engine(ctx.name)
+    _check_autograd_engine(ctx)
     global _pipeline
     pipeline = _pipeline = Pipeline(ctx)
-    kernels = torch.library.Library("aten", "IMPL")
+    kernels = _KernelLibrary(ctx, torch.library.Library("aten", "IMPL"))
     for op, fn in core_ops(ctx).items():
         kernels.impl(op, fn, "PrivateUse1")
     owned = set(core_ops(ctx))
@@ -282,14 +326,30 @@ def _install(ctx: BackendContext) -> None:
         if op not in owned:
             kernels.impl(op, functools.partial(pipeline.fallback, op), "PrivateUse1")
     fallbacks = torch.library.Library("_", "IMPL")
-    fallbacks.fallback(pipeline.fallback, dispatch_key="PrivateUse1")
+    fallback = pipeline.fallback
+    if ctx.devices is not None:
+        fallback = _devices.on_op_device(ctx.name, ctx.devices, None, fallback, boxed=True)
+    fallbacks.fallback(fallback, dispatch_key="PrivateUse1")
     fallbacks.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
     autocast = torch.library.Library("aten", "IMPL")
     install_autocast(autocast, ctx.name, ctx.autocast)
-    _libraries.extend((kernels, fallbacks, autocast))
+    _libraries.extend((kernels.library, fallbacks, autocast))
     install_serialization(ctx)
     _tensors.install_storage_resize(ctx)
     _install_formatting(ctx)
+
+
+class _KernelLibrary:
+    """A ``torch.library.Library`` whose PrivateUse1 kernels run on their op's device when the
+    process has several (see :mod:`accelkit._runtime._devices`)."""
+
+    def __init__(self, ctx: BackendContext, library: torch.library.Library):
+        self.ctx, self.library = ctx, library
+
+    def impl(self, op: Any, fn: Callable, dispatch_key: str) -> None:
+        if self.ctx.devices is not None:
+            fn = _devices.on_op_device(self.ctx.name, self.ctx.devices, op, fn)
+        self.library.impl(op, fn, dispatch_key)
 
 
 def _native_kernel(ctx: BackendContext, pipeline: Pipeline, op: OpOverload, fn: Callable) -> Callable:
@@ -314,9 +374,9 @@ def register_kernel(op: OpOverload, fn: Callable) -> None:
     if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "PrivateUse1"):
         raise AccelkitError(f"{op} already has a {ctx.name} kernel; a kernel is registered once per process")
     namespace = op._schema.name.split("::")[0]
-    library = torch.library.Library(namespace, "IMPL")
+    library = _KernelLibrary(ctx, torch.library.Library(namespace, "IMPL"))
     library.impl(op, _native_kernel(ctx, pipeline, op, fn), "PrivateUse1")
-    _libraries.append(library)
+    _libraries.append(library.library)
 
 
 def _check_kernels(ctx: BackendContext) -> None:

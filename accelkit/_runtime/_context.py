@@ -59,6 +59,11 @@ class BackendContext:
     autocast: AutocastPolicy
     fallback_policy: str
     compiler: Callable | None = None
+    #: One allocator per device; ``allocator`` is the only one, or, with several, the current
+    #: device's (a :class:`~accelkit._runtime._devices.CurrentDeviceAllocator`).
+    allocators: tuple[DeviceAllocator, ...] = ()
+    #: The current-device switch of a process with several devices, else None.
+    devices: Any = None
     generator: torch.Generator = field(default_factory=torch.Generator)
     counters: OpCounters = field(default_factory=OpCounters)
     _warned: set = field(default_factory=set)
@@ -67,6 +72,21 @@ class BackendContext:
     @property
     def device(self) -> torch.device:
         return torch.device(self.name, 0)
+
+    @property
+    def device_count(self) -> int:
+        return len(self.allocators) or 1
+
+    def allocator_of(self, index: int) -> DeviceAllocator:
+        """Device ``index``'s allocator."""
+        return self.allocators[index] if self.allocators else self.allocator
+
+    def current_index(self) -> int:
+        return self.devices.current() if self.devices is not None else 0
+
+    def on_device(self, index: int) -> contextlib.AbstractContextManager:
+        """Run the block with ``index`` as the current device (a no-op with one device)."""
+        return self.devices.on(index) if self.devices is not None else contextlib.nullcontext()
 
     def check_dtype(self, dtype: torch.dtype) -> None:
         # Formatting for print computes display statistics in float64; that is not the

@@ -26,13 +26,18 @@ _MEMORY_FORMAT_STRIDES = {
 
 
 def _check_index(ctx: BackendContext, device: Any) -> None:
+    """A factory's ``device=`` names a device this process has (the runtime has already made it
+    the current one, see :mod:`accelkit._runtime._devices`)."""
     if device is None:
         return
     index = torch.device(device).index
-    if index not in (None, 0):
+    if index is not None and not 0 <= index < ctx.device_count:
+        upper = ctx.name.upper()
         raise RuntimeError(
-            f"accelkit places {ctx.name} tensors on {ctx.name}:0 only; {ctx.name}:{index} was "
-            "requested. Run one process per device (torch.distributed) to use several devices."
+            f"{ctx.name}:{index} does not exist: this process has {ctx.device_count} {ctx.name} "
+            f"device(s) ({ctx.name}:0 to {ctx.name}:{ctx.device_count - 1}). Set "
+            f"ACCELKIT_{upper}_DEVICES to the number of devices a simulated {ctx.name} should have, "
+            "or run one process per device (torch.distributed)."
         )
 
 
@@ -181,6 +186,12 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
                     "to a single memory location. Please clone() the tensor before performing the "
                     "operation."
                 )
+            if src.device.type == name and src.device != dst.device:
+                with ctx.on_device(src.device.index):  # between two devices: through the host
+                    src = T.to_host(ctx, src)
+                with ctx.on_device(dst.device.index):
+                    T.write(ctx, dst, ctx.allocator.from_host(T.stored_form(dst, src)))
+                return dst
             if src.device.type == name:
                 # Complex to real stays on the host path, which warns that the imaginary part
                 # goes; so do copies between views with different conjugate/negative bits.
@@ -198,11 +209,13 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
                 src = T.to_host(ctx, src)
             T.write(ctx, dst, allocator.from_host(T.stored_form(dst, src)))
             return dst
-        dst.copy_(T.to_host(ctx, src))
+        with ctx.on_device(src.device.index):
+            dst.copy_(T.to_host(ctx, src))
         return dst
 
     def copy_from(self, dst, non_blocking=False):
-        return copy_(dst, self, non_blocking)
+        with ctx.on_device(dst.device.index if dst.device.type == ctx.name else self.device.index):
+            return copy_(dst, self, non_blocking)
 
     def copy_from_and_resize(self, dst):
         if dst.device.type == ctx.name:

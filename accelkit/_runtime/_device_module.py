@@ -54,8 +54,8 @@ class DeviceModule(types.ModuleType):
     def __init__(self, ctx: BackendContext):
         super().__init__(f"torch.{ctx.name}", f"accelkit device module for {ctx.name!r}")
         self._ctx = ctx
-        self.Stream = stream_class(ctx.name)
-        self.Event = event_class(ctx.name, ctx.allocator.synchronize)
+        self.Stream = stream_class(ctx.name, ctx.current_index)
+        self.Event = event_class(ctx.name, ctx.allocator.synchronize, ctx.current_index)
 
     # -- identity and availability ---------------------------------------------------------
 
@@ -79,48 +79,57 @@ class DeviceModule(types.ModuleType):
         return False
 
     def device_count(self) -> int:
-        """Devices usable as tensor locations in this process (tensors live on index 0)."""
-        return 1 if self._ctx.probe.available else 0
+        """Devices usable as tensor locations in this process (``ACCELKIT_<NAME>_DEVICES`` for a
+        simulated backend, default 1)."""
+        return self._ctx.device_count if self._ctx.probe.available else 0
 
     def current_device(self) -> int:
-        return 0
+        return self._ctx.current_index()
 
     def _index(self, device: Any) -> int:
+        """The index ``device`` (None: the current device, an int, a string or torch.device) names."""
         if device is None:
-            return 0
+            return self._ctx.current_index()
         if isinstance(device, int):
             index = device
         else:
             d = torch.device(device)
             if d.type != self._ctx.name:
                 raise ValueError(f"expected a {self._ctx.name} device, got {d}")
-            index = d.index or 0
-        if index not in (0, -1):
+            index = self._ctx.current_index() if d.index is None else d.index
+        if index == -1:
+            return self._ctx.current_index()
+        count = self._ctx.device_count
+        if not 0 <= index < count:
             raise ValueError(
-                f"{self._ctx.name}:{index} is not available: accelkit uses {self._ctx.name}:0 in "
-                "each process (run one process per device)"
+                f"{self._ctx.name}:{index} does not exist: this process has {count} {self._ctx.name} "
+                f"device(s); ACCELKIT_{self._ctx.name.upper()}_DEVICES sets how many a simulated "
+                f"{self._ctx.name} has, or run one process per device (torch.distributed)"
             )
-        return 0
+        return index
+
+    def _allocator(self, device: Any) -> Any:
+        return self._ctx.allocator_of(self._index(device))
 
     def set_device(self, device: Any) -> None:
-        self._index(device)
+        index = self._index(device)
+        if self._ctx.devices is not None:
+            self._ctx.devices.set(index)
 
     @contextlib.contextmanager
     def device(self, device: Any) -> Iterator[None]:
-        """Context manager selecting a device; only index 0 exists in a process."""
-        self._index(device)
-        yield
+        """Context manager making ``device`` the current device for the block."""
+        with self._ctx.on_device(self._index(device)):
+            yield
 
     def synchronize(self, device: Any = None) -> None:
         """Wait until all work queued on the device is done."""
-        self._index(device)
-        self._ctx.allocator.synchronize()
+        self._allocator(device).synchronize()
 
     # -- streams (one in-order queue; see accelkit/_runtime/_streams.py) -----------------------
 
     def current_stream(self, device: Any = None) -> torch.Stream:
-        self._index(device)
-        return self.Stream()
+        return self.Stream(self._index(device))
 
     default_stream = current_stream
 
@@ -163,7 +172,8 @@ class DeviceModule(types.ModuleType):
         self._ctx.generator.set_state(new_state)
 
     def get_rng_state_all(self) -> list[torch.Tensor]:
-        return [self.get_rng_state()]
+        """One state per device; the devices of a process share one generator, so they are equal."""
+        return [self.get_rng_state() for _ in range(self.device_count())]
 
     def set_rng_state_all(self, new_states: list[torch.Tensor]) -> None:
         self.set_rng_state(new_states[0])
@@ -179,34 +189,28 @@ class DeviceModule(types.ModuleType):
     # -- memory ----------------------------------------------------------------------------
 
     def memory_allocated(self, device: Any = None) -> int:
-        self._index(device)
-        return self._ctx.allocator.memory_allocated()
+        return self._allocator(device).memory_allocated()
 
     def max_memory_allocated(self, device: Any = None) -> int:
-        self._index(device)
-        return self._ctx.allocator.max_memory_allocated()
+        return self._allocator(device).max_memory_allocated()
 
     def memory_reserved(self, device: Any = None) -> int:
-        self._index(device)
-        return self._ctx.allocator.memory_reserved()
+        return self._allocator(device).memory_reserved()
 
     def max_memory_reserved(self, device: Any = None) -> int:
-        self._index(device)
-        return self._ctx.allocator.max_memory_reserved()
+        return self._allocator(device).max_memory_reserved()
 
     def reset_peak_memory_stats(self, device: Any = None) -> None:
-        self._index(device)
-        self._ctx.allocator.reset_peak_stats()
+        self._allocator(device).reset_peak_stats()
 
     def empty_cache(self) -> None:
-        self._ctx.allocator.empty_cache()
+        for allocator in self._ctx.allocators or (self._ctx.allocator,):
+            allocator.empty_cache()
 
     def memory_stats(self, device: Any = None) -> dict[str, int]:
-        self._index(device)
-        return self._ctx.allocator.memory_stats()
+        return self._allocator(device).memory_stats()
 
     def mem_get_info(self, device: Any = None) -> tuple[int, int]:
         """``(free, total)`` bytes, where free excludes cached blocks."""
-        self._index(device)
-        allocator = self._ctx.allocator
+        allocator = self._allocator(device)
         return allocator.capacity - allocator.memory_reserved(), allocator.capacity

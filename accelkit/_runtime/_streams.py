@@ -1,7 +1,7 @@
 """``torch.<name>.Stream``, ``Event`` and the stream context: honest in-order semantics.
 
-An accelkit device runs its work in program order on one queue, so every stream is that queue
-(``stream_id`` 0, the default stream PyTorch's Python device guard gives PrivateUse1): waits
+An accelkit device runs its work in program order on one queue, so every stream of a device is
+that queue (``stream_id`` 0, the default stream the device guard gives PrivateUse1): waits
 between streams hold trivially, ``record_stream`` has nothing to protect, and code written for
 CUDA streams (DDP, FSDP2's all-gather and reduce-scatter streams) runs correctly, without
 overlap. An event marks the point in that order where it was recorded; its timestamp is taken
@@ -12,25 +12,26 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
 
-def stream_class(device_type: str) -> type:
+def stream_class(device_type: str, current_index: Callable[[], int]) -> type:
     class Stream(torch.Stream):
-        """A stream of the device: its one in-order queue (see the module docstring)."""
+        """A stream of a device (default: the current one): its one in-order queue (see the
+        module docstring)."""
 
         def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> Stream:
-            return super().__new__(cls, device=_device(device_type, device), priority=priority)
+            return super().__new__(cls, device=_device(device_type, device, current_index), priority=priority)
 
     Stream.__qualname__ = Stream.__name__ = "Stream"
     Stream.__module__ = f"torch.{device_type}"
     return Stream
 
 
-def event_class(device_type: str, synchronize: Any) -> type:
+def event_class(device_type: str, synchronize: Callable[[], None], current_index: Callable[[], int]) -> type:
     class Event(torch.Event):
         """A point in the device's queue. ``synchronize()``/``query()`` see the work before it;
         with ``enable_timing=True``, ``elapsed_time(end)`` is the milliseconds of device work
@@ -38,7 +39,7 @@ def event_class(device_type: str, synchronize: Any) -> type:
 
         def __new__(cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
                     **kwargs: Any) -> Event:
-            event = super().__new__(cls, device=torch.device(device_type, 0), enable_timing=enable_timing,
+            event = super().__new__(cls, device=torch.device(device_type, current_index()), enable_timing=enable_timing,
                                     blocking=blocking, interprocess=interprocess)
             event._timing = enable_timing
             event._recorded_at = None
@@ -70,9 +71,9 @@ def event_class(device_type: str, synchronize: Any) -> type:
     return Event
 
 
-def _device(device_type: str, device: Any) -> torch.device:
+def _device(device_type: str, device: Any, current_index: Callable[[], int]) -> torch.device:
     if device is None:
-        return torch.device(device_type, 0)
+        return torch.device(device_type, current_index())
     if isinstance(device, int):
         return torch.device(device_type, device)
     return torch.device(device)

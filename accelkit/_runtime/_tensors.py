@@ -33,6 +33,15 @@ _set_storage_meta = functools.partial(
 _create_empty = torch._C._acc.create_empty_tensor  # contiguous, with an empty resizable storage
 _storage_at = torch._C._construct_storage_from_data_pointer  # (address, device, nbytes)
 _DEVICE = torch.device("privateuseone", 0)
+#: accelkit's native maker of tensors at any device index, set when the process has several
+#: devices (:func:`use_native_devices`); index 0 keeps the path above.
+_device_tensor: Any = None
+
+
+def use_native_devices(native: Any) -> None:
+    """Make tensors of buffers whose allocator is not device 0's on that device's index."""
+    global _device_tensor
+    _device_tensor = native.device_tensor
 
 
 def contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
@@ -75,7 +84,13 @@ def _wrap(
     payload: Buffer, size: tuple[int, ...], dtype: torch.dtype, stride: tuple[int, ...] | None
 ) -> torch.Tensor:
     """A new device tensor over ``payload``: its storage has the payload, the payload's byte
-    size and its address; ``stride`` None means contiguous."""
+    size and its address; ``stride`` None means contiguous. The tensor is on the device of the
+    payload's allocator."""
+    if _device_tensor is not None and (index := payload._allocator.index):
+        tensor = _device_tensor(size, _dense_strides(size) if stride is None else stride, dtype, index,
+                                payload.address, payload.nbytes)
+        tensor.untyped_storage().payload = payload
+        return tensor
     tensor = _create_empty(size, dtype)
     storage = tensor.untyped_storage()
     if payload.address:
@@ -123,14 +138,16 @@ def resize_storage(ctx: BackendContext, storage: torch.UntypedStorage, nbytes: i
     (FSDP2 frees a parameter's memory with ``resize_(0)`` and brings it back the same way).
     Nothing changes if the allocation fails."""
     old: Buffer = storage.payload
-    new = ctx.allocator.allocate(nbytes)
+    allocator = ctx.allocator_of(storage.device.index or 0)
+    new = allocator.allocate(nbytes)
     kept = min(old.nbytes, nbytes)
     if kept:
-        ctx.allocator.write_bytes(new.block, ctx.allocator.read_bytes(old.block, kept))
-    placeholder = _storage_at(0, _DEVICE, 0)
+        allocator.write_bytes(new.block, allocator.read_bytes(old.block, kept))
+    device = storage.device
+    placeholder = _storage_at(0, device, 0)
     storage._swap_data_ptr_(placeholder)  # byte sizes must match or one be 0: empty it first
     if nbytes:
-        storage._swap_data_ptr_(_storage_at(new.address, _DEVICE, new.nbytes))
+        storage._swap_data_ptr_(_storage_at(new.address, device, new.nbytes))
     del placeholder  # it holds the old address, which the old buffer gives back when it goes
     storage.payload = new
 

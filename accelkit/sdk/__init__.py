@@ -21,7 +21,7 @@ entry-point group ``accelkit.backends``; ``accelkit new-backend NAME`` writes on
 - collectives: :func:`host_staged_process_group` (the c10d process group
   ``accelkit_make_process_group`` answers with) and :class:`Interconnect` (the device model's
   network, for collective estimates);
-- options: :func:`env_choice`.
+- options: :func:`env_choice`, :func:`device_count_from_env`.
 """
 
 from accelkit.hookspecs import hookimpl
@@ -58,7 +58,7 @@ from accelkit.sdk._records import (
     Tolerance,
     UnsupportedDtypeError,
 )
-from accelkit.sdk._options import env_choice
+from accelkit.sdk._options import device_count_from_env, env_choice
 from accelkit.sdk._registry_view import BackendView, backends
 
 __all__ = [
@@ -89,6 +89,7 @@ __all__ = [
     "backends",
     "default_decompositions",
     "device_generator",
+    "device_count_from_env",
     "env_choice",
     "format_bytes",
     "graph_compiler",

@@ -141,6 +141,9 @@ class DeviceAllocator:
     :param max_cached: bytes of freed blocks kept for reuse (default: a quarter of capacity).
     """
 
+    #: Which device of the backend this allocator owns (set by the runtime at activation).
+    index: int = 0
+
     def __init__(self, device: str, capacity: int, max_cached: int | None = None):
         if capacity <= 0:
             raise ValueError(f"{device}: allocator capacity must be positive, got {capacity}")

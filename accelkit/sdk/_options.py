@@ -17,3 +17,29 @@ def env_choice(variable: str, choices: Sequence[str], default: str) -> str:
     if value not in choices:
         raise ValueError(f"{variable}={value!r}: use one of {', '.join(choices)}")
     return value
+
+
+MAX_DEVICES = 64
+
+
+def device_count_from_env(backend: str, default: int = 1) -> int:
+    """How many devices of a simulated ``backend`` one process gets: ``ACCELKIT_<BACKEND>_DEVICES``
+    (e.g. ``ACCELKIT_TPU_DEVICES=4``, the chips of a TPU host), else ``default``.
+
+    More than one needs accelkit's native extension (:mod:`accelkit._native`), which the
+    runtime loads at activation.
+
+    :raises ValueError: the value is not a whole number from 1 to 64; the message names the
+        variable and the value.
+    """
+    variable = f"ACCELKIT_{backend.upper()}_DEVICES"
+    value = os.environ.get(variable, "").strip()
+    if not value:
+        return default
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_DEVICES:
+        raise ValueError(f"{variable}={value!r}: use a whole number of devices from 1 to {MAX_DEVICES}")
+    return count

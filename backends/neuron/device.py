@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from accelkit.sdk import DeviceModel, DeviceProbe, Interconnect, hookimpl
+from accelkit.sdk import DeviceModel, DeviceProbe, Interconnect, device_count_from_env, hookimpl
 
 TARGET_ENV = "ACCELKIT_NEURON_TARGET"
 #: trn2 (NeuronCore-v3): the generation TorchNeuron launched on and the one AWS sells for
@@ -237,8 +237,12 @@ def probe() -> DeviceProbe:
         return DeviceProbe(False, False, reason=str(exc))
     if importlib.util.find_spec("ml_dtypes") is None:
         return DeviceProbe(False, False, reason="ml_dtypes is not installed: pip install 'accelkit[neuron]'")
+    try:
+        count = device_count_from_env("neuron")
+    except ValueError as exc:
+        return DeviceProbe(False, True, reason=str(exc))
     return DeviceProbe(
-        True, True, device_count=1, target=target,
+        True, True, device_count=count, target=target,
         reason=f"simulated NeuronCore ({core_spec(target).version}, {target}); "
                "every time figure is an estimate from public specifications",
     )

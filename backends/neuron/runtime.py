@@ -56,10 +56,10 @@ def _warn_downcast() -> None:
 
 
 @hookimpl
-def accelkit_make_allocator(device_model: DeviceModel) -> Any:
+def accelkit_make_allocator(device_model: DeviceModel, index: int) -> Any:
     from accelkit_backends.neuron.buffers import NeuronAllocator
 
-    return NeuronAllocator(f"neuron:0 ({device_model.name})", device_model.memory_bytes)
+    return NeuronAllocator(f"neuron:{index} ({device_model.name})", device_model.memory_bytes)
 
 
 @hookimpl

@@ -59,5 +59,5 @@ class RefAllocator(DeviceAllocator):
 
 
 @hookimpl
-def accelkit_make_allocator(device_model: DeviceModel) -> RefAllocator:
-    return RefAllocator("ref:0", device_model.memory_bytes)
+def accelkit_make_allocator(device_model: DeviceModel, index: int) -> RefAllocator:
+    return RefAllocator(f"ref:{index}", device_model.memory_bytes)

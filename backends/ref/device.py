@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from accelkit.sdk import DeviceModel, DeviceProbe, hookimpl
+from accelkit.sdk import DeviceModel, DeviceProbe, device_count_from_env, hookimpl
 
 MEMORY_ENV = "ACCELKIT_REF_MEMORY"
 DEFAULT_MEMORY = 8 << 30
@@ -42,10 +42,14 @@ def device_model() -> DeviceModel:
 @hookimpl(specname="accelkit_probe")
 def probe() -> DeviceProbe:
     """ref runs wherever torch does; it is a reference device, so it counts as simulated."""
+    try:
+        count = device_count_from_env("ref")
+    except ValueError as exc:
+        return DeviceProbe(False, True, reason=str(exc))
     return DeviceProbe(
         available=True,
         simulated=True,
-        device_count=1,
+        device_count=count,
         target="host",
         reason="reference backend: host memory, computed with CPU torch",
     )

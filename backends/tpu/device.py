@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from accelkit.sdk import DeviceModel, DeviceProbe, Interconnect, hookimpl
+from accelkit.sdk import DeviceModel, DeviceProbe, Interconnect, device_count_from_env, hookimpl
 
 TARGET_ENV = "ACCELKIT_TPU_TARGET"
 #: v5e: the most widely available Cloud TPU generation and the one JAX's docs use as the example.
@@ -121,6 +121,11 @@ def accelkit_device_model() -> DeviceModel:
     return device_model(simulated=probe().simulated)
 
 
+def _chips_present() -> int:
+    """TPU chips attached to this host (one device node each)."""
+    return max(1, len(glob.glob("/dev/accel*")) or len(glob.glob("/dev/vfio/[0-9]*")))
+
+
 def _real_tpu_present() -> bool:
     """Cheap check: libtpu installed and TPU device nodes present (no jax import)."""
     if importlib.util.find_spec("libtpu") is None:
@@ -138,8 +143,12 @@ def probe() -> DeviceProbe:
     except ValueError as exc:
         return DeviceProbe(False, False, reason=str(exc))
     if _real_tpu_present():
-        return DeviceProbe(True, False, device_count=1, target=target)
+        return DeviceProbe(True, False, device_count=_chips_present(), target=target)
+    try:
+        count = device_count_from_env("tpu")
+    except ValueError as exc:
+        return DeviceProbe(False, True, reason=str(exc))
     return DeviceProbe(
-        True, True, device_count=1, target=target,
+        True, True, device_count=count, target=target,
         reason=f"no TPU here: XLA's CPU platform runs as a simulated TPU {target}",
     )

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from accelkit.sdk import DeviceModel, DtypeRules, env_choice, hookimpl
+from accelkit.sdk import DeviceModel, DtypeRules, device_count_from_env, env_choice, hookimpl
 
 FLOAT64_ENV = "ACCELKIT_TPU_FLOAT64"
 FLOAT64_POLICIES = ("error", "emulate")
@@ -25,16 +25,37 @@ def _jax() -> Any:
     return jax
 
 
-def jax_device(simulated: bool) -> Any:
+def jax_device(simulated: bool, index: int = 0) -> Any:
+    """The PJRT device behind ``tpu:index``: a chip, or one of XLA's CPU devices (as many as
+    ``ACCELKIT_TPU_DEVICES`` asks for) when simulated."""
     jax = _jax()
-    return jax.devices("cpu" if simulated else "tpu")[0]
+    if simulated:
+        count = device_count_from_env("tpu")
+        if count > 1 and not _cpu_devices_configured(jax, count):
+            raise RuntimeError(
+                f"ACCELKIT_TPU_DEVICES={count} needs {count} XLA CPU devices, but jax was initialised "
+                "with fewer before accelkit activated tpu; activate tpu before the first jax call"
+            )
+    devices = jax.devices("cpu" if simulated else "tpu")
+    if index >= len(devices):
+        raise RuntimeError(f"tpu:{index} does not exist: jax sees {len(devices)} device(s)")
+    return devices[index]
+
+
+def _cpu_devices_configured(jax: Any, count: int) -> bool:
+    """Ask XLA's CPU platform for ``count`` devices (possible until jax's backends start)."""
+    try:
+        jax.config.update("jax_num_cpu_devices", count)
+    except RuntimeError:  # backends already initialised: keep what they have
+        pass
+    return len(jax.devices("cpu")) >= count
 
 
 @hookimpl
-def accelkit_make_allocator(device_model: DeviceModel) -> Any:
+def accelkit_make_allocator(device_model: DeviceModel, index: int) -> Any:
     from accelkit_backends.tpu.buffers import TpuAllocator
 
-    return TpuAllocator("tpu:0", device_model.memory_bytes, jax_device(device_model.simulated))
+    return TpuAllocator(f"tpu:{index}", device_model.memory_bytes, jax_device(device_model.simulated, index))
 
 
 @hookimpl
