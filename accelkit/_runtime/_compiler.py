@@ -33,7 +33,12 @@ def compiler_for(name: str) -> Callable[..., Any]:
                 f"the {name!r} backend does not support torch.compile (it provides no "
                 "accelkit_make_compiler); use backend='aot_eager' to run graphs op by op."
             )
-        return ctx.compiler(gm, example_inputs)
+        compiled = ctx.compiler(gm, example_inputs)
+        if ctx.devices is not None:
+            from accelkit._runtime._devices import on_inputs_device
+
+            compiled = on_inputs_device(ctx.name, ctx.devices, compiled)
+        return compiled
 
     compile_graph.__name__ = compile_graph.__qualname__ = f"accelkit_{name}"
     return compile_graph

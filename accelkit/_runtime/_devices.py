@@ -161,3 +161,24 @@ def on_op_device(name: str, switch: DeviceSwitch, op: Any, kernel: Callable[...,
             restore(previous)
 
     return run
+
+
+def on_inputs_device(name: str, switch: DeviceSwitch, program: Callable[..., Any]) -> Callable[..., Any]:
+    """A compiled program run with the current device switched to its inputs' device, so its
+    results are on it (the backward runs in the autograd engine's thread for that device,
+    which the engine has already switched). Keeps Dynamo's boxed calling convention."""
+    exchange, restore = switch.exchange, switch.set
+
+    def run(*args: Any) -> Any:
+        inputs = args[0] if len(args) == 1 and isinstance(args[0], list) else args
+        index = op_device(name, tuple(t for t in inputs if isinstance(t, torch.Tensor)), {}, False)
+        if index is None:
+            return program(*args)
+        previous = exchange(index)
+        try:
+            return program(*args)
+        finally:
+            restore(previous)
+
+    run._boxed_call = getattr(program, "_boxed_call", False)  # type: ignore[attr-defined]
+    return functools.update_wrapper(run, program) if hasattr(program, "__name__") else run

@@ -109,7 +109,7 @@ class _Staged:
     """A tensor's host stand-in: the tensor itself when it is a contiguous CPU tensor, else a
     host buffer from the group's pool, filled with the tensor's values (``copy_in``) or not (an
     output), written back by :meth:`write_back` and returned by :meth:`release`. Tensors of the
-    active device are read and written through its allocator directly: one copy each way, no
+    active backend are read and written through their device's allocator directly: one copy each way, no
     dispatch, no version-counter bump (a collective is not an autograd in-place op, as with
     gloo on CPU or NCCL on CUDA)."""
 
@@ -134,7 +134,8 @@ class _Staged:
         if not copy_in:
             return
         if self._ctx is not None and not _tensors.has_math_bits(tensor):
-            self._ctx.allocator.to_host_into(_tensors.read(self._ctx, tensor), self.host)
+            with self._ctx.on_device(tensor.device.index):
+                self._ctx.allocator.to_host_into(_tensors.read(self._ctx, tensor), self.host)
         else:
             self.host.copy_(tensor.detach())
 
@@ -142,7 +143,9 @@ class _Staged:
         if self.host is self.tensor:
             return
         if self._ctx is not None:
-            _tensors.write_values(self._ctx, self.tensor, self._ctx.allocator.from_host(self.host))
+            ctx = self._ctx
+            with ctx.on_device(self.tensor.device.index):
+                _tensors.write_values(ctx, self.tensor, ctx.allocator.from_host(self.host))
         else:
             version = self.tensor._version
             with torch.no_grad():

@@ -34,6 +34,10 @@ def _join(timeout_s: float = 60.0) -> tuple[torch.device, Any, int, int]:
     import accelkit
 
     device = accelkit.select_device(os.environ["ACCELKIT_DEVICE"])
+    if os.environ.get("ACCELKIT_TEST_LOCAL_DEVICE"):
+        # CUDA's pattern under torchrun: each rank takes the device of its local rank.
+        device = torch.device(device.type, int(os.environ["LOCAL_RANK"]))
+        getattr(torch, device.type).set_device(device)
     bound = {"device_id": device} if os.environ.get("ACCELKIT_TEST_DEVICE_ID") else {}
     dist.init_process_group(device.type, timeout=timedelta(seconds=timeout_s), **bound)
     gloo = dist.new_group(backend="gloo")
