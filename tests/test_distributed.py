@@ -126,10 +126,28 @@ def test_fsdp2_matches_single_process_training(precision):
         assert f["losses_close"] and f["parameters_close"], f
 
 
-def test_fsdp2_on_neuron():
-    ranks = _findings("neuron", "fsdp2")
+def _local_devices(device: str) -> dict[str, str]:
+    """Two devices per process, and each rank on the one of its local rank (CUDA's pattern:
+    ``torch.device(name, local_rank)`` and ``set_device``)."""
+    return {"ACCELKIT_TEST_LOCAL_DEVICE": "1", f"ACCELKIT_{device.upper()}_DEVICES": "2"}
+
+
+def test_fsdp2_on_neuron_with_each_rank_on_its_local_device():
+    ranks = _findings("neuron", "fsdp2", env=_local_devices("neuron"))
     _ok(ranks)
-    assert all(r.findings["parameters_close"] and r.findings["shard_device"] == "neuron:0" for r in ranks)
+    for rank in ranks:
+        assert rank.findings["parameters_close"] and rank.findings["losses_close"], rank.findings
+        assert rank.findings["shard_device"] == f"neuron:{rank.rank}"
+
+
+def test_every_collective_on_the_local_rank_device_of_a_two_device_process():
+    ranks = _findings("tpu", "collectives", env=_local_devices("tpu"))
+    _ok(ranks)
+    for rank in ranks:
+        assert rank.findings.pop("stats")["device"] == f"tpu:{rank.rank}"
+        failed = {case: outcome for case, outcome in rank.findings.items() if outcome != "ok"}
+        assert not failed, failed
+        assert len(rank.findings) >= 25
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -103,14 +103,16 @@ def install_serialization(ctx: BackendContext) -> None:
     allocator = ctx.allocator
 
     def tagger(storage: Any) -> None:
-        return None  # PyTorch's own tagger already writes "<name>:0"
+        return None  # PyTorch's own tagger already writes "<name>:<index>"
 
     def deserializer(storage: Any, location: str) -> torch.UntypedStorage | None:
-        if location_index(ctx, location) is None:
+        index = location_index(ctx, location)
+        if index is None:
             return None
         if isinstance(storage, torch.storage.TypedStorage):
             storage = storage.untyped()
-        return _device_storage(ctx, storage)
+        with ctx.on_device(index):
+            return _device_storage(ctx, storage)
 
     torch.serialization.register_package(11, tagger, deserializer)
 
@@ -127,18 +129,21 @@ def install_serialization(ctx: BackendContext) -> None:
         nbytes = self.nbytes()
         if not nbytes:
             return torch.UntypedStorage(0)
-        return allocator.read_bytes(payload.block, nbytes).untyped_storage()
+        with ctx.on_device(self.device.index):
+            return allocator.read_bytes(payload.block, nbytes).untyped_storage()
 
     def clone(self: Any) -> Any:
         payload = _payload(self, ctx)
         if payload is None:
             return original_clone(self)
-        return _device_storage(ctx, cpu(self))
+        with ctx.on_device(self.device.index):
+            return _device_storage(ctx, cpu(self))
 
     def new(self: Any) -> Any:
         if _payload(self, ctx) is None:
             return original_new(self)
-        return T.new_tensor(ctx, (0,), torch.uint8).untyped_storage()
+        with ctx.on_device(self.device.index):
+            return T.new_tensor(ctx, (0,), torch.uint8).untyped_storage()
 
     def _byteswap(self: Any, elem_size: int) -> None:
         payload = _payload(self, ctx)
@@ -147,7 +152,8 @@ def install_serialization(ctx: BackendContext) -> None:
         host = cpu(self)
         original_byteswap(host, elem_size)  # checks elem_size with PyTorch's own message
         if host.nbytes():
-            allocator.write_bytes(payload.block, torch.empty(0, dtype=torch.uint8).set_(host))
+            with ctx.on_device(self.device.index):
+                allocator.write_bytes(payload.block, torch.empty(0, dtype=torch.uint8).set_(host))
         return None
 
     for wrapper, original in ((cpu, original_cpu), (clone, original_clone), (new, original_new),

@@ -221,6 +221,7 @@ def scenario_collectives() -> dict[str, Any]:
     import accelkit
 
     findings["stats"] = accelkit.stats()["distributed"]
+    findings["stats"]["device"] = str(device)
     return findings
 
 
