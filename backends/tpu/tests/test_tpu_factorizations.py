@@ -298,17 +298,19 @@ def test_every_driver_and_shape(dev, driver, shape):
 @pytest.mark.parametrize("driver", ["gelsy", "gelsd"])
 @pytest.mark.parametrize("seed", range(4))
 def test_rank_deficient_minimum_norm_solution(dev, driver, seed):
-    # Seeded: an unseeded matrix could put the zero singular value's float32 rounding right at
-    # the rank threshold, where a rank-revealing QR may decide either way on either device.
+    # The reference is the minimum-norm solution computed in float64 (the pseudo-inverse), not
+    # the CPU's float32 LAPACK: whether its rank-revealing QR keeps the zero singular value's
+    # rounding (about 1e-7, at the float32 threshold) depends on the host CPU's kernels: on one
+    # CI machine the CPU's gelsy gave 1.2e-4 for seed 1's x[1, 0], where the solution is 1.45.
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(5, 3, generator=g)
     a[:, 2] = 2 * a[:, 0]
     b = torch.randn(5, 2, generator=g)
-    want = torch.linalg.lstsq(a, b, driver=driver)
+    want = (torch.linalg.pinv(a.double()) @ b.double()).float()
     with accelkit.fallback_policy("deny"):
         got = torch.linalg.lstsq(a.to(dev), b.to(dev), driver=driver)
-    torch.testing.assert_close(got.solution.cpu(), want.solution, **TOL)
-    assert int(got.rank) == int(want.rank) == 2
+    torch.testing.assert_close(got.solution.cpu(), want, **TOL)
+    assert int(got.rank) == 2
 
 
 def test_vector_rhs_broadcast_batch_and_complex(dev):
