@@ -107,13 +107,14 @@ class _HostPool:
 
 class _Staged:
     """A tensor's host stand-in: the tensor itself when it is a contiguous CPU tensor, else a
-    host buffer from the group's pool, filled with the tensor's values (``copy_in``) or not (an
-    output), written back by :meth:`write_back` and returned by :meth:`release`. Tensors of the
+    host buffer from the group's pool, filled with the tensor's values by :meth:`fill` when
+    ``copy_in`` (an input; the group fills while the ranks' agreement check is in flight) or
+    not (an output), written back by :meth:`write_back` and returned by :meth:`release`. Tensors of the
     active backend are read and written through their device's allocator directly: one copy each way, no
     dispatch, no version-counter bump (a collective is not an autograd in-place op, as with
     gloo on CPU or NCCL on CUDA)."""
 
-    __slots__ = ("tensor", "host", "_ctx", "_pool")
+    __slots__ = ("tensor", "host", "_ctx", "_pool", "_unfilled")
 
     def __init__(self, tensor: torch.Tensor, copy_in: bool, pool: _HostPool | None = None,
                  host: torch.Tensor | None = None):
@@ -123,6 +124,7 @@ class _Staged:
         ctx = active()
         self._ctx = ctx if ctx is not None and tensor.device.type == ctx.name else None
         self._pool = None
+        self._unfilled = False
         if host is not None:  # values already on the host, to write back
             self.host = host
             return
@@ -131,8 +133,15 @@ class _Staged:
             return
         self._pool = pool or _HostPool(limit=0)
         self.host = self._pool.take(tensor.shape, tensor.dtype)
-        if not copy_in:
+        self._unfilled = copy_in
+
+    def fill(self) -> None:
+        """Copy the tensor's values into the host buffer (once; nothing to do for an output or a
+        tensor that is its own host buffer)."""
+        if not self._unfilled:
             return
+        self._unfilled = False
+        tensor = self.tensor
         if self._ctx is not None and not _tensors.has_math_bits(tensor):
             with self._ctx.on_device(tensor.device.index):
                 self._ctx.allocator.to_host_into(_tensors.read(self._ctx, tensor), self.host)
@@ -289,16 +298,26 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         staged, self._open = self._open, []
         return staged
 
-    def _agree(self, kind: str, fingerprint: Fingerprint) -> None:
+    def _agree(self, kind: str, fingerprint: Fingerprint, meanwhile: Sequence[_Staged] = ()) -> None:
+        """Check that every rank's arguments fit together (see :mod:`._collective_checks`);
+        ``meanwhile``'s host buffers are filled while the fingerprints travel."""
         self._sequence += 1
         if not self._checked:
+            for staged in meanwhile:
+                staged.fill()
             if fingerprint.problem:
                 raise CollectiveMismatchError(f"{kind} on process group {self._name!r}: {fingerprint.problem}")
             return
         mine = fingerprint.packed(self.size())
         table = torch.empty(self.size() * mine.numel(), dtype=torch.int64)
         with self.failure(kind):
-            self._gloo._allgather_base(table, mine).wait()
+            pending = self._gloo._allgather_base(table, mine)
+        try:
+            for staged in meanwhile:
+                staged.fill()
+        finally:
+            with self.failure(kind):
+                pending.wait()
         found = disagreement(table.view(self.size(), -1))
         if found:
             with self.failure(kind):
@@ -308,7 +327,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
     def _run(self, kind: str, fingerprint: Fingerprint, launch: Callable[[], Any],
              outputs: Sequence[_Staged], result: Any, nbytes: int) -> _StagedWork:
         staged_here = self._claim_staged()
-        self._agree(kind, fingerprint)
+        self._agree(kind, fingerprint, staged_here)
         started = time.perf_counter()
         with self.failure(kind):
             pending = launch()
@@ -566,6 +585,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         (tensor,) = tensors
         staged = self._stage(tensor, True)
         self._claim_staged()
+        staged.fill()
         header = self._header(tensor)
         started = time.perf_counter()
         with self.failure("send"):
