@@ -151,7 +151,7 @@ def _build_context(record: BackendRecord, probe: Any) -> BackendContext:
         allocators.append(allocator)
     devices = None
     if count > 1:
-        devices = _devices.DeviceSwitch(_native_for(name, count), name)
+        devices = _devices.DeviceSwitch(_native_for(name, count))
         allocator = _devices.CurrentDeviceAllocator(allocators, devices.current)
     decompositions = record.answer("accelkit_decompositions", Mapping)
     return BackendContext(

@@ -65,12 +65,10 @@ class CurrentDeviceAllocator:
 class DeviceSwitch:
     """The native guard's current device, as the runtime uses it."""
 
-    def __init__(self, native: Any, name: str):
+    def __init__(self, native: Any):
         self.current = native.current_device
         self.exchange = native.exchange_device
-        self.count = native.device_count
         self._set = native.set_device
-        self._name = name
 
     def set(self, index: int) -> None:
         self._set(index)
