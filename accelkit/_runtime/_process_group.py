@@ -23,6 +23,7 @@ import contextlib
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
@@ -73,7 +74,13 @@ def _shapes(tensors: Sequence[torch.Tensor]) -> tuple:
 
 class _HostPool:
     """Host staging buffers kept between collectives, by byte size (a fresh 64 MiB buffer costs
-    more in page faults than the copy into it). At most ``limit`` bytes are kept."""
+    more in page faults than the copy into it).
+
+    A buffer handed out by :meth:`take` comes back by itself once the last reference to the
+    host tensor is gone: when the collective has finished with it, or, for a received buffer
+    that the device adopted as its memory (:meth:`DeviceAllocator.adopt_host`), when the device
+    has let go of it. At most ``limit`` bytes are kept.
+    """
 
     def __init__(self, limit: int = 512 << 20):
         self._free: dict[int, list[torch.Tensor]] = {}
@@ -83,6 +90,8 @@ class _HostPool:
 
     def take(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         nbytes = math.prod(shape) * dtype.itemsize
+        if not nbytes:
+            return torch.empty(shape, dtype=dtype)
         with self._lock:
             free = self._free.get(nbytes)
             if free:
@@ -92,13 +101,12 @@ class _HostPool:
                 raw = None
         if raw is None:
             raw = torch.empty(nbytes, dtype=torch.uint8)
-        return raw.view(dtype).view(shape) if nbytes else torch.empty(shape, dtype=dtype)
+        host = raw.view(dtype).view(shape)
+        weakref.finalize(host, self._give, raw)
+        return host
 
-    def give(self, tensor: torch.Tensor) -> None:
-        nbytes = tensor.numel() * tensor.element_size()
-        if not nbytes or tensor.untyped_storage().nbytes() != nbytes:
-            return
-        raw = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage(), 0, (nbytes,), (1,))
+    def _give(self, raw: torch.Tensor) -> None:
+        nbytes = raw.numel()
         with self._lock:
             if self._kept + nbytes <= self._limit:
                 self._free.setdefault(nbytes, []).append(raw)
@@ -109,12 +117,14 @@ class _Staged:
     """A tensor's host stand-in: the tensor itself when it is a contiguous CPU tensor, else a
     host buffer from the group's pool, filled with the tensor's values by :meth:`fill` when
     ``copy_in`` (an input; the group fills while the ranks' agreement check is in flight) or
-    not (an output), written back by :meth:`write_back` and returned by :meth:`release`. Tensors of the
-    active backend are read and written through their device's allocator directly: one copy each way, no
-    dispatch, no version-counter bump (a collective is not an autograd in-place op, as with
-    gloo on CPU or NCCL on CUDA)."""
+    not (an output), and written back by :meth:`write_back`. Tensors of the active backend are
+    read and written through their device's allocator directly, with no dispatch and no
+    version-counter bump (a collective is not an autograd in-place op, as with gloo on CPU or
+    NCCL on CUDA): one copy in, and the received host buffer handed to the device
+    (:meth:`DeviceAllocator.adopt_host`, no copy where the substrate can keep host memory).
+    :meth:`release` drops the buffer, which returns to the pool once nothing holds it."""
 
-    __slots__ = ("tensor", "host", "_ctx", "_pool", "_unfilled")
+    __slots__ = ("tensor", "host", "_ctx", "_pooled", "_unfilled")
 
     def __init__(self, tensor: torch.Tensor, copy_in: bool, pool: _HostPool | None = None,
                  host: torch.Tensor | None = None):
@@ -123,7 +133,7 @@ class _Staged:
         self.tensor = tensor
         ctx = active()
         self._ctx = ctx if ctx is not None and tensor.device.type == ctx.name else None
-        self._pool = None
+        self._pooled = False
         self._unfilled = False
         if host is not None:  # values already on the host, to write back
             self.host = host
@@ -131,10 +141,9 @@ class _Staged:
         if tensor.device.type == "cpu" and tensor.is_contiguous():
             self.host = tensor
             return
-        self._pool = pool or _HostPool(limit=0)
-        self.host = self._pool.take(tensor.shape, tensor.dtype)
+        self._pooled = pool is not None
+        self.host = pool.take(tensor.shape, tensor.dtype) if pool is not None else torch.empty(tensor.shape, dtype=tensor.dtype)
         self._unfilled = copy_in
-
     def fill(self) -> None:
         """Copy the tensor's values into the host buffer (once; nothing to do for an output or a
         tensor that is its own host buffer)."""
@@ -154,7 +163,7 @@ class _Staged:
         if self._ctx is not None:
             ctx = self._ctx
             with ctx.on_device(self.tensor.device.index):
-                _tensors.write_values(ctx, self.tensor, ctx.allocator.from_host(self.host))
+                _tensors.write_values(ctx, self.tensor, ctx.allocator.adopt_host(self.host))
         else:
             version = self.tensor._version
             with torch.no_grad():
@@ -162,10 +171,11 @@ class _Staged:
             torch._C._autograd._unsafe_set_version_counter((self.tensor,), (version,))
 
     def release(self) -> None:
-        """Give the host buffer back to the pool (after gloo and the write-back are done)."""
-        if self._pool is not None:
-            self._pool.give(self.host)
-            self._pool = None
+        """Drop the host buffer (after gloo and the write-back are done): a pooled one returns
+        to the pool once the device, too, has let go of it."""
+        if self._pooled:
+            self.host = None
+            self._pooled = False
 
 
 def _hosts(staged: Sequence[_Staged]) -> list[torch.Tensor]:

@@ -132,6 +132,7 @@ class DeviceAllocator:
     - ``array_meta(array) -> (shape, torch.dtype)``.
 
     Optional: ``_block_from_array(array)`` to adopt kernel results without a copy,
+    ``adopt_host(tensor)`` to keep a host tensor's memory without a copy,
     ``cast(array, dtype)`` (default: through the host), ``read_bytes`` /
     ``write_bytes`` for whole-block host copies (default: through ``read``/``write``) and
     ``synchronize()`` for backends that queue work (default: nothing to wait for).
@@ -183,6 +184,15 @@ class DeviceAllocator:
 
     def from_host(self, tensor: torch.Tensor) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must implement from_host")
+
+    def adopt_host(self, tensor: torch.Tensor) -> Any:
+        """An array with a contiguous host tensor's values, where the caller hands the tensor's
+        memory over: the array may keep that memory instead of copying it (collectives hand
+        their received host buffers over this way). The runtime never writes the tensor again,
+        and reuses its memory once the tensor object is gone, so an array that keeps the memory
+        must hold a reference to ``tensor`` itself (not only to its storage, as
+        ``tensor.numpy()`` does) for as long as it does. Default: ``from_host(tensor)``, a copy."""
+        return self.from_host(tensor)
 
     def to_host_into(self, array: Any, out: torch.Tensor) -> None:
         """Copy an array's values into ``out``, an existing contiguous host tensor of its shape

@@ -47,6 +47,9 @@ class NeuronAllocator(DeviceAllocator):
     def from_host(self, tensor: torch.Tensor) -> np.ndarray:
         return nx.from_torch(tensor)
 
+    def adopt_host(self, tensor: torch.Tensor) -> np.ndarray:
+        return nx.view_torch(tensor)  # written into a block (a copy) before the tensor is reused
+
     def array_meta(self, array: Any) -> tuple[tuple[int, ...], torch.dtype]:
         array = np.asarray(array)
         return tuple(array.shape), nx.torch_dtype(array.dtype)

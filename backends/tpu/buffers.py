@@ -256,6 +256,18 @@ def data_movement_programs() -> int:
     return sum(program._cache_size() for program in moves)
 
 
+class _TensorLease:
+    """A host tensor's memory as numpy sees it, for an array that keeps that memory: the numpy
+    array's base is this object, which holds the tensor itself (``tensor.numpy()`` holds only
+    its storage, and the runtime reuses the memory once the tensor object is gone)."""
+
+    __slots__ = ("tensor", "__array_interface__")
+
+    def __init__(self, tensor: torch.Tensor, as_numpy_sees_it: torch.Tensor):
+        self.tensor = tensor
+        self.__array_interface__ = as_numpy_sees_it.detach().numpy().__array_interface__
+
+
 def _covers(spec: ViewSpec, nbytes: int) -> bool:
     """The view is the whole storage in row-major order."""
     if spec.offset or spec.numel * spec.dtype.itemsize != nbytes:
@@ -373,6 +385,13 @@ class TpuAllocator(DeviceAllocator):
         # torch's clone splits a large copy over its intra-op threads, which costs several
         # times more when the cores are busy.
         return self._put(np.array(host, order="C"))
+
+    def adopt_host(self, tensor: torch.Tensor) -> jax.Array:
+        """No copy on XLA's CPU platform: its client keeps suitably aligned host memory as the
+        array's (a TPU copies it into HBM, after which the tensor is released)."""
+        carrier = _HOST_CARRIER.get(tensor.dtype)
+        host = np.asarray(_TensorLease(tensor, tensor.view(carrier[0]) if carrier else tensor))
+        return self._put(host.view(carrier[1]) if carrier else host)
 
     def to_host_into(self, array: Any, out: torch.Tensor) -> None:
         """One copy, from jax's read-only host view into ``out``'s memory."""

@@ -198,10 +198,21 @@ def collective_cases(world: int) -> dict[str, Case]:
         dist.barrier(group=group)
         return []
 
+    def results_outlive_the_next_collective(d, group, rank, world):
+        # A device may keep a collective's host staging memory as the result's own; the next
+        # collective of that size must then not be staged through it.
+        first = _values(rank, 1024).to(d)
+        dist.all_reduce(first, group=group)
+        second = _values(rank, 1024, salt=1).to(d)
+        dist.all_reduce(second, group=group)
+        third = torch.zeros(1024, device=d) if rank else _values(rank, 1024, salt=2).to(d)
+        dist.broadcast(third, src=0, group=group)
+        return [first, second, third]
+
     for fn in (broadcast, reduce, all_gather, all_gather_bf16, all_gather_into_tensor, reduce_scatter,
                reduce_scatter_tensor, all_to_all_single_even, all_to_all_single_uneven, all_to_all_list,
                gather, scatter, send_recv, batch_isend_irecv, async_all_reduce, functional_all_reduce,
-               functional_all_gather, barrier):
+               functional_all_gather, barrier, results_outlive_the_next_collective):
         cases[fn.__name__] = fn
     return cases
 

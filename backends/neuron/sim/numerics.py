@@ -69,12 +69,16 @@ def to_torch(array: np.ndarray) -> torch.Tensor:
 
 def from_torch(tensor: torch.Tensor) -> np.ndarray:
     """A numpy array with a CPU tensor's values (a copy, same dtype)."""
-    tensor = tensor.detach().contiguous()
+    return view_torch(tensor.detach().contiguous()).copy()
+
+
+def view_torch(tensor: torch.Tensor) -> np.ndarray:
+    """A contiguous CPU tensor's memory as a numpy array of the same dtype (no copy)."""
     target = numpy_dtype(tensor.dtype)
     carrier = HOST_CARRIER.get(target)
     if carrier is None:
-        return tensor.numpy().copy()
-    return tensor.view(carrier).numpy().copy().view(target)
+        return tensor.detach().numpy()
+    return tensor.detach().view(carrier).numpy().view(target)
 
 
 def is_float(dtype: np.dtype) -> bool:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import gc
+import weakref
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -285,6 +288,24 @@ def test_an_array_made_from_a_host_tensor_keeps_its_values_when_the_tensor_chang
         array = allocator.from_host(host)
         host.add_(1)
         assert allocator.to_host(array).count_nonzero() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
+def test_an_adopted_host_tensor_lives_as_long_as_the_array_that_keeps_its_memory(dev, dtype):
+    allocator = _runtime.active().allocator
+    host = (torch.arange(1 << 12) % 7).to(dtype)
+    want, address = host.clone(), host.data_ptr()
+    gone = []
+    weakref.finalize(host, gone.append, True)
+    array = allocator.adopt_host(host)
+    del host
+    gc.collect()
+    assert array.unsafe_buffer_pointer() == address  # kept, not copied, on XLA's CPU platform
+    assert not gone  # the runtime would reuse the memory once the tensor object is gone
+    assert torch.equal(allocator.to_host(array), want)
+    del array
+    gc.collect()
+    assert gone
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool, torch.complex64])
