@@ -1,8 +1,8 @@
 """Several devices per process (``ACCELKIT_<NAME>_DEVICES=2``), on every in-tree backend.
 
 Each backend runs in a fresh process (the checks are in ``multi_device_cases.py``, compared with
-the CPU there); this process keeps its one ref device, and shows that one device needs nothing
-native.
+the CPU there); this process keeps its one ref device, and shows what one device takes from
+the native extension (the hooks) and what it does without it.
 """
 
 from __future__ import annotations
@@ -49,11 +49,32 @@ def test_a_device_count_that_is_no_number_is_refused_by_name():
     assert "ACCELKIT_REF_DEVICES='two'" in result.stderr, result.stderr[-2000:]
 
 
-def test_one_device_loads_nothing_native(dev):
+def test_one_device_uses_the_native_hooks_and_keeps_the_python_guard(dev):
     from accelkit import _native
 
-    assert _native.loaded() is None
+    assert _native.loaded() is not None  # its PrivateUse1 hooks give pinned host memory
     assert getattr(torch, dev.type).device_count() == 1
+    assert torch.accelerator.device_count() == 1
+    assert torch.ones(2).pin_memory().is_pinned()
+
+
+def test_one_device_without_the_native_extension_runs_and_only_pinning_fails():
+    script = (
+        "import torch, accelkit\n"
+        "dev = accelkit.select_device('ref')\n"
+        "x = torch.ones(3, device=dev, requires_grad=True)\n"
+        "(x * 2).sum().backward()\n"
+        "assert torch.equal(x.grad.cpu(), torch.full((3,), 2.0))\n"
+        "assert not torch.ones(2).is_pinned()\n"
+        "try:\n"
+        "    torch.ones(2).pin_memory()\n"
+        "except NotImplementedError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "ACCELKIT_NATIVE": "off"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "refused:" in result.stdout and "getPinnedMemoryAllocator" in result.stdout, result.stdout
 
 
 def test_the_native_extension_reports_its_state_from_the_command_line():

@@ -1,15 +1,18 @@
 """accelkit's native extension: the PrivateUse1 pieces torch 2.13 keeps in C++.
 
 ``device.cpp`` holds a device guard with a device count and a per-thread current device, and a
-maker of device tensors at any index (see its header). It is compiled once per torch version,
+maker of device tensors at any index; ``hooks.cpp`` PyTorch's PrivateUse1 hooks with pinned host
+memory (see their headers). It is compiled once per torch version,
 Python version and source, with the system C++ compiler against the installed torch, into
 ``$ACCELKIT_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/accelkit/native``, i.e.
 ``~/.cache/accelkit/native``), and loaded from there. The install step builds it
 (``python -m accelkit native build``, which ``make`` runs); otherwise the first process that
 needs it builds it (about 15 s on two cores), under a lock, so parallel processes build it once.
 
-Everything that works on one device works without it. What needs it (more than one device per
-process) raises :class:`NativeUnavailableError` with the reason when it cannot be built.
+Activation loads it for the hooks; the guard replaces the Python one only with more than one
+device per process. Everything else works without it: several devices per process raise
+:class:`NativeUnavailableError` with the reason when it cannot be built, and pinning host memory
+for the device raises PyTorch's NotImplementedError (activation warns which).
 ``ACCELKIT_NATIVE=off`` disables it.
 """
 
@@ -32,7 +35,7 @@ import torch
 
 from accelkit._errors import AccelkitError
 
-SOURCE = Path(__file__).with_name("device.cpp")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("device.cpp", "hooks.cpp"))
 MODULE = "_accelkit_device"
 DIR_ENV = "ACCELKIT_NATIVE_DIR"
 SWITCH_ENV = "ACCELKIT_NATIVE"
@@ -56,7 +59,7 @@ def _compile_command(output: Path) -> list[str]:
         f"-DTORCH_EXTENSION_NAME={MODULE}", "-DTORCH_API_INCLUDE_EXTENSION_H",
         *(f"-I{path}" for path in cpp_extension.include_paths()),
         f"-I{sysconfig.get_paths()['include']}",
-        str(SOURCE), "-o", str(output),
+        *map(str, SOURCES), "-o", str(output),
         *(f"-L{path}" for path in libraries),
         "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",
         *(f"-Wl,-rpath,{path}" for path in libraries),
@@ -69,7 +72,8 @@ def module_path() -> Path:
     if not root:
         root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "accelkit", "native")
     key = hashlib.sha256()
-    key.update(SOURCE.read_bytes())
+    for source in SOURCES:
+        key.update(source.read_bytes())
     key.update(" ".join(_compile_command(Path("out"))[1:]).encode())
     key.update(torch.__version__.encode())
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]

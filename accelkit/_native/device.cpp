@@ -7,6 +7,7 @@
 //   a storage whose data pointer is the backend buffer's device address.
 //
 // Everything here is device-agnostic bookkeeping; the memory and the kernels stay in Python.
+// hooks.cpp adds the PrivateUse1 hooks (pinned host memory) to the same module.
 
 #include <atomic>
 #include <cctype>
@@ -134,8 +135,11 @@ at::Tensor device_tensor(
 
 }  // namespace
 
+void add_hook_functions(py::module& m);  // hooks.cpp
+
 PYBIND11_MODULE(_accelkit_device, m) {
-  m.doc() = "accelkit's native PrivateUse1 device guard and multi-device tensors";
+  m.doc() = "accelkit's native PrivateUse1 device guard, multi-device tensors and hooks";
+  add_hook_functions(m);
   m.def("install_guard", &install_guard, py::arg("count"), py::arg("synchronize"));
   m.def("device_count", [] { return static_cast<int>(device_count.load()); });
   m.def("current_device", [] { return static_cast<int>(current_device); });

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -188,6 +189,24 @@ def _native_for(name: str, count: int) -> Any:
         ) from None
 
 
+def _install_native_hooks(ctx: BackendContext) -> bool:
+    """Register accelkit's C++ PrivateUse1 hooks (they add pinned host memory to what the Python
+    ones answer). Without the native extension the Python hooks serve, and pinning a tensor
+    for the device raises PyTorch's NotImplementedError; a failed build says so in a warning
+    (``ACCELKIT_NATIVE=off`` is a choice and says nothing)."""
+    from accelkit import _native
+
+    try:
+        native = _native.load()
+    except _native.NativeUnavailableError as exc:
+        if _native.disabled_reason() is None:
+            warnings.warn(
+                f"accelkit: pinned host memory for {ctx.name} (tensor.pin_memory(), DataLoader(pin_memory=True)) "
+                f"needs accelkit's native extension, which is unavailable: {exc}", stacklevel=3)
+        return False
+    return native.install_hooks(ctx.probe.available)
+
+
 class _Hooks(_acc.PrivateUse1Hooks):
     def __init__(self, ctx: BackendContext):
         super().__init__()
@@ -294,7 +313,8 @@ def _install(ctx: BackendContext) -> None:
         native = _native.load()
         native.install_guard(ctx.device_count, lambda index: ctx.allocators[index].synchronize())
         _tensors.use_native_devices(native)
-    _setup_privateuseone_for_python_backend(
+    _install_native_hooks(ctx)
+    _setup_privateuseone_for_python_backend(  # its Python hooks stand in if the native ones are absent
         rename=ctx.name, backend_module=DeviceModule(ctx), hook=_Hooks(ctx), device_guard=_guard or _Guard()
     )
     _check_autograd_engine(ctx)

@@ -1,0 +1,49 @@
+"""Host memory around the device, as training scripts use it: pinned host tensors.
+
+On CUDA, ``pin_memory()`` gives a page-locked copy that ``is_pinned()`` recognises, views of it
+included, and ``DataLoader(pin_memory=True)`` (Hugging Face Trainer's default) pins every batch
+before it moves to the device. The device under test must behave the same: the values are the
+CPU tensor's, the dtype and shape too, and the original tensor stays unpinned.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64, torch.bool])
+def test_pin_memory_gives_a_pinned_copy_with_the_same_values(dev, dtype):
+    host = (torch.arange(12).reshape(3, 4) % 5).to(dtype)
+    pinned = host.pin_memory()
+    assert pinned.is_pinned() and not host.is_pinned()
+    assert pinned.dtype == host.dtype and pinned.shape == host.shape and torch.equal(pinned, host)
+    assert pinned.data_ptr() != host.data_ptr()
+    assert pinned[1:, 2].is_pinned()  # a view of pinned memory is pinned
+    assert pinned.pin_memory().is_pinned()
+
+
+def test_pinned_tensors_move_to_the_device_and_back(dev):
+    host = torch.randn(5, 7)
+    pinned = torch.empty(5, 7, pin_memory=True)
+    assert pinned.is_pinned()
+    pinned.copy_(host)
+    on_device = pinned.to(dev, non_blocking=True)
+    assert on_device.device.type == dev.type
+    assert torch.equal(on_device.cpu(), host)
+    back = torch.empty(5, 7, pin_memory=True)
+    back.copy_(on_device * 2, non_blocking=True)
+    torch.get_device_module(dev.type).synchronize()
+    assert torch.equal(back, host * 2)
+
+
+def test_a_data_loader_that_pins_memory_hands_out_pinned_batches(dev):
+    features, labels = torch.randn(10, 3), torch.arange(10)
+    loader = DataLoader(TensorDataset(features, labels), batch_size=4, pin_memory=True)
+    seen = []
+    for x, y in loader:
+        assert x.is_pinned() and y.is_pinned()
+        seen.append((x.to(dev, non_blocking=True).cpu(), y.to(dev, non_blocking=True).cpu()))
+    assert torch.equal(torch.cat([x for x, _ in seen]), features)
+    assert torch.equal(torch.cat([y for _, y in seen]), labels)
