@@ -2,17 +2,18 @@
 
 ``device.cpp`` holds a device guard with a device count and a per-thread current device, and a
 maker of device tensors at any index; ``hooks.cpp`` PyTorch's PrivateUse1 hooks with pinned host
-memory (see their headers). It is compiled once per torch version,
+memory; ``memory.cpp`` the device's memory figures for ``torch.accelerator`` (see their headers). It is compiled once per torch version,
 Python version and source, with the system C++ compiler against the installed torch, into
 ``$ACCELKIT_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/accelkit/native``, i.e.
 ``~/.cache/accelkit/native``), and loaded from there. The install step builds it
 (``python -m accelkit native build``, which ``make`` runs); otherwise the first process that
 needs it builds it (about 15 s on two cores), under a lock, so parallel processes build it once.
 
-Activation loads it for the hooks; the guard replaces the Python one only with more than one
+Activation loads it for the hooks and the memory figures; the guard replaces the Python one only with more than one
 device per process. Everything else works without it: several devices per process raise
 :class:`NativeUnavailableError` with the reason when it cannot be built, and pinning host memory
-for the device raises PyTorch's NotImplementedError (activation warns which).
+for the device raises PyTorch's NotImplementedError, and ``torch.accelerator.memory_*`` an
+internal assert (activation warns which; ``torch.<name>.memory_*`` work either way).
 ``ACCELKIT_NATIVE=off`` disables it.
 """
 
@@ -35,7 +36,7 @@ import torch
 
 from accelkit._errors import AccelkitError
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("device.cpp", "hooks.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("device.cpp", "hooks.cpp", "memory.cpp"))
 MODULE = "_accelkit_device"
 DIR_ENV = "ACCELKIT_NATIVE_DIR"
 SWITCH_ENV = "ACCELKIT_NATIVE"

@@ -189,11 +189,12 @@ def _native_for(name: str, count: int) -> Any:
         ) from None
 
 
-def _install_native_hooks(ctx: BackendContext) -> bool:
+def _install_native_hooks(ctx: BackendContext, module: DeviceModule) -> bool:
     """Register accelkit's C++ PrivateUse1 hooks (they add pinned host memory to what the Python
-    ones answer). Without the native extension the Python hooks serve, and pinning a tensor
-    for the device raises PyTorch's NotImplementedError; a failed build says so in a warning
-    (``ACCELKIT_NATIVE=off`` is a choice and says nothing)."""
+    ones answer) and the device's memory figures for ``torch.accelerator`` (``module``'s).
+    Without the native extension the Python hooks serve, pinning a tensor for the device raises
+    PyTorch's NotImplementedError and ``torch.accelerator.memory_*`` an internal assert; a failed
+    build says so in a warning (``ACCELKIT_NATIVE=off`` is a choice and says nothing)."""
     from accelkit import _native
 
     try:
@@ -202,9 +203,11 @@ def _install_native_hooks(ctx: BackendContext) -> bool:
         if _native.disabled_reason() is None:
             warnings.warn(
                 f"accelkit: pinned host memory for {ctx.name} (tensor.pin_memory(), DataLoader(pin_memory=True)) "
-                f"needs accelkit's native extension, which is unavailable: {exc}", stacklevel=3)
+                f"and torch.accelerator's memory figures need accelkit's native extension, which is "
+                f"unavailable: {exc}", stacklevel=3)
         return False
-    return native.install_hooks(ctx.probe.available)
+    hooks = native.install_hooks(ctx.probe.available)
+    return native.install_device_memory(module) and hooks
 
 
 class _Hooks(_acc.PrivateUse1Hooks):
@@ -313,9 +316,10 @@ def _install(ctx: BackendContext) -> None:
         native = _native.load()
         native.install_guard(ctx.device_count, lambda index: ctx.allocators[index].synchronize())
         _tensors.use_native_devices(native)
-    _install_native_hooks(ctx)
+    module = DeviceModule(ctx)
+    _install_native_hooks(ctx, module)
     _setup_privateuseone_for_python_backend(  # its Python hooks stand in if the native ones are absent
-        rename=ctx.name, backend_module=DeviceModule(ctx), hook=_Hooks(ctx), device_guard=_guard or _Guard()
+        rename=ctx.name, backend_module=module, hook=_Hooks(ctx), device_guard=_guard or _Guard()
     )
     _check_autograd_engine(ctx)
     global _pipeline

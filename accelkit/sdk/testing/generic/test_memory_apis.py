@@ -1,4 +1,5 @@
-"""Host memory around the device, as training scripts use it: pinned host tensors.
+"""Memory as training scripts and libraries ask about it: pinned host tensors, and the device's
+figures through ``torch.accelerator`` (what accelerate's ``free_memory`` calls between runs).
 
 On CUDA, ``pin_memory()`` gives a page-locked copy that ``is_pinned()`` recognises, views of it
 included, and ``DataLoader(pin_memory=True)`` (Hugging Face Trainer's default) pins every batch
@@ -47,3 +48,28 @@ def test_a_data_loader_that_pins_memory_hands_out_pinned_batches(dev):
         seen.append((x.to(dev, non_blocking=True).cpu(), y.to(dev, non_blocking=True).cpu()))
     assert torch.equal(torch.cat([x for x, _ in seen]), features)
     assert torch.equal(torch.cat([y for _, y in seen]), labels)
+
+
+def test_torch_accelerator_reports_the_device_module_s_memory_figures(dev):
+    module = torch.get_device_module(dev.type)
+    assert torch.accelerator.current_accelerator().type == dev.type
+    kept = torch.ones(4096, device=dev)
+    assert torch.accelerator.memory_allocated() == module.memory_allocated() >= kept.nbytes
+    assert torch.accelerator.max_memory_allocated() == module.max_memory_allocated()
+    assert torch.accelerator.memory_reserved() == module.memory_reserved()
+    assert torch.accelerator.get_memory_info() == module.mem_get_info()
+    stats = torch.accelerator.memory_stats()
+    assert stats["allocated_bytes.all.current"] == module.memory_allocated()
+    assert stats["allocation.all.current"] >= 1
+    del kept
+    torch.accelerator.empty_cache()
+    assert module.memory_reserved() == module.memory_allocated()  # nothing cached is left
+    torch.accelerator.reset_peak_memory_stats()
+    assert torch.accelerator.max_memory_allocated() == module.memory_allocated()
+
+
+def test_a_storage_of_bytes_made_directly_is_refused_with_the_way_to_make_one(dev):
+    assert torch.UntypedStorage(0, device=dev).nbytes() == 0
+    with pytest.raises(RuntimeError, match="make a tensor instead"):
+        torch.UntypedStorage(8, device=dev)
+    assert torch.empty(8, dtype=torch.uint8, device=dev).untyped_storage().nbytes() == 8
