@@ -2,7 +2,7 @@
 
 ``device.cpp`` holds a device guard with a device count and a per-thread current device, and a
 maker of device tensors at any index; ``hooks.cpp`` PyTorch's PrivateUse1 hooks with pinned host
-memory; ``memory.cpp`` the device's memory figures for ``torch.accelerator`` (see their headers). It is compiled once per torch version,
+memory and the device's generators (``generator.cpp``); ``memory.cpp`` the device's memory figures for ``torch.accelerator`` (see their headers). It is compiled once per torch version,
 Python version and source, with the system C++ compiler against the installed torch, into
 ``$ACCELKIT_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/accelkit/native``, i.e.
 ``~/.cache/accelkit/native``), and loaded from there. The install step builds it
@@ -36,7 +36,7 @@ import torch
 
 from accelkit._errors import AccelkitError
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("device.cpp", "hooks.cpp", "memory.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("device.cpp", "hooks.cpp", "memory.cpp", "generator.cpp"))
 MODULE = "_accelkit_device"
 DIR_ENV = "ACCELKIT_NATIVE_DIR"
 SWITCH_ENV = "ACCELKIT_NATIVE"

@@ -2,6 +2,7 @@
 // that the Python hooks of torch 2.13 cannot answer (they answer only is_built, is_available and
 // has_primary_context).
 //
+// - Device generators: the default ones and torch.Generator(device=...) (generator.cpp).
 // - Pinned host memory: `tensor.pin_memory()`, `is_pinned()` and `DataLoader(pin_memory=True)`
 //   (Hugging Face Trainer's default). A simulated device has no DMA engine to pin pages for, so a
 //   pinned tensor is ordinary, aligned host memory that remembers it was allocated as pinned; a
@@ -17,6 +18,9 @@
 #include <torch/csrc/utils/pybind.h>
 
 namespace py = pybind11;
+
+const at::Generator& default_device_generator(c10::DeviceIndex index);  // generator.cpp
+at::Generator new_device_generator(c10::DeviceIndex index);
 
 namespace {
 
@@ -64,6 +68,10 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   bool isPinnedPtr(const void* data) const override { return is_pinned(data); }
   c10::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator; }
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex index) const override {
+    return default_device_generator(index);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex index) const override { return new_device_generator(index); }
 
  private:
   bool available_;

@@ -190,10 +190,11 @@ def _native_for(name: str, count: int) -> Any:
 
 
 def _install_native_hooks(ctx: BackendContext, module: DeviceModule) -> bool:
-    """Register accelkit's C++ PrivateUse1 hooks (they add pinned host memory to what the Python
-    ones answer) and the device's memory figures for ``torch.accelerator`` (``module``'s).
-    Without the native extension the Python hooks serve, pinning a tensor for the device raises
-    PyTorch's NotImplementedError and ``torch.accelerator.memory_*`` an internal assert; a failed
+    """Register accelkit's C++ PrivateUse1 hooks (they add pinned host memory and device
+    generators to what the Python ones answer) and the device's memory figures for ``torch.accelerator`` (``module``'s).
+    Without the native extension the Python hooks serve, pinning a tensor for the device and
+    ``torch.Generator(device=...)`` raise PyTorch's NotImplementedError and
+    ``torch.accelerator.memory_*`` an internal assert; a failed
     build says so in a warning (``ACCELKIT_NATIVE=off`` is a choice and says nothing)."""
     from accelkit import _native
 
@@ -202,10 +203,11 @@ def _install_native_hooks(ctx: BackendContext, module: DeviceModule) -> bool:
     except _native.NativeUnavailableError as exc:
         if _native.disabled_reason() is None:
             warnings.warn(
-                f"accelkit: pinned host memory for {ctx.name} (tensor.pin_memory(), DataLoader(pin_memory=True)) "
-                f"and torch.accelerator's memory figures need accelkit's native extension, which is "
+                f"accelkit: pinned host memory for {ctx.name} (tensor.pin_memory(), DataLoader(pin_memory=True)), "
+                f"device generators and torch.accelerator's memory figures need accelkit's native extension, which is "
                 f"unavailable: {exc}", stacklevel=3)
         return False
+    native.install_generators(ctx.generator, ctx.device_count)
     hooks = native.install_hooks(ctx.probe.available)
     return native.install_device_memory(module) and hooks
 

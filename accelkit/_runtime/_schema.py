@@ -111,13 +111,27 @@ def generator_slot(op: OpOverload) -> tuple[int, str] | None:
 
 
 def fill_generator(ctx: BackendContext, slot: tuple[int, str], args: list, kwargs: dict) -> None:
-    """Put the device generator in the generator ``slot`` when the caller left it None."""
+    """Put the generator a kernel draws from in the generator ``slot``: the device generator when
+    the caller left it None, and for a generator of the device (``torch.Generator(device=...)``)
+    the CPU generator it draws from."""
     index, name = slot
     if index < len(args):
-        if args[index] is None:
-            args[index] = ctx.generator
-    elif kwargs.get(name) is None:
-        kwargs[name] = ctx.generator
+        args[index] = _kernel_generator(ctx, args[index])
+    else:
+        kwargs[name] = _kernel_generator(ctx, kwargs.get(name))
+
+
+def _kernel_generator(ctx: BackendContext, generator: torch.Generator | None) -> torch.Generator:
+    if generator is None:
+        return ctx.generator
+    if generator.device.type == ctx.name:
+        from accelkit import _native
+
+        native = _native.loaded()
+        host = native.host_generator(generator) if native is not None else None
+        if host is not None:
+            return host
+    return generator
 
 
 #: Ops that write to arguments their schema does not mark as mutable: batch norm updates its
