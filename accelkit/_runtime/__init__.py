@@ -30,6 +30,7 @@ from accelkit._runtime._device_module import DeviceModule
 from accelkit._runtime._dispatch import Pipeline
 from accelkit._runtime._distributed import install_distributed
 from accelkit._runtime._dynamo_hooks import install as install_dynamo_hooks
+from accelkit._runtime._grad_scaler import install_grad_scaler
 from accelkit._runtime._fallback import CPU_EQUIVALENTS, ROUTED_COMPOSITES
 from accelkit._runtime._scalar_checks import guard
 from accelkit._runtime._schema import is_inplace_op, variants_of
@@ -359,6 +360,7 @@ def _install(ctx: BackendContext) -> None:
     fallbacks.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
     autocast = torch.library.Library("aten", "IMPL")
     install_autocast(autocast, ctx.name, ctx.autocast)
+    install_grad_scaler(ctx)
     _libraries.extend((kernels.library, fallbacks, autocast))
     install_serialization(ctx)
     _tensors.install_storage_resize(ctx)

@@ -89,10 +89,13 @@ class BackendContext:
         return self.devices.on(index) if self.devices is not None else contextlib.nullcontext()
 
     def check_dtype(self, dtype: torch.dtype) -> None:
-        # Formatting for print computes display statistics in float64; that is not the
-        # program's data, so the device's dtype rules do not apply to it.
+        # Formatting for print computes display statistics in float64, and GradScaler the
+        # reciprocal of its scale; neither is the program's data, so the device's dtype rules
+        # do not apply to them.
         rules = self.dtype_rules
         if rules is not None and dtype not in rules.supported and not getattr(self._local, "formatting", 0):
+            if dtype == torch.float64 and getattr(self._local, "float64_bookkeeping", 0):
+                return
             rules.check(dtype, f"{self.name}:0")
 
     # -- fallback policy -------------------------------------------------------------------
@@ -120,6 +123,16 @@ class BackendContext:
                 stacklevel=3,
             )
         return True
+
+    @contextlib.contextmanager
+    def float64_bookkeeping(self) -> Iterator[None]:
+        """Let PyTorch's own library code on the current thread compute in float64 on a device
+        whose rules refuse it (GradScaler's reciprocal of its scale)."""
+        self._local.float64_bookkeeping = getattr(self._local, "float64_bookkeeping", 0) + 1
+        try:
+            yield
+        finally:
+            self._local.float64_bookkeeping -= 1
 
     @contextlib.contextmanager
     def formatting(self) -> Iterator[None]:

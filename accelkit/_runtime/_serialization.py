@@ -10,8 +10,9 @@ work:
   only**, they work from the payload: ``cpu`` and ``clone`` copy it, ``new`` makes an empty
   device storage and ``_byteswap`` (behind ``byteswap``) swaps the bytes through the host —
   PyTorch's own methods would allocate with, or write through, the storage's address. Every
-  other storage goes straight to PyTorch's own method. This is the one global patch accelkit
-  makes to torch objects besides tensor formatting; it is installed once, on activation.
+  other storage goes straight to PyTorch's own method. Besides tensor formatting and, on a
+  device without float64, ``GradScaler.unscale_`` (:mod:`._grad_scaler`), this is the one global
+  patch accelkit makes to torch objects; it is installed once, on activation.
 """
 
 from __future__ import annotations

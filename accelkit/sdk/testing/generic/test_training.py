@@ -204,3 +204,35 @@ def test_checkpoint_recomputes_with_the_forward_dropout_mask(dev, use_reentrant)
     # Dropout was active: a different seed gives a different output.
     other = _block_grads(block, dev, use_checkpoint=False, use_reentrant=use_reentrant, seed=6)
     assert not torch.allclose(other[0], plain[0])
+
+
+def test_grad_scaler_skips_overflowing_steps_and_moves_its_scale_as_on_cpu(dev):
+    # Code ported from CUDA scales fp16 losses with torch.amp.GradScaler: a step whose gradients
+    # overflow is skipped and the scale backs off; growth_interval clean steps double it.
+    cpu_model = mlp()
+    device_model = copy.deepcopy(cpu_model).to(dev)
+    x, y = batch(16, 8, classes=4)
+    runs = {}
+    for device, model, (inputs, labels) in (("cpu", cpu_model, (x, y)), (dev.type, device_model, (x.to(dev), y.to(dev)))):
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**10, growth_interval=2)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        scales, skipped = [], []
+        for step in range(6):
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(model(inputs), labels)
+            if step == 2:
+                loss = loss * float("inf")  # every gradient overflows
+            before = [p.detach().cpu().clone() for p in model.parameters()]
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            scales.append(scaler.get_scale())
+            skipped.append(all(torch.equal(b, p.detach().cpu()) for b, p in zip(before, model.parameters())))
+        runs[device] = scales, skipped, on_cpu(model.parameters())
+    cpu_scales, cpu_skipped, cpu_params = runs["cpu"]
+    scales, skipped, params = runs[dev.type]
+    assert cpu_skipped == [False, False, True, False, False, False]
+    assert skipped == cpu_skipped
+    assert scales == cpu_scales == [2.0**10, 2.0**11, 2.0**10, 2.0**10, 2.0**11, 2.0**11]
+    for got, want in zip(params, cpu_params):
+        close(got, want)
