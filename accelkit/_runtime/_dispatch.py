@@ -40,12 +40,14 @@ from accelkit._runtime._schema import (
     host_operand_error,
     is_inplace_view_op,
     is_view_op,
+    is_write,
     out_arg_names,
     takes_host_operand,
 )
 from accelkit._runtime._specialize import NO_LANE, Lane
 from accelkit.sdk._allocator import ViewSpec
 from accelkit.sdk._kernels import KernelDeclined
+from accelkit.sdk._records import UnsupportedDtypeError
 
 META = T.META
 _AUTOCAST = DispatchKeySet(DispatchKey.AutocastPrivateUse1)
@@ -366,7 +368,17 @@ class Pipeline:
 
     def _decomposed(self, decomposition: Callable) -> Callable:
         def run(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
-            result = self._decompose(op, decomposition, args, kwargs)
+            try:
+                result = self._decompose(op, decomposition, args, kwargs)
+            except UnsupportedDtypeError:
+                # The decomposition works in a dtype the device lacks (logspace in float64 for
+                # a float32 result): the CPU kernel runs the op instead; a result of that dtype
+                # is still refused when it comes back. An out= decomposition writes ``out``
+                # last; an op that writes other arguments may have written them.
+                outs = out_arg_names(op)
+                if any(is_write(a) and a.name not in outs for a in op._schema.arguments):
+                    raise
+                result = NotImplemented
             if result is NotImplemented:
                 return self.cpu_fallback(op, *args, **kwargs)
             self.ctx.counters.count(str(op), "decomposed")

@@ -80,13 +80,17 @@ CPU_EQUIVALENTS: dict[OpOverload, Callable] = {
 }
 
 
-#: ``out=`` overloads PyTorch implements once for every device (CompositeExplicitAutograd) in a
-#: way that differs from its CPU and CUDA kernels on PrivateUse1, each with the reason. That
+#: Overloads PyTorch implements once for every device (CompositeExplicitAutograd) in a way that
+#: differs from its CPU and CUDA kernels on PrivateUse1, or fails there, each with the reason. That
 #: kernel would win over the boxed fallback, so they are routed into the pipeline explicitly,
 #: where they run like any other ``out=`` overload (derived, decomposed or on the CPU).
 ROUTED_COMPOSITES: dict[OpOverload, str] = {
     torch.ops.aten.mode.values: "its device check refuses PrivateUse1 (mode only supports CPU, CUDA and XPU)",
     torch.ops.aten.addr.out: "math_addr_out writes into an out= tensor on any device, a CPU one too",
+    **{op: "it fills the window through a DispatchStub, which has no PrivateUse1 kernel (an internal assert)"
+       for op in (torch.ops.aten.kaiser_window.default, torch.ops.aten.kaiser_window.periodic,
+                  torch.ops.aten.kaiser_window.beta, torch.ops.aten.kaiser_window.out,
+                  torch.ops.aten.kaiser_window.periodic_out, torch.ops.aten.kaiser_window.beta_out)},
 }
 
 
