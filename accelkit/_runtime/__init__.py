@@ -31,7 +31,7 @@ from accelkit._runtime._dispatch import Pipeline
 from accelkit._runtime._distributed import install_distributed
 from accelkit._runtime._dynamo_hooks import install as install_dynamo_hooks
 from accelkit._runtime._grad_scaler import install_grad_scaler
-from accelkit._runtime._fallback import CPU_EQUIVALENTS, ROUTED_COMPOSITES
+from accelkit._runtime._fallback import CPU_EQUIVALENTS, HOST_MEMORY_COMPOSITES, ROUTED_COMPOSITES
 from accelkit._runtime._scalar_checks import guard
 from accelkit._runtime._schema import is_inplace_op, variants_of
 from accelkit._runtime._rnn import RNN_DECOMPOSITIONS
@@ -352,6 +352,13 @@ def _install(ctx: BackendContext) -> None:
         # so route them into the pipeline explicitly.
         if op not in owned:
             kernels.impl(op, functools.partial(pipeline.fallback, op), "PrivateUse1")
+    for op in HOST_MEMORY_COMPOSITES:
+        if op not in owned:
+            kernels.impl(op, functools.partial(pipeline.cpu_fallback, op), "PrivateUse1")
+            if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+                # Such a kernel also runs above the backend, on the autograd key: take that too
+                # (the CPU's own composite records no autograd graph either).
+                kernels.impl(op, _below_autograd(op), "AutogradPrivateUse1")
     fallbacks = torch.library.Library("_", "IMPL")
     fallback = pipeline.fallback
     if ctx.devices is not None:
@@ -365,6 +372,14 @@ def _install(ctx: BackendContext) -> None:
     install_serialization(ctx)
     _tensors.install_storage_resize(ctx)
     _install_formatting(ctx)
+
+
+def _below_autograd(op: OpOverload) -> Callable:
+    def redispatch(*args: Any, **kwargs: Any) -> Any:
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            return op(*args, **kwargs)
+
+    return redispatch
 
 
 class _KernelLibrary:

@@ -93,6 +93,16 @@ ROUTED_COMPOSITES: dict[OpOverload, str] = {
                   torch.ops.aten.kaiser_window.periodic_out, torch.ops.aten.kaiser_window.beta_out)},
 }
 
+#: Composites whose C++ reads tensor memory through data pointers, so that on a device tensor
+#: they crash (CPU-only helpers PyTorch registers for every device). They go straight to the
+#: CPU kernel: neither their own kernel nor a decomposition of them may run.
+HOST_MEMORY_COMPOSITES: tuple[OpOverload, ...] = (
+    torch.ops.aten._saturate_weight_to_fp16.default,
+    torch.ops.aten._grid_sampler_2d_cpu_fallback.default,
+    torch.ops.aten._grid_sampler_2d_cpu_fallback.out,
+    torch.ops.aten._grid_sampler_2d_cpu_fallback_backward.default,
+)
+
 
 class HostCall:
     """Copies device arguments to the host (one copy per storage, so aliasing is kept), runs

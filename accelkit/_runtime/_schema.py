@@ -142,6 +142,8 @@ def _kernel_generator(ctx: BackendContext, generator: torch.Generator | None) ->
 UNDECLARED_WRITES: dict[OpOverload, tuple[str, ...]] = {
     torch.ops.aten.native_batch_norm.default: ("running_mean", "running_var"),
     torch.ops.aten.native_batch_norm.out: ("running_mean", "running_var"),
+    # The CPU kernel clamps the weight in place and returns it.
+    torch.ops.aten._saturate_weight_to_fp16.default: ("weight",),
 }
 
 
