@@ -13,6 +13,9 @@
   the index first; when one is out of range it runs the op on host copies, so CPU torch raises
   its own error for the call. Reading the index synchronises; a backend that wants none gives
   the op a kernel.
+- **Layouts**: ``native_group_norm`` and its backward decompose through views that a
+  channels_last input refuses; they get contiguous copies, and the results the input's memory
+  format, as the CPU kernel gives them (:data:`LAYOUTS`).
 - **Broadcast writes**: the decompositions of ``fill_`` and ``zero_`` store through ``copy_``,
   which refuses a ``self`` whose elements share memory (an expanded view); CPU's ``fill_`` and
   ``zero_`` accept one, as every element gets the same value. The runtime applies them to the
@@ -66,6 +69,41 @@ GUARDS: dict[Any, Callable[..., bool]] = {
     aten.linspace.Tensor_Scalar_out: _integral_linspace,
     aten.linspace.Scalar_Tensor_out: _integral_linspace,
     aten.native_group_norm_backward.default: _empty_group_norm_backward,
+}
+
+
+def _group_norm_in_input_layout(decomposition: Callable) -> Callable:
+    # The decomposition views the input as (N, groups, -1), which a channels_last input refuses
+    # ("view size is not compatible"); the CPU kernel reads any layout and gives the output
+    # the input's memory format.
+    @functools.wraps(decomposition)
+    def run(input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if input.is_contiguous():
+            return decomposition(input, *args, **kwargs)
+        out, mean, rstd = decomposition(input.contiguous(), *args, **kwargs)
+        return out.contiguous(memory_format=input.suggest_memory_format()), mean, rstd
+
+    return run
+
+
+def _group_norm_backward_in_input_layout(decomposition: Callable) -> Callable:
+    @functools.wraps(decomposition)
+    def run(grad_output: torch.Tensor, input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        if input.is_contiguous() and grad_output.is_contiguous():
+            return decomposition(grad_output, input, *args, **kwargs)
+        layout = input.suggest_memory_format()
+        grad_input, *rest = decomposition(grad_output.contiguous(), input.contiguous(), *args, **kwargs)
+        if grad_input is not None:
+            grad_input = grad_input.contiguous(memory_format=layout)
+        return (grad_input, *rest)
+
+    return run
+
+
+#: op -> wrapper of its decomposition that gives it the inputs it can take.
+LAYOUTS: dict[Any, Callable[[Callable], Callable]] = {
+    aten.native_group_norm.default: _group_norm_in_input_layout,
+    aten.native_group_norm_backward.default: _group_norm_backward_in_input_layout,
 }
 
 
@@ -195,11 +233,15 @@ def _broadcast_write(decomposition: Callable) -> Callable:
 
 
 def guard_decompositions(table: Mapping[Any, Callable]) -> dict[Any, Callable]:
-    """A copy of ``table`` whose entries for the ops in :data:`GUARDS` decline those inputs,
+    """A copy of ``table`` whose entries for the ops in :data:`LAYOUTS` take any memory layout,
+    those for the ops in :data:`GUARDS` decline those inputs,
     and whose entries for the ops in :data:`CORRECTIONS` correct their results, those in
     :data:`INDEX_CHECKS` raise CPU's error for a bad index and those in
     :data:`BROADCAST_WRITES` accept a broadcast ``self``."""
     guarded = dict(table)
+    for op, in_layout in LAYOUTS.items():
+        if op in guarded:
+            guarded[op] = in_layout(guarded[op])
     for op in BROADCAST_WRITES:
         if op in guarded:
             guarded[op] = _broadcast_write(guarded[op])

@@ -87,6 +87,9 @@ CPU_EQUIVALENTS: dict[OpOverload, Callable] = {
 ROUTED_COMPOSITES: dict[OpOverload, str] = {
     torch.ops.aten.mode.values: "its device check refuses PrivateUse1 (mode only supports CPU, CUDA and XPU)",
     torch.ops.aten.addr.out: "math_addr_out writes into an out= tensor on any device, a CPU one too",
+    torch.ops.aten.native_group_norm.default: (
+        "its math kernel views the input as (N, groups, -1), which a channels_last input refuses; "
+        "the CPU and CUDA kernels take any layout"),
     **{op: "it fills the window through a DispatchStub, which has no PrivateUse1 kernel (an internal assert)"
        for op in (torch.ops.aten.kaiser_window.default, torch.ops.aten.kaiser_window.periodic,
                   torch.ops.aten.kaiser_window.beta, torch.ops.aten.kaiser_window.out,

@@ -236,3 +236,32 @@ def test_grad_scaler_skips_overflowing_steps_and_moves_its_scale_as_on_cpu(dev):
     assert scales == cpu_scales == [2.0**10, 2.0**11, 2.0**10, 2.0**10, 2.0**11, 2.0**11]
     for got, want in zip(params, cpu_params):
         close(got, want)
+
+
+def test_group_norm_of_a_channels_last_input_matches_cpu(dev):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 4, 3, 3, generator=gen).to(memory_format=torch.channels_last).requires_grad_()
+    weight, bias = torch.randn(4, generator=gen, requires_grad=True), torch.randn(4, generator=gen, requires_grad=True)
+    x_dev, weight_dev, bias_dev = (t.detach().to(dev).requires_grad_() for t in (x, weight, bias))
+    assert x_dev.is_contiguous(memory_format=torch.channels_last)
+    want = nn.functional.group_norm(x, 2, weight, bias)
+    got = nn.functional.group_norm(x_dev, 2, weight_dev, bias_dev)
+    close(got.cpu(), want)
+    grad = torch.randn(want.shape, generator=gen)
+    want.backward(grad)
+    got.backward(grad.to(dev))
+    for device_leaf, cpu_leaf in ((x_dev, x), (weight_dev, weight), (bias_dev, bias)):
+        close(device_leaf.grad.cpu(), cpu_leaf.grad)
+
+
+def test_vander_differentiates_where_the_cpu_does_and_fails_where_it_fails(dev):
+    # torch.linalg.vander differentiates; in torch 2.13 torch.vander's composite overwrites the
+    # slice its cumprod saved, so its backward raises on the CPU, and must raise alike here.
+    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    x_dev = x.detach().to(dev).requires_grad_()
+    torch.linalg.vander(x).square().sum().backward()
+    torch.linalg.vander(x_dev).square().sum().backward()
+    close(x_dev.grad.cpu(), x.grad)
+    for t in (x, x_dev):
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.vander(t).sum().backward()
