@@ -17,9 +17,19 @@ from accelkit_backends.neuron.sim.errors import NeuronDtypeError
 _INT32 = np.iinfo(np.int32)
 
 
+def _maximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """NaN propagates; of two equal values (-0.0 and +0.0) the first, as PyTorch's maximum,
+    clamp and relu give it (numpy's maximum gives the second)."""
+    return np.where(a == b, a, np.maximum(a, b))
+
+
+def _minimum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.where(a == b, a, np.minimum(a, b))
+
+
 BINARY_OPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.true_divide,
-    "maximum": np.maximum, "minimum": np.minimum, "pow": np.power,
+    "maximum": _maximum, "minimum": _minimum, "pow": np.power,
     "equal": np.equal, "not_equal": np.not_equal, "less": np.less, "less_equal": np.less_equal,
     "greater": np.greater, "greater_equal": np.greater_equal,
     "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,

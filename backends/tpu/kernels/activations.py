@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from accelkit_backends.tpu.kernels.elementwise import operands
+from accelkit_backends.tpu.kernels.elementwise import larger, operands, smaller
 from accelkit_backends.tpu.lowering import lowering
 
 aten = torch.ops.aten
@@ -38,7 +38,7 @@ def _zeros(x):
 
 @lowering(aten.relu.default)
 def relu(x):
-    return jnp.maximum(x, _zeros(x)) if x.dtype != jnp.bool_ else x
+    return larger(x, _zeros(x)) if x.dtype != jnp.bool_ else x  # relu(-0.0) is -0.0, as on the CPU
 
 
 @lowering(aten.sigmoid.default)
@@ -107,7 +107,7 @@ def leaky_relu(x, negative_slope=0.01):
 @lowering(aten.hardtanh.default)
 def hardtanh(x, min_val=-1, max_val=1):
     x, min_val, max_val = operands(x, min_val, max_val)
-    return jnp.minimum(jnp.maximum(x, min_val), max_val)
+    return smaller(larger(x, min_val), max_val)
 
 
 @lowering(aten.hardsigmoid.default)

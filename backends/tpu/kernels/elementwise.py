@@ -375,12 +375,23 @@ def round_(x, decimals=0):
 # ---------------------------------------------------------------------------------------------
 
 
+def larger(x, y):
+    """PyTorch's maximum on arrays of one dtype: NaN propagates, and of two equal values
+    (-0.0 and +0.0) the first is kept, where XLA's max gives +0.0."""
+    return jnp.where((y != y) | (x < y), y, x)
+
+
+def smaller(x, y):
+    """PyTorch's minimum: NaN propagates, of two equal values the first (XLA's min: -0.0)."""
+    return jnp.where((y != y) | (y < x), y, x)
+
+
 def _clamp(x, lo, hi):
     x, lo, hi = operands(x, lo, hi)
     if lo is not None:
-        x = jnp.maximum(x, lo)
+        x = larger(x, lo)
     if hi is not None:
-        x = jnp.minimum(x, hi)
+        x = smaller(x, hi)
     return x
 
 
@@ -401,26 +412,28 @@ def clamp_max(x, max):
 
 @lowering(aten.minimum.default)
 def minimum(x, y):
-    x, y = operands(x, y)
-    return jnp.minimum(x, y)  # propagates NaN, as PyTorch does
+    return smaller(*operands(x, y))
 
 
 @lowering(aten.maximum.default)
 def maximum(x, y):
-    x, y = operands(x, y)
-    return jnp.maximum(x, y)
+    return larger(*operands(x, y))
+
+
+# fmin and fmax ignore NaN; of two equal values they too keep the first, as the CPU's float32
+# kernels do.
 
 
 @lowering(aten.fmin.default)
 def fmin(x, y):
     x, y = operands(x, y)
-    return jnp.fmin(x, y)  # ignores NaN
+    return jnp.where((x != x) | (y < x), y, x)
 
 
 @lowering(aten.fmax.default)
 def fmax(x, y):
     x, y = operands(x, y)
-    return jnp.fmax(x, y)
+    return jnp.where((x != x) | (x < y), y, x)
 
 
 @lowering(aten.where.self)

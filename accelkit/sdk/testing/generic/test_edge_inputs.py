@@ -118,3 +118,40 @@ def test_multi_margin_loss_out_has_the_cpu_shape(dev):
     torch.ops.aten.multi_margin_loss.out(x.to(dev), target.to(dev), 1, 1, None, 0, out=out)
     assert out.shape == expected.shape == torch.Size([])
     torch.testing.assert_close(out.cpu(), expected)
+
+
+SIGNED_ZERO_OPS = {
+    "maximum": (torch.maximum, (torch.float32, torch.bfloat16)),
+    "minimum": (torch.minimum, (torch.float32, torch.bfloat16)),
+    "clamp_min": (lambda a, b: torch.clamp(a, min=b), (torch.float32, torch.bfloat16)),
+    "clamp_max": (lambda a, b: torch.clamp(a, max=b), (torch.float32, torch.bfloat16)),
+    # bfloat16's fmax/fmin on the CPU go through float and keep no rule for ties.
+    "fmax": (torch.fmax, (torch.float32,)),
+    "fmin": (torch.fmin, (torch.float32,)),
+}
+
+
+@pytest.mark.parametrize("name", SIGNED_ZERO_OPS)
+def test_signed_zeros_and_nans_of_max_and_min_match_cpu(dev, name):
+    # -0.0 == +0.0, so which one is kept is the kernel's rule: the CPU keeps the first operand.
+    fn, dtypes = SIGNED_ZERO_OPS[name]
+    nan = float("nan")
+    a = torch.tensor([-0.0, 0.0, -0.0, 0.0, nan, 1.0, nan, -2.0])
+    b = torch.tensor([0.0, -0.0, -0.0, 0.0, 1.0, nan, nan, 3.0])
+    for dtype in dtypes:
+        want = fn(a.to(dtype), b.to(dtype))
+        got = fn(a.to(dtype).to(dev), b.to(dtype).to(dev)).cpu()
+        assert got.dtype == want.dtype
+        assert torch.equal(got.isnan(), want.isnan()), (dtype, got, want)
+        real = ~want.isnan()
+        assert torch.equal(got[real], want[real]) and torch.equal(got[real].signbit(), want[real].signbit()), (dtype, got, want)
+
+
+@pytest.mark.parametrize("fn", [torch.relu, F.relu6, F.hardtanh, lambda x: torch.clamp(x, 0.0, 1.0)],
+                         ids=["relu", "relu6", "hardtanh", "clamp"])
+def test_activations_keep_the_sign_of_zero_as_on_cpu(dev, fn):
+    x = torch.tensor([-0.0, 0.0, -1.0, 0.5, NAN])
+    want, got = fn(x), fn(x.to(dev)).cpu()
+    assert torch.equal(got.isnan(), want.isnan())
+    real = ~want.isnan()
+    assert torch.equal(got[real], want[real]) and torch.equal(got[real].signbit(), want[real].signbit()), (got, want)
