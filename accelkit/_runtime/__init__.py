@@ -22,6 +22,7 @@ from accelkit._errors import AccelkitError, BackendConflictError, DeviceUnavaila
 from accelkit._contract import autocast_policy
 from accelkit._plugins import BackendRecord
 from accelkit._runtime import _devices, _tensors
+from accelkit._runtime._attention import install_attention
 from accelkit._runtime._autocast import install_autocast
 from accelkit._runtime._context import BackendContext, policy_from_env
 from accelkit._runtime._core_ops import core_ops
@@ -352,6 +353,7 @@ def _install(ctx: BackendContext) -> None:
         # so route them into the pipeline explicitly.
         if op not in owned:
             kernels.impl(op, functools.partial(pipeline.fallback, op), "PrivateUse1")
+    install_attention(kernels)
     for op in HOST_MEMORY_COMPOSITES:
         if op not in owned:
             kernels.impl(op, functools.partial(pipeline.cpu_fallback, op), "PrivateUse1")

@@ -155,3 +155,24 @@ def test_activations_keep_the_sign_of_zero_as_on_cpu(dev, fn):
     assert torch.equal(got.isnan(), want.isnan())
     real = ~want.isnan()
     assert torch.equal(got[real], want[real]) and torch.equal(got[real].signbit(), want[real].signbit()), (got, want)
+
+
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_attention_with_a_mask_and_is_causal_matches_cpu(dev, mask_kind):
+    # The CPU applies both (the mask and the causal triangle, aligned top-left); PyTorch's math
+    # path, the only one on a PrivateUse1 device, would refuse the pair.
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 2, 4, 8, generator=gen, requires_grad=True)
+    key, value = torch.randn(1, 2, 6, 8, generator=gen), torch.randn(1, 2, 6, 8, generator=gen)
+    if mask_kind == "bool":
+        mask = torch.rand(4, 6, generator=gen) > 0.3
+        mask[:, 0] = True
+    else:
+        mask = torch.randn(4, 6, generator=gen)
+    query_dev = query.detach().to(dev).requires_grad_()
+    want = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=True)
+    got = F.scaled_dot_product_attention(query_dev, key.to(dev), value.to(dev), attn_mask=mask.to(dev), is_causal=True)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+    want.square().sum().backward()
+    got.square().sum().backward()
+    torch.testing.assert_close(query_dev.grad.cpu(), query.grad, rtol=1e-5, atol=1e-6)
