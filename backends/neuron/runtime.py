@@ -44,6 +44,9 @@ def accelkit_dtype_rules() -> DtypeRules:
         hint=("NeuronCores have no 64-bit floating-point or complex engines. Cast to float32 "
               f"(or bfloat16) before moving to neuron, or set {FLOAT64_ENV}=downcast to store "
               "float64 tensors and compute them in float32."),
+        hints={torch.uint64: (
+            "NeuronCores have no 64-bit unsigned integers. Cast to int64 (values below 2**63) or "
+            "to uint32 before moving to neuron.")},
     )
 
 

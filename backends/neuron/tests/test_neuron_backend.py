@@ -81,6 +81,13 @@ def test_float64_and_complex_are_refused_with_the_fix(dev):
         torch.ones(3, dtype=torch.complex64).to(dev)
 
 
+def test_uint64_is_refused_with_an_integer_fix(dev):
+    with pytest.raises(UnsupportedDtypeError, match="no 64-bit unsigned integers") as refused:
+        torch.ones(3, dtype=torch.uint64).to(dev)
+    assert "floating" not in str(refused.value) and "uint32" in str(refused.value)
+    assert torch.equal(torch.ones(3, dtype=torch.int64).to(dev).cpu(), torch.ones(3, dtype=torch.int64))
+
+
 def test_float64_downcast_policy_computes_in_float32_and_warns():
     result = run_python("""
         import warnings, torch, accelkit
