@@ -7,7 +7,8 @@ Python version and source, with the system C++ compiler against the installed to
 ``$ACCELKIT_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/accelkit/native``, i.e.
 ``~/.cache/accelkit/native``), and loaded from there. The install step builds it
 (``python -m accelkit native build``, which ``make`` runs); otherwise the first process that
-needs it builds it (about 15 s on two cores), under a lock, so parallel processes build it once.
+needs it builds it (about 30 s on two cores, said on stderr), under a lock, so parallel
+processes build it once.
 
 Activation loads it for the hooks and the memory figures; the guard replaces the Python one only with more than one
 device per process. Everything else works without it: several devices per process raise
@@ -26,6 +27,7 @@ import importlib.util
 import os
 import shutil
 import subprocess
+import sys
 import sysconfig
 import threading
 import time
@@ -134,6 +136,10 @@ def load() -> ModuleType:
         reason = disabled_reason()
         if reason:
             raise NativeUnavailableError(f"accelkit's native extension is off: {reason}")
+        if not module_path().exists():
+            # The install step builds it; a process that finds it missing builds it now, once.
+            print("accelkit: building the native extension (once per torch version, about 30 s)...",
+                  file=sys.stderr, flush=True)
         path, _ = build()
         spec = importlib.util.spec_from_file_location(MODULE, path)
         module = importlib.util.module_from_spec(spec)
