@@ -6,7 +6,8 @@ Two ranks on 127.0.0.1 (fresh processes with torchrun's environment). Per size f
 process group (``init_process_group("<device>")``: agreement check, host staging, gloo) and on
 CPU tensors through a plain gloo group of the same ranks: the baseline, same run, same
 transport; also through a group made with ``ACCELKIT_COLLECTIVE_CHECKS=off`` (no agreement
-check). Each figure is the median of timed calls between barriers. Then one DDP training
+check). Each figure is the median of timed calls between barriers; the three are timed in
+turns within every round, so the machine's noise falls on all three alike. Then one DDP training
 step of an MLP (batch 64, 256→1024→1024→10), at 1 rank (no DDP) and at 2 ranks. Prints JSON
 from rank 0, then ratio lines.
 
@@ -27,15 +28,23 @@ SIZES_KIB = (4, 64, 1024, 4096, 16384, 65536)
 
 
 def timed(fn, repeat: int, barrier) -> float:
-    fn()
-    fn()
-    samples = []
-    for _ in range(repeat):
-        barrier()
-        start = time.perf_counter()
+    return interleaved([fn], repeat, barrier)[0]
+
+
+def interleaved(fns, repeat: int, barrier) -> list[float]:
+    """Median seconds of each of ``fns``, timed in turns within every round (so a noisy moment of
+    a shared machine falls on all of them alike), each call between barriers."""
+    for fn in fns:
         fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        fn()
+    samples = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, times in zip(fns, samples):
+            barrier()
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+    return [statistics.median(times) for times in samples]
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -65,9 +74,11 @@ def rank_main(args: argparse.Namespace) -> None:
             barrier = lambda: dist.barrier(group=gloo)  # noqa: E731
             repeat = max(3, args.repeat // (1 + kib // 4096))
             sync = torch.get_device_module(device.type).synchronize
-            dev_s = timed(lambda: (dist.all_reduce(on_device), sync()), repeat, barrier)
-            unchecked_s = timed(lambda: (dist.all_reduce(on_device, group=unchecked), sync()), repeat, barrier)
-            cpu_s = timed(lambda: dist.all_reduce(on_cpu, group=gloo), repeat, barrier)
+            dev_s, unchecked_s, cpu_s = interleaved([
+                lambda: (dist.all_reduce(on_device), sync()),
+                lambda: (dist.all_reduce(on_device, group=unchecked), sync()),
+                lambda: dist.all_reduce(on_cpu, group=gloo),
+            ], repeat, barrier)
             rows.append({"bytes": kib * 1024, "device_s": dev_s, "device_unchecked_s": unchecked_s,
                          "gloo_cpu_s": cpu_s, "ratio": dev_s / cpu_s, "ratio_unchecked": unchecked_s / cpu_s})
         results["all_reduce"] = rows
