@@ -31,8 +31,8 @@ from accelkit._runtime._device_module import DeviceModule
 from accelkit._runtime._dispatch import Pipeline
 from accelkit._runtime._distributed import install_distributed
 from accelkit._runtime._dynamo_hooks import install as install_dynamo_hooks
-from accelkit._runtime._grad_scaler import install_grad_scaler
 from accelkit._runtime._fallback import CPU_EQUIVALENTS, HOST_MEMORY_COMPOSITES, ROUTED_COMPOSITES
+from accelkit._runtime._grad_scaler import install_grad_scaler
 from accelkit._runtime._scalar_checks import guard
 from accelkit._runtime._schema import is_inplace_op, variants_of
 from accelkit._runtime._rnn import RNN_DECOMPOSITIONS
@@ -191,13 +191,15 @@ def _native_for(name: str, count: int) -> Any:
         ) from None
 
 
-def _install_native_hooks(ctx: BackendContext, module: DeviceModule) -> bool:
-    """Register accelkit's C++ PrivateUse1 hooks (they add pinned host memory and device
-    generators to what the Python ones answer) and the device's memory figures for ``torch.accelerator`` (``module``'s).
-    Without the native extension the Python hooks serve, pinning a tensor for the device and
-    ``torch.Generator(device=...)`` raise PyTorch's NotImplementedError and
-    ``torch.accelerator.memory_*`` an internal assert; a failed
-    build says so in a warning (``ACCELKIT_NATIVE=off`` is a choice and says nothing)."""
+def _install_native_hooks(ctx: BackendContext, module: DeviceModule) -> None:
+    """Register accelkit's C++ PrivateUse1 hooks, which add pinned host memory and device
+    generators to what the Python ones answer, and the device's memory figures (``module``'s)
+    for ``torch.accelerator``.
+
+    Without the native extension the Python hooks serve: pinning for the device and
+    ``torch.Generator(device=...)`` then raise PyTorch's NotImplementedError, and
+    ``torch.accelerator.memory_*`` an internal assert. A failed build says so in a warning;
+    ``ACCELKIT_NATIVE=off`` is a choice and says nothing."""
     from accelkit import _native
 
     try:
@@ -206,12 +208,12 @@ def _install_native_hooks(ctx: BackendContext, module: DeviceModule) -> bool:
         if _native.disabled_reason() is None:
             warnings.warn(
                 f"accelkit: pinned host memory for {ctx.name} (tensor.pin_memory(), DataLoader(pin_memory=True)), "
-                f"device generators and torch.accelerator's memory figures need accelkit's native extension, which is "
-                f"unavailable: {exc}", stacklevel=3)
-        return False
+                f"device generators and torch.accelerator's memory figures need accelkit's native extension, "
+                f"which is unavailable: {exc}", stacklevel=3)
+        return
     native.install_generators(ctx.generator, ctx.device_count)
-    hooks = native.install_hooks(ctx.probe.available)
-    return native.install_device_memory(module) and hooks
+    native.install_hooks(ctx.probe.available)
+    native.install_device_memory(module)
 
 
 class _Hooks(_acc.PrivateUse1Hooks):
