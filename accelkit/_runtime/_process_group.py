@@ -144,6 +144,7 @@ class _Staged:
         self._pooled = pool is not None
         self.host = pool.take(tensor.shape, tensor.dtype) if pool is not None else torch.empty(tensor.shape, dtype=tensor.dtype)
         self._unfilled = copy_in
+
     def fill(self) -> None:
         """Copy the tensor's values into the host buffer (once; nothing to do for an output or a
         tensor that is its own host buffer)."""
