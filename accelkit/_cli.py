@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="where to write the package, new or empty (default: accelkit-NAME in the current directory)")
     new.set_defaults(run=_new_backend)
     native = commands.add_parser(
-        "native", help="build accelkit's native extension (needed for several devices per process)",
+        "native", help="build accelkit's native extension (pinned memory, device generators, several devices per process)",
         description="Build (or show the state of) accelkit's C++ extension, compiled against the installed "
                     "torch with the system compiler; see accelkit._native.",
     )
