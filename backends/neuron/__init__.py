@@ -7,7 +7,8 @@ says so. Numbers are computed in numpy with Trainium's numerics; every time figu
 estimate from public specifications. Select it by name: ``select_device("neuron")``; the target
 generation is ``ACCELKIT_NEURON_TARGET`` (default trn2).
 
-The plugin's hooks live in the modules of their contract areas (``device``, ``runtime``); the
+The plugin's hooks live in the modules of their contract areas (``device``, ``runtime``,
+``compiler``, ``collectives``); the
 expectations are ``conformance.toml`` next to this file, and autocast is the core's default.
 
 Public extras: :func:`profile` (a timeline exported as a Chrome trace) and
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from accelkit.sdk import BackendInfo, hookimpl
 from accelkit_backends.neuron.collectives import accelkit_make_process_group
+from accelkit_backends.neuron.compiler import accelkit_make_compiler
 from accelkit_backends.neuron.device import device_model, probe
 from accelkit_backends.neuron.runtime import (
     accelkit_backend_activated,
@@ -62,6 +64,7 @@ __all__ = [
     "accelkit_dtype_rules",
     "accelkit_kernels",
     "accelkit_make_allocator",
+    "accelkit_make_compiler",
     "accelkit_make_process_group",
     "accelkit_register_backend",
     "accelkit_reset_stats",

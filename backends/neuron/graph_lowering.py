@@ -1,0 +1,265 @@
+"""neuron's graph lowering: one aten graph as one program of the same tile kernels as eager.
+
+A program is the graph's nodes bound once to their tile kernels (one op library for both
+paths); a call runs them in order on the simulated core, with the graph's intermediates handed
+from kernel to kernel as HBM arrays. Views (``view``, ``permute``, ``expand``, ...) are strides
+over the same HBM, as eagerly. What this first step does not do yet is the point of compiling on
+Trainium: fusing chains of ops into one tile program so intermediates stay in SBUF, and
+scheduling the engines across op boundaries. The kernels a program runs are counted and
+estimated as the eager ones are.
+
+Shapes are static, as neuronx-cc's are: a graph with symbolic sizes (``dynamic=True``) is
+refused with the rule and the way round it (``accelkit.bucketed``); a new input shape is a new
+program, counted in ``stats()["compile"]``.
+"""
+
+from __future__ import annotations
+
+import operator
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from accelkit.sdk import GraphLowering
+from accelkit_backends.neuron import runtime
+from accelkit_backends.neuron.kernels.shape import copy_view
+from accelkit_backends.neuron.launch import kernels
+from accelkit_backends.neuron.sim import numerics as nx
+
+
+class NeuronStaticShapeError(RuntimeError):
+    """A graph with symbolic sizes: neuronx-cc compiles static shapes only."""
+
+
+class NeuronGraphLowering(GraphLowering):
+    name = "neuron"
+
+    def lowers(self, op: torch._ops.OpOverload) -> bool:
+        if op in _SIZE_QUERIES or op in _GRAPH_OPS or kernels.get(op) is not None or _is_constant_factory(op):
+            return True
+        return _is_view(op) and op is not torch.ops.aten.view.dtype
+
+    def lower(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]) -> GraphProgram:
+        _refuse_symbolic_sizes(graph)
+        return GraphProgram(graph, random_nodes)
+
+    def programs_compiled(self) -> int:
+        return GraphProgram.compiled_total
+
+
+def _refuse_symbolic_sizes(graph: torch.fx.GraphModule) -> None:
+    for node in graph.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("val")
+        sizes = tuple(val.shape) if isinstance(val, torch.Tensor) else (val,)
+        if any(isinstance(size, torch.SymInt) for size in sizes):
+            raise NeuronStaticShapeError(
+                f"torch.compile(backend='neuron') got a graph with symbolic sizes ({node.name}: "
+                f"{list(sizes) if isinstance(val, torch.Tensor) else val}). neuronx-cc compiles static "
+                "shapes only, one program per shape, and so does this backend: drop dynamic=True, or "
+                "pad varying lengths to a few declared sizes with accelkit.bucketed(...)"
+            )
+
+
+_count_lock = threading.Lock()
+_NO_SCHEMA = torch._C.parse_schema("none() -> ()")
+
+
+class GraphProgram:
+    """One aten graph's nodes, run in order through the neuron kernels; one program per
+    input structure (shapes, dtypes, strides)."""
+
+    #: Programs built by every graph of the process.
+    compiled_total = 0
+
+    def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]):
+        nodes = list(graph.graph.nodes)
+        self._placeholders = [n for n in nodes if n.op == "placeholder"]
+        self._body = [n for n in nodes if n.op == "call_function"]
+        output = next(n for n in nodes if n.op == "output")
+        self._outputs = output.args[0] if isinstance(output.args[0], tuple | list) else (output.args[0],)
+        # Random nodes whose op takes a generator draw from the call's seed and their position;
+        # the others (native_dropout) draw from the device generator, as eagerly.
+        self._random = {node: i for i, node in enumerate(random_nodes)
+                        if any(a.name == "generator" for a in getattr(node.target, "_schema", _NO_SCHEMA).arguments)}
+        self._steps = [(node, _step(node)) for node in self._body]
+        self._structures: set[tuple] = set()
+
+    def __call__(self, inputs: list, seed: int) -> list:
+        structure = tuple(_structure_of(value) for value in inputs)
+        if structure not in self._structures:
+            self._structures.add(structure)
+            with _count_lock:
+                GraphProgram.compiled_total += 1
+        env: dict[torch.fx.Node, Any] = dict(zip(self._placeholders, inputs))
+        for node, step in self._steps:
+            args = torch.fx.node.map_arg(node.args, env.__getitem__)
+            kwargs = dict(torch.fx.node.map_arg(node.kwargs, env.__getitem__))
+            if node in self._random:
+                kwargs["generator"] = torch.Generator().manual_seed(_stream_seed(seed, self._random[node]))
+            env[node] = step(node, args, kwargs)
+        arrays = [v for v in inputs if isinstance(v, np.ndarray)]
+        return [_own(env[o], arrays) if isinstance(o, torch.fx.Node) else o for o in self._outputs]
+
+
+def _structure_of(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return (value.shape, value.dtype.str, value.strides)
+    return ("static", value)
+
+
+def _stream_seed(seed: int, position: int) -> int:
+    """The random stream of the graph's ``position``-th random node for this call."""
+    return (seed * 1_000_003 + position) % (2**63)
+
+
+def _own(value: Any, inputs: list[np.ndarray]) -> Any:
+    """A program output that shares memory with an input becomes a copy: the runtime adopts
+    outputs as the memory of new tensors."""
+    if isinstance(value, np.ndarray) and any(np.may_share_memory(value, a) for a in inputs):
+        return value.copy()
+    return value
+
+
+# -- one node -------------------------------------------------------------------------------
+
+
+_SIZE_QUERIES = {
+    torch.ops.aten.sym_size.int: lambda x, dim: x.shape[dim],
+    torch.ops.aten.sym_numel.default: lambda x: x.size,
+    torch.ops.aten.sym_stride.int: lambda x, dim: x.strides[dim] // x.dtype.itemsize,
+    torch.ops.aten.sym_storage_offset.default: lambda x: 0,
+}
+
+
+def _step(node: torch.fx.Node) -> Any:
+    target = node.target
+    if target is operator.getitem:
+        return lambda node, args, kwargs: args[0][args[1]]
+    if not isinstance(target, torch._ops.OpOverload):
+        return lambda node, args, kwargs: target(*args, **kwargs)  # arithmetic on sizes
+    query = _SIZE_QUERIES.get(target)
+    if query is not None:
+        return lambda node, args, kwargs: query(*args, **kwargs)
+    graph_op = _GRAPH_OPS.get(target)
+    if graph_op is not None:
+        return lambda node, args, kwargs: _conform(graph_op(node, *args, **kwargs), node.meta.get("val"))
+    entry = kernels.get(target)
+    if entry is not None:
+        fn = entry.fn
+        return lambda node, args, kwargs: _conform(fn(*args, **kwargs), node.meta.get("val"))
+    if _is_constant_factory(target):
+        return _constant
+    return _view
+
+
+def _view(node: torch.fx.Node, args: tuple, kwargs: dict) -> np.ndarray:
+    """A view op as strides over the same HBM: PyTorch's own view of the array's memory."""
+    array = args[0]
+    carrier = nx.HOST_CARRIER.get(array.dtype)
+    base = torch.from_numpy(array.view(np.int16 if carrier == torch.int16 else np.uint8) if carrier else array)
+    viewed = node.target(base, *args[1:], **kwargs).numpy()
+    return viewed.view(array.dtype) if carrier else viewed
+
+
+# -- the forms ops take in AOTAutograd's graphs ----------------------------------------------
+# Eagerly, PyTorch hands PrivateUse1 ``convolution_overrideable``, a batch norm that writes its
+# running statistics, and clones through the runtime; in a functional graph they arrive as the
+# ops below, each run here on the same tile kernel.
+
+
+def _kernel(op: torch._ops.OpOverload) -> Any:
+    return kernels.get(op).fn
+
+
+def _convolution(node: torch.fx.Node, *args: Any) -> Any:
+    return _kernel(torch.ops.aten.convolution_overrideable.default)(*args)
+
+
+def _convolution_backward(node: torch.fx.Node, grad: Any, x: Any, w: Any, bias_sizes: Any, *rest: Any) -> Any:
+    return _kernel(torch.ops.aten.convolution_backward_overrideable.default)(grad, x, w, *rest)
+
+
+def _batch_norm(*args: Any) -> tuple:
+    return _kernel(torch.ops.aten.native_batch_norm.default)(*args)
+
+
+def _batch_norm_functional(node: torch.fx.Node, x: Any, weight: Any, bias: Any, running_mean: Any,
+                           running_var: Any, training: bool, momentum: float, eps: float) -> tuple:
+    out, mean, invstd, new_mean, new_var = _batch_norm(x, weight, bias, running_mean, running_var,
+                                                       training, momentum, eps)
+    # Not training, the statistics are returned unchanged (as copies: outputs are new memory).
+    return (out, mean, invstd, running_mean.copy() if new_mean is None else new_mean,
+            running_var.copy() if new_var is None else new_var)
+
+
+def _batch_norm_no_training(node: torch.fx.Node, x: Any, weight: Any, bias: Any, running_mean: Any,
+                            running_var: Any, momentum: float, eps: float) -> tuple:
+    return _batch_norm(x, weight, bias, running_mean, running_var, False, momentum, eps)[:3]
+
+
+def _batch_norm_no_stats(node: torch.fx.Node, x: Any, weight: Any, bias: Any, training: bool,
+                         momentum: float, eps: float) -> tuple:
+    return _batch_norm(x, weight, bias, None, None, training, momentum, eps)[:3]
+
+
+def _clone(node: torch.fx.Node, x: np.ndarray, **kwargs: Any) -> np.ndarray:
+    """A copy in the layout PyTorch gives the clone (``node.meta["val"]``'s strides)."""
+    val = node.meta["val"]
+    itemsize = x.dtype.itemsize
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(val.shape, val.stride()) if size)
+    memory = np.empty(extent if val.numel() else 0, dtype=x.dtype)
+    result = np.lib.stride_tricks.as_strided(memory, tuple(val.shape), tuple(s * itemsize for s in val.stride()))
+    with runtime.core().kernel("clone") as k:  # a DMA copy on the core, as eagerly
+        copy_view(k, result, x)
+    return result
+
+
+def _is_constant_factory(op: torch._ops.OpOverload) -> bool:
+    """A factory of Python numbers (``full``, ``scalar_tensor``, ``arange``, ...): no tensor
+    argument, a ``device`` one, no random numbers."""
+    arguments = op._schema.arguments
+    return (any(a.name == "device" for a in arguments)
+            and not any("Tensor" in str(a.type) for a in arguments)
+            and torch.Tag.nondeterministic_seeded not in op.tags)
+
+
+def _constant(node: torch.fx.Node, args: tuple, kwargs: dict) -> np.ndarray:
+    """The factory's values, made by PyTorch's CPU kernel from the graph's static numbers
+    (a fresh array per call: outputs become the memory of new tensors)."""
+    kwargs = {**kwargs, "device": "cpu"}
+    kwargs.pop("pin_memory", None)
+    return nx.from_torch(node.target(*args, **kwargs))
+
+
+_GRAPH_OPS = {
+    torch.ops.aten.convolution.default: _convolution,
+    torch.ops.aten.convolution_backward.default: _convolution_backward,
+    torch.ops.aten._native_batch_norm_legit_functional.default: _batch_norm_functional,
+    torch.ops.aten._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
+    torch.ops.aten._native_batch_norm_legit.no_stats: _batch_norm_no_stats,
+    torch.ops.aten.clone.default: _clone,
+}
+
+
+def _conform(out: Any, val: Any) -> Any:
+    """A kernel's results in PyTorch's result dtypes (``node.meta["val"]``), as eagerly."""
+    if isinstance(val, torch.Tensor) and isinstance(out, np.ndarray):
+        dtype = nx.numpy_dtype(val.dtype)
+        return out if out.dtype == dtype else out.astype(dtype)
+    if isinstance(val, list | tuple) and isinstance(out, list | tuple):
+        cast = [_conform(o, v) for o, v in zip(out, val)]
+        return tuple(cast) if isinstance(out, tuple) else cast
+    return out
+
+
+def _is_view(op: torch._ops.OpOverload) -> bool:
+    schema = op._schema
+    if not schema.returns or not schema.arguments:
+        return False
+    first, out = schema.arguments[0].alias_info, schema.returns[0].alias_info
+    return first is not None and out is not None and not first.is_write and not out.is_write

@@ -1,0 +1,119 @@
+"""torch.compile(backend="neuron"): each AOTAutograd graph as one program of the eager tile
+kernels, compared with eager neuron (bit for bit: the same kernels in the same order) and with
+CPU PyTorch (float32 tolerance). The fallback policy is ``deny`` throughout: nothing may be split
+out of a program and run eagerly.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+
+import accelkit
+from accelkit_backends.neuron.graph_lowering import NeuronStaticShapeError
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    with accelkit.fallback_policy("deny"):
+        yield
+
+
+def train(model, x, y, steps=3, compiled=False):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    forward = torch.compile(model, backend="neuron") if compiled else model
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(forward(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.layer(x).mean(1))
+
+
+MODELS = {
+    "mlp": (lambda: nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)),
+            lambda g: (torch.randn(8, 16, generator=g), torch.randint(0, 4, (8,), generator=g))),
+    "cnn": (lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                                  nn.Flatten(), nn.Linear(8 * 4 * 4, 5)),
+            lambda g: (torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g))),
+    "encoder": (Encoder, lambda g: (torch.randn(2, 5, 16, generator=g), torch.randint(0, 3, (2,), generator=g))),
+}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_model_trains_under_compile_as_eager_neuron_and_the_cpu_do(dev, name):
+    make_model, make_batch = MODELS[name]
+    torch.manual_seed(0)
+    model = make_model()
+    x, y = make_batch(torch.Generator().manual_seed(1))
+    cpu_model, eager_model, compiled_model = model, copy.deepcopy(model).to(dev), copy.deepcopy(model).to(dev)
+    cpu_losses = train(cpu_model, x, y)
+    eager_losses = train(eager_model, x.to(dev), y.to(dev))
+    compiled_losses = train(compiled_model, x.to(dev), y.to(dev), compiled=True)
+    assert compiled_losses == eager_losses  # the same kernels in the same order
+    assert compiled_losses == pytest.approx(cpu_losses, rel=1e-5, abs=1e-6)
+    for (key, want), (_, eager), (_, got) in zip(cpu_model.state_dict().items(), eager_model.state_dict().items(),
+                                                 compiled_model.state_dict().items()):
+        assert torch.equal(got.cpu(), eager.cpu()), key
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5, msg=lambda m: f"{key}: {m}")
+    stats = accelkit.stats()["compile"]
+    assert stats["programs_compiled"] >= 2 and stats["aot_graphs"] == {"forward": 1, "backward": 1}, stats
+    assert stats["eager_nodes"] == {} and stats["graph_breaks"] == 0, stats
+
+
+def test_a_new_shape_is_a_new_program_and_the_same_shape_reuses_it(dev):
+    double = torch.compile(lambda t: (t * 2).relu(), backend="neuron", dynamic=False)
+    double(torch.ones(3, device=dev))
+    built = accelkit.stats()["compile"]["programs_compiled"]
+    assert torch.equal(double(torch.full((3,), -1.0, device=dev)).cpu(), torch.zeros(3))
+    assert accelkit.stats()["compile"]["programs_compiled"] == built
+    assert torch.equal(double(torch.ones(5, device=dev)).cpu(), torch.full((5,), 2.0))
+    assert accelkit.stats()["compile"]["programs_compiled"] > built
+
+
+def test_dynamic_shapes_are_refused_with_the_static_shape_rule_and_the_way_round(dev):
+    scaled = torch.compile(lambda t: t * 2, backend="neuron", dynamic=True)
+    with pytest.raises(Exception, match="neuronx-cc compiles static shapes only") as refused:
+        scaled(torch.ones(3, device=dev))
+    assert NeuronStaticShapeError.__name__ in str(refused.value) and "accelkit.bucketed" in str(refused.value)
+
+
+def test_bucketing_compiles_one_program_for_lengths_in_one_bucket(dev):
+    model = torch.compile(lambda ids: (ids * 3).sum(-1), backend="neuron")
+    run = accelkit.bucketed(model, (8, 16), mask=None)
+    first = run(torch.arange(5, device=dev).reshape(1, 5).float())
+    built = accelkit.stats()["compile"]["programs_compiled"]
+    second = run(torch.arange(7, device=dev).reshape(1, 7).float())
+    assert accelkit.stats()["compile"]["programs_compiled"] == built
+    assert torch.equal(first.cpu(), torch.tensor([30.0])) and torch.equal(second.cpu(), torch.tensor([63.0]))
+
+
+def test_dropout_under_compile_follows_the_device_seed_and_differentiates(dev):
+    model = torch.compile(nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).to(dev), backend="neuron")
+    x = torch.ones(16, 8, device=dev, requires_grad=True)
+    torch.manual_seed(1)
+    first = model(x)
+    torch.manual_seed(1)
+    again = model(x)
+    other = model(x)
+    assert torch.equal(first.cpu(), again.cpu()) and not torch.equal(first.cpu(), other.cpu())
+    assert 0.2 < (first == 0).float().mean().item() < 0.8
+    first.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
