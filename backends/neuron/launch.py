@@ -50,7 +50,9 @@ def _launcher(op: OpOverload, body: Callable) -> Callable:
         key = _instance_key(args, kwargs)
         out = _output_specs(op, key, args, kwargs)
         cost.LEDGER.note_instance(name, key)
-        with runtime.core().kernel(name) as k:
+        # The instance (with its result geometry, which a float argument can change) fixes the
+        # program: its schedule is computed once (NeuronCore.kernel).
+        with runtime.core().kernel(name, (op, key, tuple(out))) as k:
             return body(k, out, *args, **kwargs)
 
     run.__name__ = run.__qualname__ = f"neuron_{body.__name__}"

@@ -73,6 +73,16 @@ class KernelRecord:
     def latency(self) -> float:
         return self.end - self.start
 
+    def relative(self) -> KernelRecord:
+        """This record as if the kernel had started at time 0."""
+        return KernelRecord(self.name, 0.0, self.latency, dict(self.busy), self.instructions, self.flops,
+                            self.hbm_bytes)
+
+    def at(self, start: float, flops: int) -> KernelRecord:
+        """A relative record placed at ``start`` (with this run's own FLOP count)."""
+        return KernelRecord(self.name, start, start + self.end, dict(self.busy), self.instructions, flops,
+                            self.hbm_bytes)
+
 
 # ---------------------------------------------------------------------------------------------
 # The core
@@ -93,17 +103,30 @@ class NeuronCore:
         self.record_instructions = False
         #: The engines' pseudo-random generator state (see :meth:`Kernel.set_rng_seed`).
         self.rng: np.random.Generator | None = None
+        #: Per kernel instance, its timing as first computed (see :meth:`kernel`).
+        self._timings: dict[Any, tuple[int, KernelRecord]] = {}
 
     @contextlib.contextmanager
-    def kernel(self, name: str) -> Iterator[Kernel]:
-        """Run a tile program; its SBUF/PSUM are freed and its timing recorded at exit."""
-        kernel = Kernel(self, name, self.clock)
+    def kernel(self, name: str, instance: Any = None) -> Iterator[Kernel]:
+        """Run a tile program; its SBUF/PSUM are freed and its timing recorded at exit.
+
+        ``instance`` names what fixes the program's instructions (the op with its shapes, dtypes
+        and static arguments). A compiled kernel instance is static, as a NEFF is: its schedule
+        is computed the first time, and later runs only execute the instructions' numerics and
+        reuse that timing — unless they issue a different number of instructions (a
+        data-dependent program), which are then timed afresh. Recording instructions for a
+        profile times every run.
+        """
+        timing = None if instance is None or self.record_instructions else self._timings.get(instance)
+        kernel = Kernel(self, name, self.clock, defer_timing=instance is not None and not self.record_instructions)
         try:
             yield kernel
         finally:
             self.sbuf.reset()
             self.psum.reset()
-        record = kernel.finish()
+        record = kernel.finish(timing)
+        if instance is not None and timing is None and not self.record_instructions:
+            self._timings[instance] = (kernel.timed_steps, record.relative())
         self.clock = record.end
         for listener in self.listeners:
             listener(record, kernel.log)
@@ -112,12 +135,17 @@ class NeuronCore:
 class Kernel:
     """The instruction set, bound to one kernel execution (see the module docstring)."""
 
-    def __init__(self, core: NeuronCore, name: str, start: float):
+    def __init__(self, core: NeuronCore, name: str, start: float, defer_timing: bool = False):
         self.core = core
         self.spec = core.spec
         self.name = name
         self.start = start
         self.log: list[Instruction] = []
+        # Deferred timing: each instruction executes at once and queues its timing here, to be
+        # computed in order at the end (or replaced by the instance's known timing).
+        self._untimed: list[Callable[[], None]] | None = [] if defer_timing else None
+        #: How many timing steps (instructions, allocations, frees) the kernel took.
+        self.timed_steps = 0
         self._record = KernelRecord(name, start, start)
         self._engine_free = dict.fromkeys(ENGINES, start)
         self._dma_queues = [[] for _ in range(core.spec.dma_queues)]  # busy intervals, sorted
@@ -139,11 +167,18 @@ class Kernel:
         checked = dtype == np.int64
         tile = memory.allocate(tuple(shape), self._on_chip(np.int32 if checked else dtype, name), name, self.name)
         tile.checked = checked
+        self._timed(lambda: memory.make_available(tile))
         return tile
 
     def free(self, *tiles: Tile) -> None:
         for tile in tiles:
-            tile.memory.release(tile)
+            self._release(tile)
+
+    def _release(self, tile: Tile) -> None:
+        memory = tile.memory
+        base = memory.release(tile)
+        if base is not None:
+            self._timed(lambda: memory.note_release(base))
 
     def live_tiles(self) -> list[Tile]:
         """The SBUF and PSUM tiles allocated and not yet freed."""
@@ -163,7 +198,7 @@ class Kernel:
         finally:
             for memory, before in zip((self.core.sbuf, self.core.psum), marks):
                 for offset in [o for o in memory._live if o not in before]:
-                    memory.release(memory._live[offset])
+                    self._release(memory._live[offset])
 
     def _on_chip(self, dtype: Any, name: str) -> np.dtype:
         dtype = nx.numpy_dtype(dtype) if isinstance(dtype, torch.dtype) else np.dtype(dtype)
@@ -176,8 +211,19 @@ class Kernel:
 
     # -- scheduling -----------------------------------------------------------------------
 
-    def _schedule(self, name: str, engine: str, seconds: float, reads: tuple = (), writes: tuple = (),
-                  detail: str = "", earliest: float | None = None, busy: float | None = None) -> tuple[float, float]:
+    def _timed(self, step: Callable[[], None]) -> None:
+        """Run a timing step now, or queue it when timing is deferred."""
+        self.timed_steps += 1
+        if self._untimed is None:
+            step()
+        else:
+            self._untimed.append(step)
+
+    def _schedule(self, *args: Any, **kwargs: Any) -> None:
+        self._timed(lambda: self._place(*args, **kwargs))
+
+    def _place(self, name: str, engine: str, seconds: float, reads: tuple = (), writes: tuple = (),
+               detail: str = "", earliest: float | None = None, busy: float | None = None) -> tuple[float, float]:
         """Place an instruction after its engine and operands are free; ``busy`` is the engine
         time it accounts for, when that differs from its span (DMA: queue time, not latency)."""
         start = self._engine_free[engine] if earliest is None else earliest
@@ -226,7 +272,18 @@ class Kernel:
             low, high = byte_bounds(operand)
             self._hbm_writes.setdefault(_hbm_key(operand), []).append((low, high, end))
 
-    def finish(self) -> KernelRecord:
+    def finish(self, known: tuple[int, KernelRecord] | None = None) -> KernelRecord:
+        """The kernel's record: ``known`` (the instance's timing) when the kernel took as many
+        timing steps as it did then, else the queued timing computed now, in order."""
+        untimed, self._untimed = self._untimed, None
+        if untimed is not None:
+            if known is not None and known[0] == self.timed_steps:
+                self._record = known[1].at(self.start, self._record.flops)
+            else:
+                for step in untimed:
+                    step()
+                self.core.sbuf.forget_released()
+                self.core.psum.forget_released()
         return self._record
 
     # -- DMA ------------------------------------------------------------------------------
@@ -322,8 +379,11 @@ class Kernel:
             "tensor_copy into a tile of the new dtype"
         )
 
-    def _dma_schedule(self, name: str, nbytes: int, run: int, transpose: bool, reads: tuple,
-                      writes: tuple, via_hbm: bool) -> None:
+    def _dma_schedule(self, *args: Any, **kwargs: Any) -> None:
+        self._timed(lambda: self._place_dma(*args, **kwargs))
+
+    def _place_dma(self, name: str, nbytes: int, run: int, transpose: bool, reads: tuple,
+                   writes: tuple, via_hbm: bool) -> None:
         """Split a transfer over DMA queues (at least 2 KiB each, N-dma) and place each part in
         the earliest gap of a queue after its operands are ready, as the compiler's scheduler
         does (a store waiting for its data does not hold back later, independent loads). A
@@ -347,7 +407,7 @@ class Kernel:
         finish = max(slot for slot, _ in slots) + busy + spec.dma_fixed_latency_s
         # DMA busy time: the queues' occupancy spread over all queues (latency overlaps).
         occupancy = busy * len(slots) / spec.dma_queues
-        self._schedule(name, "dma", finish - first, reads, writes, f"{nbytes} B", earliest=first, busy=occupancy)
+        self._place(name, "dma", finish - first, reads, writes, f"{nbytes} B", earliest=first, busy=occupancy)
 
     # -- Tensor engine --------------------------------------------------------------------
 
@@ -381,13 +441,18 @@ class Kernel:
         else:
             dst.data[...] = product
         dtype = nx.torch_dtype(moving.dtype)
-        idle = not self._tensor_used or self._engine_free["tensor"] < max(
-            self._ready(stationary), self._ready(moving))
-        self._tensor_used = True
-        seconds = cost.matmul_seconds(spec, n, m, dtype, idle)
         self._record.flops += 2 * k * m * n
         reads = (stationary, moving, dst) if accumulate else (stationary, moving)
-        self._schedule("matmul", "tensor", seconds, reads, (dst,), f"K={k} M={m} N={n} {dtype}")
+
+        def place() -> None:
+            # The engine's speed depends on whether it was idle: part of the timing.
+            idle = not self._tensor_used or self._engine_free["tensor"] < max(
+                self._ready(stationary), self._ready(moving))
+            self._tensor_used = True
+            seconds = cost.matmul_seconds(spec, n, m, dtype, idle)
+            self._place("matmul", "tensor", seconds, reads, (dst,), f"K={k} M={m} N={n} {dtype}")
+
+        self._timed(place)
 
     def transpose(self, dst: Tile, src: Tile) -> None:
         """``dst[F, P] = src[P, F].T`` on the Tensor engine (a matmul with the identity)."""
@@ -398,10 +463,14 @@ class Kernel:
         if dst.shape != (f, p):
             raise TileShapeError(f"{self.name}: transpose of [{p}, {f}] into {dst.shape}")
         dst.data[...] = nx.round_to(fp32(src.data.reshape(p, f)).T.copy(), dst.dtype)
-        idle = not self._tensor_used or self._engine_free["tensor"] < self._ready(src)
-        self._tensor_used = True
-        seconds = cost.matmul_seconds(self.spec, p, f, nx.torch_dtype(src.dtype), idle)
-        self._schedule("transpose", "tensor", seconds, (src,), (dst,), f"[{p}, {f}]")
+
+        def place() -> None:
+            idle = not self._tensor_used or self._engine_free["tensor"] < self._ready(src)
+            self._tensor_used = True
+            seconds = cost.matmul_seconds(self.spec, p, f, nx.torch_dtype(src.dtype), idle)
+            self._place("transpose", "tensor", seconds, (src,), (dst,), f"[{p}, {f}]")
+
+        self._timed(place)
 
     # -- Vector, Scalar, GpSimd engines -----------------------------------------------------
 

@@ -90,6 +90,9 @@ class OnChipMemory:
         self._released.clear()
         self.high_water = 0
 
+    def forget_released(self) -> None:
+        self._released.clear()
+
     def in_use(self) -> int:
         return sum(t.nbytes for t in self._live.values())
 
@@ -108,19 +111,31 @@ class OnChipMemory:
         if offset is None:
             raise self._overflow(kernel, name, shape, dtype, nbytes)
         end = offset + nbytes
-        available = max((t for o, e, t in self._released if o < end and offset < e), default=_NO_TIME)
         data = np.zeros(shape, dtype=dtype)
-        tile = Tile(self, data, offset, nbytes, name, available_at=available)
+        tile = Tile(self, data, offset, nbytes, name)
         self._live[offset] = tile
         self.high_water = max(self.high_water, end)
         return tile
 
-    def release(self, tile: Tile) -> None:
+    def make_available(self, tile: Tile) -> None:
+        """Time a new tile: its memory is free once every freed tile it overlaps was last used
+        (a dependency of the timeline, kept apart from :meth:`allocate` so that a kernel may
+        time its instructions after running them; see ``Kernel``)."""
+        end = tile.offset + tile.nbytes
+        tile.ready_at = tile.read_until = max(
+            (t for o, e, t in self._released if o < end and tile.offset < e), default=_NO_TIME)
+
+    def release(self, tile: Tile) -> Tile | None:
+        """Free a tile's memory for new tiles; returns its base tile, or None if it was freed
+        already. :meth:`note_release` records when the memory is free on the timeline."""
         base = tile.base
         if base.freed:
-            return
+            return None
         base.freed = True
         self._live.pop(base.offset, None)
+        return base
+
+    def note_release(self, base: Tile) -> None:
         free_time = max(base.ready_at, base.read_until)
         self._released.append((base.offset, base.offset + base.nbytes, free_time))
 

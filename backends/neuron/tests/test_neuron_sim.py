@@ -202,3 +202,47 @@ def test_int64_results_outside_int32_raise_while_int32_wraps(kernel):
     kernel.dma(narrow, np.array([[2**31 - 1]], np.int32))
     kernel.tensor_scalar(narrow, narrow, "add", 1)
     assert narrow.data[0, 0] == -(2**31)  # two's complement, as torch's int32 arithmetic
+
+
+def _add_program(k, x, out, passes):
+    for _ in range(passes):
+        map_flat(k, out, [x], lambda dst, srcs: k.tensor_scalar(dst, srcs[0], "add", 1.0))
+
+
+def test_a_kernel_instance_is_timed_once_and_its_timing_reused():
+    # A compiled kernel instance is static: later runs execute its instructions and reuse the
+    # schedule, which must be the one a fresh timing gives.
+    x = np.arange(4096, dtype=np.float32).reshape(64, 64)
+    core = NeuronCore(core_spec("trn2"))
+    records = []
+    for _ in range(3):
+        out = np.empty_like(x)
+        with core.kernel("add", instance="add-64x64") as k:
+            _add_program(k, x, out, passes=1)
+        records.append(k.finish())
+        np.testing.assert_array_equal(out, x + 1)  # the numerics run every time
+    fresh_core = NeuronCore(core_spec("trn2"))
+    with fresh_core.kernel("add") as fresh:  # no instance: timed as it runs
+        _add_program(fresh, x, np.empty_like(x), passes=1)
+    want = fresh.finish()
+    assert len(core._timings) == 1
+    for record in records:
+        assert record.latency == pytest.approx(want.latency, rel=1e-12)
+        assert record.busy == pytest.approx(want.busy, rel=1e-12)
+        assert (record.instructions, record.hbm_bytes) == (want.instructions, want.hbm_bytes)
+    assert records[1].start == pytest.approx(records[0].end) and records[2].start == pytest.approx(records[1].end)
+
+
+def test_an_instance_that_issues_other_instructions_is_timed_afresh():
+    # A data-dependent program (more passes under the same instance) must not take the
+    # instance's first timing.
+    x = np.ones((64, 64), np.float32)
+    core = NeuronCore(core_spec("trn2"))
+    with core.kernel("add", instance="add") as k:
+        _add_program(k, x, np.empty_like(x), passes=1)
+    once = k.finish()
+    with core.kernel("add", instance="add") as k:
+        _add_program(k, x, np.empty_like(x), passes=3)
+    thrice = k.finish()
+    assert thrice.instructions == 3 * once.instructions and thrice.hbm_bytes == 3 * once.hbm_bytes
+    assert thrice.busy["vector"] == pytest.approx(3 * once.busy["vector"]) and thrice.latency > once.latency
