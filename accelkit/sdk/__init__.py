@@ -35,7 +35,7 @@ from accelkit.sdk._active import (
     register_kernel,
 )
 from accelkit.sdk._collectives import host_staged_process_group
-from accelkit.sdk._compile import GraphLowering, graph_compiler
+from accelkit.sdk._compile import GraphLowering, GraphParts, graph_compiler, graph_parts
 from accelkit.sdk._allocator import Buffer, DeviceAllocator, ViewSpec, format_bytes, size_class
 from accelkit.sdk._kernels import (
     CUDA_LIKE_AUTOCAST,
@@ -76,6 +76,7 @@ __all__ = [
     "ExpectationRule",
     "Expectations",
     "GraphLowering",
+    "GraphParts",
     "Interconnect",
     "KernelDeclined",
     "KernelEntry",
@@ -93,6 +94,7 @@ __all__ = [
     "env_choice",
     "format_bytes",
     "graph_compiler",
+    "graph_parts",
     "host_staged_process_group",
     "hookimpl",
     "meta_call",

@@ -12,7 +12,7 @@ the compile statistics and bucketing. A backend supplies a :class:`GraphLowering
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -62,6 +62,26 @@ class GraphLowering:
         """Counters of the persistent cache since :meth:`use_cache_directory` (e.g. ``hits``,
         ``misses``); reported in ``stats()["compile"]["persistent_cache"]``."""
         return {}
+
+
+class GraphParts(NamedTuple):
+    """A functional aten graph as a lowering walks it."""
+
+    #: The graph's inputs, in the order a program receives them.
+    placeholders: list[torch.fx.Node]
+    #: The ``call_function`` nodes, in execution order.
+    body: list[torch.fx.Node]
+    #: What the program returns: per output, a node or a constant.
+    outputs: tuple
+
+
+def graph_parts(graph: torch.fx.GraphModule) -> GraphParts:
+    """The placeholders, body and outputs of a graph handed to :meth:`GraphLowering.lower`."""
+    nodes = list(graph.graph.nodes)
+    output = next(n for n in nodes if n.op == "output")
+    outputs = output.args[0] if isinstance(output.args[0], tuple | list) else (output.args[0],)
+    return GraphParts([n for n in nodes if n.op == "placeholder"], [n for n in nodes if n.op == "call_function"],
+                      tuple(outputs))
 
 
 def graph_compiler(lowering: GraphLowering | Callable[[], GraphLowering]) -> Callable[..., Any]:

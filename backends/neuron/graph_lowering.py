@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit.sdk import GraphLowering
+from accelkit.sdk import GraphLowering, graph_parts
 from accelkit_backends.neuron import runtime
 from accelkit_backends.neuron.kernels.shape import copy_view
 from accelkit_backends.neuron.launch import kernels
@@ -77,11 +77,7 @@ class GraphProgram:
     compiled_total = 0
 
     def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]):
-        nodes = list(graph.graph.nodes)
-        self._placeholders = [n for n in nodes if n.op == "placeholder"]
-        self._body = [n for n in nodes if n.op == "call_function"]
-        output = next(n for n in nodes if n.op == "output")
-        self._outputs = output.args[0] if isinstance(output.args[0], tuple | list) else (output.args[0],)
+        self._placeholders, self._body, self._outputs = graph_parts(graph)
         # Random nodes whose op takes a generator draw from the call's seed and their position;
         # the others (native_dropout) draw from the device generator, as eagerly.
         self._random = {node: i for i, node in enumerate(random_nodes)

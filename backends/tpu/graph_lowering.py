@@ -11,7 +11,7 @@ import jax
 import jax.monitoring
 import torch
 
-from accelkit.sdk import GraphLowering, ViewSpec
+from accelkit.sdk import GraphLowering, ViewSpec, graph_parts
 from accelkit_backends.tpu import checks, modes
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize
 from accelkit_backends.tpu.graph_ops import GRAPH_OPS, RANDOM, indexed_view, is_view
@@ -81,11 +81,7 @@ class GraphProgram:
     compiled_total = 0
 
     def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]):
-        nodes = list(graph.graph.nodes)
-        self._placeholders = [n for n in nodes if n.op == "placeholder"]
-        self._body = [n for n in nodes if n.op == "call_function"]
-        output = next(n for n in nodes if n.op == "output")
-        self._outputs = output.args[0] if isinstance(output.args[0], tuple | list) else (output.args[0],)
+        self._placeholders, self._body, self._outputs = graph_parts(graph)
         self._random = {node: i for i, node in enumerate(random_nodes)}
         self._jitted: dict[tuple, Any] = {}
         self._seen: dict[tuple, int] = {}
