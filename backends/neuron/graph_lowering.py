@@ -40,7 +40,9 @@ class NeuronGraphLowering(GraphLowering):
     def lowers(self, op: torch._ops.OpOverload) -> bool:
         if op in _SIZE_QUERIES or op in _GRAPH_OPS or kernels.get(op) is not None or _is_constant_factory(op):
             return True
-        return _is_view(op) and op is not torch.ops.aten.view.dtype
+        # as_strided addresses the tensor's storage, which a program input (an HBM view) does
+        # not carry; view.dtype reinterprets bytes. Both run eagerly.
+        return _is_view(op) and op not in (torch.ops.aten.view.dtype, torch.ops.aten.as_strided.default)
 
     def lower(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]) -> GraphProgram:
         _refuse_symbolic_sizes(graph)
