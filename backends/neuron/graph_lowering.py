@@ -8,9 +8,9 @@ Trainium: fusing chains of ops into one tile program so intermediates stay in SB
 scheduling the engines across op boundaries. The kernels a program runs are counted and
 estimated as the eager ones are.
 
-Shapes are static, as neuronx-cc's are: a graph with symbolic sizes (``dynamic=True``) is
-refused with the rule and the way round it (``accelkit.bucketed``); a new input shape is a new
-program, counted in ``stats()["compile"]``.
+Shapes are static, as neuronx-cc's are: ``dynamic=True`` is refused with the rule and the way
+round it (``accelkit.bucketed``); every new input shape is a new program, counted in
+``stats()["compile"]`` (also when Dynamo makes a graph dynamic by itself after a shape change).
 """
 
 from __future__ import annotations
@@ -45,14 +45,20 @@ class NeuronGraphLowering(GraphLowering):
         return _is_view(op) and op not in (torch.ops.aten.view.dtype, torch.ops.aten.as_strided.default)
 
     def lower(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]) -> GraphProgram:
-        _refuse_symbolic_sizes(graph)
+        _refuse_requested_dynamic_shapes(graph)
         return GraphProgram(graph, random_nodes)
 
     def programs_compiled(self) -> int:
         return GraphProgram.compiled_total
 
 
-def _refuse_symbolic_sizes(graph: torch.fx.GraphModule) -> None:
+def _refuse_requested_dynamic_shapes(graph: torch.fx.GraphModule) -> None:
+    """Refuse a graph that is dynamic because the user asked for it (``dynamic=True``). A graph
+    Dynamo made dynamic by itself after a shape changed (its default, automatic dynamic shapes)
+    is accepted: its sizes arrive as numbers, and each new shape is one more program, as
+    neuronx-cc compiles one NEFF per shape."""
+    if torch._dynamo.config.assume_static_by_default:  # False only while dynamic=True compiles
+        return
     for node in graph.graph.nodes:
         if node.op != "placeholder":
             continue
@@ -208,10 +214,14 @@ def _batch_norm_no_stats(node: torch.fx.Node, x: Any, weight: Any, bias: Any, tr
 def _clone(node: torch.fx.Node, x: np.ndarray, **kwargs: Any) -> np.ndarray:
     """A copy in the layout PyTorch gives the clone (``node.meta["val"]``'s strides)."""
     val = node.meta["val"]
+    try:
+        shape, stride = tuple(int(d) for d in val.shape), tuple(int(d) for d in val.stride())
+    except TypeError:  # symbolic sizes (automatic dynamic shapes): a contiguous copy
+        shape, stride = x.shape, tuple(int(np.prod(x.shape[i + 1:])) for i in range(x.ndim))
     itemsize = x.dtype.itemsize
-    extent = 1 + sum((size - 1) * stride for size, stride in zip(val.shape, val.stride()) if size)
-    memory = np.empty(extent if val.numel() else 0, dtype=x.dtype)
-    result = np.lib.stride_tricks.as_strided(memory, tuple(val.shape), tuple(s * itemsize for s in val.stride()))
+    extent = 1 + sum((size - 1) * step for size, step in zip(shape, stride) if size)
+    memory = np.empty(extent if x.size else 0, dtype=x.dtype)
+    result = np.lib.stride_tricks.as_strided(memory, shape, tuple(s * itemsize for s in stride))
     with runtime.core().kernel("clone") as k:  # a DMA copy on the core, as eagerly
         copy_view(k, result, x)
     return result

@@ -88,6 +88,21 @@ def test_a_new_shape_is_a_new_program_and_the_same_shape_reuses_it(dev):
     assert accelkit.stats()["compile"]["programs_compiled"] > built
 
 
+def test_a_shape_change_without_dynamic_compiles_one_program_per_shape(dev):
+    # Dynamo's default turns a graph dynamic after a shape changes; neuron then builds one
+    # program per concrete shape, as neuronx-cc builds one NEFF per shape.
+    weight = torch.randn(4, 4)
+    project = torch.compile(lambda x, w: (x @ w).relu(), backend="neuron")
+    built = []
+    for rows in (3, 5, 7, 5):
+        x = torch.randn(rows, 4)
+        got = project(x.to(dev), weight.to(dev)).cpu()
+        torch.testing.assert_close(got, (x @ weight).relu())
+        built.append(accelkit.stats()["compile"]["programs_compiled"])
+    assert built == [1, 2, 3, 3], built
+    assert accelkit.stats()["compile"]["eager_nodes"] == {}
+
+
 def test_dynamic_shapes_are_refused_with_the_static_shape_rule_and_the_way_round(dev):
     scaled = torch.compile(lambda t: t * 2, backend="neuron", dynamic=True)
     with pytest.raises(Exception, match="neuronx-cc compiles static shapes only") as refused:
