@@ -5,7 +5,9 @@
 1. **Simulator wall time** per op — what a user waits on this machine: a small elementwise add
    (16 elements) and a 64×64 matmul on ``neuron`` (the tile program executed and timed by the
    simulator) against native CPU torch, measured in the same run, median of several repeats.
-2. **Estimated device time** of one MLP training step (forward, backward, SGD) on each Trainium
+2. **One small-MLP step, eager vs compiled**: simulator wall time and estimated device time of an
+   SGD step, eagerly and under ``torch.compile(backend="neuron")``.
+3. **Estimated device time** of one MLP training step (forward, backward, SGD) on each Trainium
    generation, from the simulator's cost model: an estimate from public specifications, not a
    measurement. Each generation runs in its own process (``ACCELKIT_NEURON_TARGET``), since a
    process holds one target. Also shown: the share of Tensor-engine peak the step reaches, and
@@ -45,6 +47,45 @@ def wall_times(number: int, repeat: int) -> dict[str, dict[str, float]]:
             "neuron_us": per_call_us(lambda: fn(da, db), lambda: None, number, repeat),
             "cpu_us": per_call_us(lambda: fn(a, b), lambda: None, number * 20, repeat),
         }
+    return figures
+
+
+def step_wall_times(steps: int) -> dict[str, float]:
+    """Simulator wall time (ms, median) and estimated device time (us) of one small-MLP SGD
+    step, eager and under ``torch.compile(backend="neuron")`` (forward and backward graphs)."""
+    import copy
+    import statistics
+    import time
+
+    import accelkit
+    from torch import nn
+
+    dev = accelkit.select_device("neuron")
+    batch, width_in, hidden, classes = MLPS["small"]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+    x, y = torch.randn(batch, width_in, device=dev), torch.randint(0, classes, (batch,), device=dev)
+    figures = {}
+    for mode in ("eager", "compiled"):
+        net = copy.deepcopy(model).to(dev)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+        forward = torch.compile(net, backend="neuron") if mode == "compiled" else net
+
+        def step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(forward(x), y).backward()
+            optimizer.step()
+
+        for _ in range(3):
+            step()
+        samples = []
+        accelkit.reset_stats()
+        for _ in range(steps):
+            start = time.perf_counter()
+            step()
+            samples.append(time.perf_counter() - start)
+        figures[f"{mode}_ms"] = statistics.median(samples) * 1e3
+        figures[f"{mode}_device_us"] = accelkit.stats()["neuron"]["estimate"]["device_seconds"] / steps * 1e6
     return figures
 
 
@@ -116,6 +157,15 @@ def main() -> None:
     for name, row in wall_times(args.number, args.repeat).items():
         ratio = row["neuron_us"] / row["cpu_us"]
         print(f"  {name:14s} neuron {row['neuron_us']:9.1f} us   cpu {row['cpu_us']:7.2f} us   ({ratio:.0f}x)")
+    step = step_wall_times(30)
+    batch, width_in, hidden, classes = MLPS["small"]
+    print(f"\nOne small-MLP SGD step ({batch}x{width_in} -> {hidden} -> {classes}, float32), eager vs "
+          "torch.compile(backend='neuron'):")
+    print(f"  simulator wall time: eager {step['eager_ms']:.2f} ms, compiled {step['compiled_ms']:.2f} ms "
+          f"({step['compiled_ms'] / step['eager_ms']:.2f}x)")
+    print(f"  estimated device time: eager {step['eager_device_us']:.1f} us, compiled "
+          f"{step['compiled_device_us']:.1f} us ({step['compiled_device_us'] / step['eager_device_us']:.2f}x; "
+          "programs run the eager kernels unfused)")
     print("\nEstimated device time of one MLP training step (estimate from public specifications):")
     for mlp in MLPS:
         for dtype in ("float32", "bfloat16"):
