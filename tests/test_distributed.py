@@ -41,6 +41,7 @@ def test_every_collective_matches_gloo_on_cpu():
         assert all_reduce["calls"] >= 10 and all_reduce["bytes"] > 0
         assert all_reduce["estimated_seconds"] > 0
         assert stats["interconnect"]["name"] == "ICI"
+        assert set(stats["agreement_checks"]) == {"sockets"}, stats["agreement_checks"]
 
 
 def test_a_group_bound_to_the_device_with_device_id():
@@ -70,8 +71,9 @@ def test_the_ddp_example_under_torchrun_matches_one_process(tmp_path):
     assert "2 ranks on tpu" in done.stdout and "estimated" in done.stdout
 
 
-def test_mismatched_arguments_raise_on_every_rank_and_leave_the_group_usable():
-    ranks = _findings("tpu", "mismatch")
+@pytest.mark.parametrize("checks", ["on", "gloo"])  # fingerprints over the group's sockets, or through gloo
+def test_mismatched_arguments_raise_on_every_rank_and_leave_the_group_usable(checks):
+    ranks = _findings("tpu", "mismatch", env={"ACCELKIT_COLLECTIVE_CHECKS": checks})
     _ok(ranks)
     for rank in ranks:
         f = rank.findings
@@ -84,6 +86,7 @@ def test_mismatched_arguments_raise_on_every_rank_and_leave_the_group_usable():
         assert "rank 0 sends 2 elements to rank 1, which expects 1" in f["all_to_all_splits"]["message"]
         assert f["received_unchanged"] is True
         assert f["usable_after"] is True
+        assert set(f["agreement_checks"]) == {"sockets" if checks == "on" else "gloo"}
     receiver = ranks[1].findings["send_recv_sizes"]
     assert receiver["raised"] == "CollectiveMismatchError"
     assert "rank 0 sent 3 elements of float32" in receiver["message"] and "float32[5]" in receiver["message"]

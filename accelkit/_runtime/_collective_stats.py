@@ -66,11 +66,18 @@ class CollectiveStats:
         self._kinds: dict[str, _Kind] = {}
         self._groups: dict[str, int] = {}
         self._interconnect: Interconnect | None = None
+        self._checks: dict[str, int] = {}
 
     def group_created(self, name: str, world: int, interconnect: Interconnect | None) -> None:
         with self._lock:
             self._groups[name] = world
             self._interconnect = interconnect
+
+    def check_path(self, path: str) -> None:
+        """A group was created whose agreement checks travel by ``path``: ``sockets`` (the
+        group's own connections), ``gloo``, or ``off``."""
+        with self._lock:
+            self._checks[path] = self._checks.get(path, 0) + 1
 
     def record(self, kind: str, nbytes: int, world: int, seconds: float) -> None:
         estimate = estimate_seconds(kind, nbytes, world, self._interconnect)
@@ -87,6 +94,7 @@ class CollectiveStats:
             return {
                 "transport": TRANSPORT,
                 "groups": dict(self._groups),
+                "agreement_checks": dict(self._checks),
                 "interconnect": None if link is None else {
                     "name": link.name, "bandwidth_per_direction": link.bandwidth,
                     "topology": link.topology, "sources": dict(link.sources),

@@ -275,6 +275,9 @@ def scenario_mismatch() -> dict[str, Any]:
     dist.all_reduce(x)
     findings["usable_after"] = x.cpu().tolist() == [float(sum(range(1, world + 1)))] * 3
     dist.barrier()
+    import accelkit
+
+    findings["agreement_checks"] = accelkit.stats()["distributed"]["agreement_checks"]
     return findings
 
 
