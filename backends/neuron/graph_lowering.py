@@ -2,10 +2,9 @@
 
 A program is the graph's nodes bound once to their tile kernels (one op library for both
 paths); a call runs them in order on the simulated core, with the graph's intermediates handed
-from kernel to kernel as HBM arrays. Views (``view``, ``permute``, ``expand``, ...) are strides
-over the same HBM, as eagerly. What this first step does not do yet is the point of compiling on
-Trainium: fusing chains of ops into one tile program so intermediates stay in SBUF, and
-scheduling the engines across op boundaries. The kernels a program runs are counted and
+from kernel to kernel as HBM arrays. Chains of elementwise ops run as one fused tile program
+whose intermediates stay in SBUF (:mod:`.fusion`). Views (``view``, ``permute``, ``expand``,
+...) are strides over the same HBM, as eagerly. The kernels a program runs are counted and
 estimated as the eager ones are.
 
 Shapes are static, as neuronx-cc's are: ``dynamic=True`` is refused with the rule and the way
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 
 from accelkit.sdk import GraphLowering, graph_parts
-from accelkit_backends.neuron import runtime
+from accelkit_backends.neuron import fusion, runtime
 from accelkit_backends.neuron.kernels.shape import copy_view
 from accelkit_backends.neuron.launch import kernels
 from accelkit_backends.neuron.sim import numerics as nx
@@ -90,7 +89,9 @@ class GraphProgram:
         # the others (native_dropout) draw from the device generator, as eagerly.
         self._random = {node: i for i, node in enumerate(random_nodes)
                         if any(a.name == "generator" for a in getattr(node.target, "_schema", _NO_SCHEMA).arguments)}
-        self._steps = [(node, _step(node)) for node in self._body]
+        self._steps = {node: _step(node) for node in self._body}
+        spec = runtime.core().spec
+        self._units = fusion.plan(self._body, self._outputs, spec.partitions, spec.sbuf_partition_bytes)
         self._structures: set[tuple] = set()
 
     def __call__(self, inputs: list, seed: int) -> list:
@@ -100,12 +101,19 @@ class GraphProgram:
             with _count_lock:
                 GraphProgram.compiled_total += 1
         env: dict[torch.fx.Node, Any] = dict(zip(self._placeholders, inputs))
-        for node, step in self._steps:
+
+        def run_node(node: torch.fx.Node) -> Any:
             args = torch.fx.node.map_arg(node.args, env.__getitem__)
             kwargs = dict(torch.fx.node.map_arg(node.kwargs, env.__getitem__))
             if node in self._random:
                 kwargs["generator"] = torch.Generator().manual_seed(_stream_seed(seed, self._random[node]))
-            env[node] = step(node, args, kwargs)
+            return self._steps[node](node, args, kwargs)
+
+        for unit in self._units:
+            if isinstance(unit, fusion.FusedGroup):
+                unit.run(env, run_node)
+            else:
+                env[unit] = run_node(unit)
         arrays = [v for v in inputs if isinstance(v, np.ndarray)]
         return [_own(env[o], arrays) if isinstance(o, torch.fx.Node) else o for o in self._outputs]
 

@@ -25,6 +25,8 @@ from accelkit_backends.neuron import cost, runtime
 from accelkit_backends.neuron.sim import numerics as nx
 
 kernels = KernelTable("neuron")
+#: Each op's tile-program body, as registered (the graph compiler's fusion calls bodies itself).
+_BODIES: dict[OpOverload, Callable] = {}
 
 
 class OutSpec(NamedTuple):
@@ -38,9 +40,15 @@ def tile_kernel(*ops: OpOverload, derive_variants: bool = True) -> Callable[[Cal
     def register(body: Callable) -> Callable:
         for op in ops:
             kernels.add(op, _launcher(op, body), derive_variants=derive_variants)
+            _BODIES[op] = body
         return body
 
     return register
+
+
+def body_of(op: OpOverload) -> Callable | None:
+    """The tile-program body registered for ``op`` (not its launcher), or None."""
+    return _BODIES.get(op)
 
 
 def _launcher(op: OpOverload, body: Callable) -> Callable:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -58,6 +60,31 @@ class FlatOperand:
         return tile
 
 
+class FlatMap(NamedTuple):
+    """One elementwise program as :func:`map_flat` was asked to run it."""
+
+    out: np.ndarray
+    inputs: list[np.ndarray]
+    compute: Callable[[Tile, list[Tile]], None]
+    tile_dtype: np.dtype
+
+
+_recording = threading.local()
+
+
+@contextlib.contextmanager
+def recording_flat_maps() -> Iterator[list[FlatMap]]:
+    """Within the block, :func:`map_flat` runs nothing: it appends what it was asked to run to
+    the yielded list and returns ``out`` unwritten (the graph compiler's fusion collects an op
+    chain's programs this way, then runs them as one with :func:`map_flat_fused`)."""
+    previous = getattr(_recording, "maps", None)
+    _recording.maps = maps = []
+    try:
+        yield maps
+    finally:
+        _recording.maps = previous
+
+
 def map_flat(
     k: Kernel,
     out: np.ndarray,
@@ -72,6 +99,10 @@ def map_flat(
     (DMA queues run in order), into other buffers, so transfers overlap the engines' work.
     Temporaries ``compute`` allocates live until the chunk after next begins.
     """
+    recorded = getattr(_recording, "maps", None)
+    if recorded is not None:
+        recorded.append(FlatMap(out, list(inputs), compute, np.dtype(out_tile_dtype or chip_dtype(out.dtype))))
+        return out
     operands = [FlatOperand(a, out.shape) for a in inputs]
     pools = [k.pool(BUFFERS) for _ in operands]
     out_pool = k.pool(BUFFERS)
@@ -97,3 +128,79 @@ def map_flat(
         k.dma(flat_out[start : start + rows * cols].reshape(rows, cols), dst)
         scratch.append([t for t in k.live_tiles() if id(t) not in before and t is not dst])
     return out
+
+
+class NotFusable(Exception):
+    """A recorded chain cannot run as one program (the caller runs its ops one by one)."""
+
+
+def map_flat_fused(k: Kernel, maps: Sequence[FlatMap], stored: Sequence[bool]) -> None:
+    """Run several elementwise programs of one output shape as one: per chunk, every array
+    input is loaded once, each program computes into its own tile from the tiles of the
+    programs before it (an input that is an earlier program's ``out`` never leaves SBUF), and
+    only the outputs flagged in ``stored`` are written to HBM.
+
+    Each program computes exactly what it computes alone, on the same chunks and tile dtypes,
+    so results are those of running the programs one by one. Raises :class:`NotFusable` when
+    an earlier output's tile would differ from what loading it from HBM gives.
+    """
+    shape = maps[0].out.shape
+    producer: dict[int, int] = {}
+    externals: list[np.ndarray] = []
+    external_index: dict[int, int] = {}
+    wiring: list[list[tuple[bool, int]]] = []
+    for position, flat in enumerate(maps):
+        if flat.out.shape != shape:
+            raise NotFusable(f"output shapes {shape} and {flat.out.shape}")
+        wires = []
+        for array in flat.inputs:
+            source = producer.get(id(array))
+            if source is not None:
+                if maps[source].tile_dtype != chip_dtype(array.dtype):
+                    raise NotFusable("an intermediate computed in another dtype than it is stored in")
+                wires.append((True, source))
+                continue
+            index = external_index.get(id(array))
+            if index is None:
+                index = external_index[id(array)] = len(externals)
+                externals.append(array)
+            wires.append((False, index))
+        wiring.append(wires)
+        producer[id(flat.out)] = position
+
+    operands = [FlatOperand(a, shape) for a in externals]
+    in_pools = [k.pool(BUFFERS) for _ in operands]
+    out_pools = [k.pool(BUFFERS if keep else 2) for keep in stored]
+    flat_outs = [flat.out.reshape(-1) for flat in maps]
+
+    def load(chunk: tuple[int, int, int]) -> list[Tile]:
+        start, rows, cols = chunk
+        return [op.load(pool, start, rows, cols, f"in{i}") for i, (op, pool) in enumerate(zip(operands, in_pools))]
+
+    chunks = list(flat_chunks(maps[0].out.size, k.spec.partitions))
+    scratch: list[list[Tile]] = []
+    loaded = load(chunks[0]) if chunks else []
+    for index, (start, rows, cols) in enumerate(chunks):
+        srcs = loaded
+        if index + 1 < len(chunks):
+            loaded = load(chunks[index + 1])
+        if len(scratch) >= BUFFERS:
+            k.free(*scratch.pop(0))
+        before = {id(t) for t in k.live_tiles()}
+        dsts: list[Tile] = []
+        for position, flat in enumerate(maps):
+            dst = out_pools[position].tile((rows, cols), flat.tile_dtype, f"out{position}")
+            flat.compute(dst, [dsts[i] if internal else srcs[i] for internal, i in wiring[position]])
+            dsts.append(dst)
+            if stored[position]:
+                k.dma(flat_outs[position][start : start + rows * cols].reshape(rows, cols), dst)
+        kept = {id(t) for t in dsts}
+        scratch.append([t for t in k.live_tiles() if id(t) not in before and id(t) not in kept])
+
+
+def fused_sbuf_bytes(numel: int, partitions: int, operands: int, programs: int) -> int:
+    """Per-partition SBUF bytes :func:`map_flat_fused` keeps for ``operands`` array inputs and
+    ``programs`` outputs of ``numel`` elements, counting 4-byte elements and every buffer
+    (temporaries a program allocates come on top)."""
+    cols = min(FMAX, max(1, math.ceil(numel / partitions)))
+    return (operands + programs) * BUFFERS * cols * 4
