@@ -63,7 +63,7 @@ class Ledger:
             entry["flops"] += record.flops
             for engine, busy in record.busy.items():
                 self.per_engine[engine] += busy
-            self.device_seconds += record.latency
+            self.device_seconds += record.device_seconds
             self.flops += record.flops
             self.hbm_bytes += record.hbm_bytes
             self.kernels += 1
@@ -137,7 +137,7 @@ class Profile:
 
     @property
     def device_seconds(self) -> float:
-        return sum(k.latency for k in self.kernels)
+        return sum(k.device_seconds for k in self.kernels)
 
     def trace_events(self) -> list[dict[str, Any]]:
         tracks = ("kernels", *ENGINES)

@@ -1,11 +1,13 @@
 """neuron's graph lowering: one aten graph as one program of the same tile kernels as eager.
 
 A program is the graph's nodes bound once to their tile kernels (one op library for both
-paths); a call runs them in order on the simulated core, with the graph's intermediates handed
-from kernel to kernel as HBM arrays. Chains of elementwise ops run as one fused tile program
-whose intermediates stay in SBUF (:mod:`.fusion`). Views (``view``, ``permute``, ``expand``,
-...) are strides over the same HBM, as eagerly. The kernels a program runs are counted and
-estimated as the eager ones are.
+paths); a call runs them in order on the simulated core as one program
+(:meth:`NeuronCore.program`: the kernels share the engines' timelines, so each overlaps the
+ones before it wherever the data allows, and the program's schedule is computed once), with the
+graph's intermediates handed from kernel to kernel as HBM arrays. Chains of elementwise ops run
+as one fused tile program whose intermediates stay in SBUF (:mod:`.fusion`). Views (``view``,
+``permute``, ``expand``, ...) are strides over the same HBM, as eagerly. The kernels a program
+runs are counted and estimated as the eager ones are.
 
 Shapes are static, as neuronx-cc's are: ``dynamic=True`` is refused with the rule and the way
 round it (``accelkit.bucketed``); every new input shape is a new program, counted in
@@ -109,11 +111,12 @@ class GraphProgram:
                 kwargs["generator"] = torch.Generator().manual_seed(_stream_seed(seed, self._random[node]))
             return self._steps[node](node, args, kwargs)
 
-        for unit in self._units:
-            if isinstance(unit, fusion.FusedGroup):
-                unit.run(env, run_node)
-            else:
-                env[unit] = run_node(unit)
+        with runtime.core().program((self, structure)):
+            for unit in self._units:
+                if isinstance(unit, fusion.FusedGroup):
+                    unit.run(env, run_node)
+                else:
+                    env[unit] = run_node(unit)
         arrays = [v for v in inputs if isinstance(v, np.ndarray)]
         return [_own(env[o], arrays) if isinstance(o, torch.fx.Node) else o for o in self._outputs]
 

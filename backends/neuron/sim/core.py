@@ -68,20 +68,34 @@ class KernelRecord:
     instructions: int = 0
     flops: int = 0
     hbm_bytes: int = 0
+    #: How far the kernel moved the device clock: its latency, or in a program (whose kernels
+    #: overlap) only what it added past the kernels before it. Device time is the sum of these.
+    advance: float | None = None
 
     @property
     def latency(self) -> float:
         return self.end - self.start
 
-    def relative(self) -> KernelRecord:
-        """This record as if the kernel had started at time 0."""
-        return KernelRecord(self.name, 0.0, self.latency, dict(self.busy), self.instructions, self.flops,
-                            self.hbm_bytes)
+    @property
+    def device_seconds(self) -> float:
+        return self.latency if self.advance is None else self.advance
 
-    def at(self, start: float, flops: int) -> KernelRecord:
-        """A relative record placed at ``start`` (with this run's own FLOP count)."""
-        return KernelRecord(self.name, start, start + self.end, dict(self.busy), self.instructions, flops,
-                            self.hbm_bytes)
+    def moved(self, by: float, flops: int | None = None) -> KernelRecord:
+        """This record ``by`` seconds later (with a run's own FLOP count, if given)."""
+        return KernelRecord(self.name, self.start + by, self.end + by, dict(self.busy), self.instructions,
+                            self.flops if flops is None else flops, self.hbm_bytes, self.advance)
+
+
+@dataclass
+class _Program:
+    """The shared timelines of the kernels one compiled program runs (see
+    :meth:`NeuronCore.program`)."""
+
+    start: float
+    engine_free: dict[str, float]
+    dma_queues: list[list[tuple[float, float]]]
+    hbm_writes: dict[int, list[tuple[int, int, float]]]
+    kernels: list[Kernel] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -105,6 +119,9 @@ class NeuronCore:
         self.rng: np.random.Generator | None = None
         #: Per kernel instance, its timing as first computed (see :meth:`kernel`).
         self._timings: dict[Any, tuple[int, KernelRecord]] = {}
+        #: Per program instance, its kernels' timings as first computed (see :meth:`program`).
+        self._program_timings: dict[Any, tuple[int, list[KernelRecord]]] = {}
+        self._program: _Program | None = None
 
     @contextlib.contextmanager
     def kernel(self, name: str, instance: Any = None) -> Iterator[Kernel]:
@@ -115,8 +132,19 @@ class NeuronCore:
         is computed the first time, and later runs only execute the instructions' numerics and
         reuse that timing — unless they issue a different number of instructions (a
         data-dependent program), which are then timed afresh. Recording instructions for a
-        profile times every run.
+        profile times every run. Inside :meth:`program`, the program times its kernels.
         """
+        program = self._program
+        if program is not None:
+            kernel = Kernel(self, name, program.start, defer_timing=not self.record_instructions, program=program)
+            try:
+                yield kernel
+            finally:
+                kernel.release_all()
+                self.sbuf.reset(keep_released=True)
+                self.psum.reset(keep_released=True)
+            program.kernels.append(kernel)
+            return
         timing = None if instance is None or self.record_instructions else self._timings.get(instance)
         kernel = Kernel(self, name, self.clock, defer_timing=instance is not None and not self.record_instructions)
         try:
@@ -126,16 +154,64 @@ class NeuronCore:
             self.psum.reset()
         record = kernel.finish(timing)
         if instance is not None and timing is None and not self.record_instructions:
-            self._timings[instance] = (kernel.timed_steps, record.relative())
+            self._timings[instance] = (kernel.timed_steps, record.moved(-record.start))
         self.clock = record.end
         for listener in self.listeners:
             listener(record, kernel.log)
+
+    @contextlib.contextmanager
+    def program(self, instance: Any = None) -> Iterator[None]:
+        """Run the kernels inside as one compiled program, as a NEFF runs a whole graph.
+
+        The kernels share the engines' and DMA queues' timelines and the HBM write times: each
+        instruction starts once its engine is free and its data is ready, so a kernel overlaps
+        the ones before it wherever the data allows (a matmul on the Tensor engine under the
+        previous op's Vector work), and on-chip memory a kernel reuses waits for the kernel that
+        used it last. Each kernel's record spans its own instructions; device time counts the
+        program once (:attr:`KernelRecord.advance`). A program instance is static: its schedule
+        is computed the first time and reused while it issues as many timing steps. Nested
+        calls join the outer program.
+        """
+        if self._program is not None:
+            yield
+            return
+        program = _Program(self.clock, dict.fromkeys(ENGINES, self.clock),
+                           [[] for _ in range(self.spec.dma_queues)], {})
+        self._program = program
+        try:
+            yield
+        finally:
+            self._program = None
+            self._finish_program(program, instance)
+
+    def _finish_program(self, program: _Program, instance: Any) -> None:
+        kernels = program.kernels
+        steps = sum(k.timed_steps for k in kernels)
+        cacheable = instance is not None and not self.record_instructions
+        known = self._program_timings.get(instance) if cacheable else None
+        if known is not None and known[0] == steps and len(known[1]) == len(kernels):
+            records = [rel.moved(program.start, k.flops) for rel, k in zip(known[1], kernels)]
+        else:
+            records = [k.finish() for k in kernels]
+            frontier = program.start
+            for record in records:
+                record.advance = max(0.0, record.end - frontier)
+                frontier = max(frontier, record.end)
+            if cacheable:
+                self._program_timings[instance] = (steps, [r.moved(-program.start) for r in records])
+        self.sbuf.forget_released()
+        self.psum.forget_released()
+        self.clock = max([self.clock, *(r.end for r in records)])
+        for kernel, record in zip(kernels, records):
+            for listener in self.listeners:
+                listener(record, kernel.log)
 
 
 class Kernel:
     """The instruction set, bound to one kernel execution (see the module docstring)."""
 
-    def __init__(self, core: NeuronCore, name: str, start: float, defer_timing: bool = False):
+    def __init__(self, core: NeuronCore, name: str, start: float, defer_timing: bool = False,
+                 program: _Program | None = None):
         self.core = core
         self.spec = core.spec
         self.name = name
@@ -146,11 +222,30 @@ class Kernel:
         self._untimed: list[Callable[[], None]] | None = [] if defer_timing else None
         #: How many timing steps (instructions, allocations, frees) the kernel took.
         self.timed_steps = 0
-        self._record = KernelRecord(name, start, start)
-        self._engine_free = dict.fromkeys(ENGINES, start)
-        self._dma_queues = [[] for _ in range(core.spec.dma_queues)]  # busy intervals, sorted
-        self._hbm_writes: dict[int, list[tuple[int, int, float]]] = {}  # base -> written byte ranges
+        self._in_program = program is not None
+        # In a program the record spans the kernel's own instructions (see NeuronCore.program).
+        self._record = KernelRecord(name, math.inf if self._in_program else start, start)
+        if program is not None:
+            self._engine_free = program.engine_free
+            self._dma_queues = program.dma_queues
+            self._hbm_writes = program.hbm_writes
+        else:
+            self._engine_free = dict.fromkeys(ENGINES, start)
+            self._dma_queues = [[] for _ in range(core.spec.dma_queues)]  # busy intervals, sorted
+            self._hbm_writes: dict[int, list[tuple[int, int, float]]] = {}  # base -> written byte ranges
         self._tensor_used = False
+
+    @property
+    def flops(self) -> int:
+        """FLOPs this run executed (counted as instructions execute, not when they are timed)."""
+        return self._record.flops
+
+    def release_all(self) -> None:
+        """Free every tile still live at the kernel's end, on the timeline too (in a program,
+        the next kernel's tiles in that memory wait for this kernel's last use)."""
+        for memory in (self.core.sbuf, self.core.psum):
+            for tile in list(memory._live.values()):
+                self._release(tile)
 
     # -- memory ---------------------------------------------------------------------------
 
@@ -232,6 +327,8 @@ class Kernel:
         for operand in writes:
             start = max(start, self._write_ready(operand))
         end = start + seconds
+        if start < self._record.start:  # in a program, where the kernel's span begins
+            self._record.start = start
         for operand in reads:
             self._mark_read(operand, end)
         for operand in writes:
@@ -278,12 +375,15 @@ class Kernel:
         untimed, self._untimed = self._untimed, None
         if untimed is not None:
             if known is not None and known[0] == self.timed_steps:
-                self._record = known[1].at(self.start, self._record.flops)
+                self._record = known[1].moved(self.start, self._record.flops)
             else:
                 for step in untimed:
                     step()
-                self.core.sbuf.forget_released()
-                self.core.psum.forget_released()
+                if not self._in_program:  # a program's kernels wait on each other's memory
+                    self.core.sbuf.forget_released()
+                    self.core.psum.forget_released()
+        if self._record.start == math.inf:  # a kernel in a program that issued no instruction
+            self._record.start = self._record.end
         return self._record
 
     # -- DMA ------------------------------------------------------------------------------

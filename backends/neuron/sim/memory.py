@@ -85,9 +85,12 @@ class OnChipMemory:
         self._released: list[tuple[int, int, float]] = []  # (offset, end, free time)
         self.high_water = 0
 
-    def reset(self) -> None:
+    def reset(self, keep_released: bool = False) -> None:
+        """Free everything. ``keep_released`` keeps the timeline's record of when freed memory
+        becomes free (the next kernel of a program waits for it)."""
         self._live.clear()
-        self._released.clear()
+        if not keep_released:
+            self._released.clear()
         self.high_water = 0
 
     def forget_released(self) -> None:

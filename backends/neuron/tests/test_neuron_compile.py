@@ -205,3 +205,31 @@ def test_a_group_that_overflows_sbuf_at_run_time_is_halved_with_the_same_results
     assert torch.equal(compiled.cpu(), eager.cpu())
     runs = {name: op["calls"] for name, op in accelkit.stats()["neuron"]["estimate"]["per_op"].items()}
     assert sum(runs.values()) >= 2 and sum((name.count("+") + 1) * calls for name, calls in runs.items()) == 30
+
+
+def _two_branches(x, w1, w2):
+    return torch.relu(x @ w1) + torch.sigmoid(x @ w2)
+
+
+def test_a_compiled_graph_overlaps_its_kernels_and_its_schedule_is_the_profiled_one(dev):
+    from accelkit_backends.neuron import profile
+
+    g = torch.Generator().manual_seed(0)
+    x, w1, w2 = (torch.randn(64, 128, generator=g).to(dev), torch.randn(128, 96, generator=g).to(dev),
+                 torch.randn(128, 96, generator=g).to(dev))
+    accelkit.reset_stats()
+    eager = _two_branches(x, w1, w2)
+    eager_seconds = accelkit.stats()["neuron"]["estimate"]["device_seconds"]
+    compiled_fn = torch.compile(_two_branches, backend="neuron")
+    compiled_fn(x, w1, w2)  # compiles; the program's schedule is computed here
+    accelkit.reset_stats()
+    compiled = compiled_fn(x, w1, w2)  # reuses it
+    estimate = accelkit.stats()["neuron"]["estimate"]
+    assert torch.equal(compiled.cpu(), eager.cpu())
+    spans = sum(op["seconds"] for op in estimate["per_op"].values())
+    assert estimate["device_seconds"] < spans  # the second matmul runs under the first's tail
+    assert estimate["device_seconds"] < eager_seconds
+    with profile() as prof:
+        compiled_fn(x, w1, w2)
+    assert prof.device_seconds == pytest.approx(estimate["device_seconds"], rel=1e-9)
+    assert any(k.name.startswith("fused(") for k in prof.kernels)  # relu, sigmoid and add: one program

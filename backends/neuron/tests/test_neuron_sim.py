@@ -246,3 +246,56 @@ def test_an_instance_that_issues_other_instructions_is_timed_afresh():
     thrice = k.finish()
     assert thrice.instructions == 3 * once.instructions and thrice.hbm_bytes == 3 * once.hbm_bytes
     assert thrice.busy["vector"] == pytest.approx(3 * once.busy["vector"]) and thrice.latency > once.latency
+
+
+def _collecting(core):
+    records = []
+    core.listeners.append(lambda record, _instructions: records.append(record))
+    return records
+
+
+def _two_independent_adds_then_one_on_both(core, x, y):
+    a, b, c = np.empty_like(x), np.empty_like(y), np.empty_like(x)
+    with core.kernel("add_x") as k:
+        _add_program(k, x, a, passes=1)
+    with core.kernel("add_y") as k:
+        _add_program(k, y, b, passes=1)
+    with core.kernel("sum") as k:
+        map_flat(k, c, [a, b], lambda dst, srcs: k.tensor_tensor(dst, srcs[0], srcs[1], "add"))
+    return c
+
+
+def test_kernels_of_a_program_overlap_where_their_data_allows_and_device_time_counts_it_once():
+    x, y = np.ones((64, 64), np.float32), np.full((64, 64), 2.0, np.float32)
+    eager_core, program_core = NeuronCore(core_spec("trn2")), NeuronCore(core_spec("trn2"))
+    eager, in_program = _collecting(eager_core), _collecting(program_core)
+    _two_independent_adds_then_one_on_both(eager_core, x, y)
+    with program_core.program():
+        got = _two_independent_adds_then_one_on_both(program_core, x, y)
+    np.testing.assert_array_equal(got, x + y + 2)
+    add_x, add_y, total = in_program
+    assert add_y.start < add_x.end  # the second add does not wait for the first
+    assert total.start >= min(add_x.end, add_y.end) - 1e-12  # the sum waits for its inputs' stores
+    device = sum(r.device_seconds for r in in_program)
+    assert device == pytest.approx(max(r.end for r in in_program) - min(r.start for r in in_program))
+    assert device < sum(r.device_seconds for r in eager)  # eagerly each kernel waits for the last
+    assert program_core.clock == pytest.approx(max(r.end for r in in_program))
+
+
+def test_a_program_instance_is_timed_once_and_later_runs_reuse_that_schedule():
+    x, y = np.ones((64, 64), np.float32), np.full((64, 64), 2.0, np.float32)
+    core, fresh = NeuronCore(core_spec("trn2")), NeuronCore(core_spec("trn2"))
+    runs = _collecting(core)
+    for _ in range(3):
+        with core.program("graph"):
+            np.testing.assert_array_equal(_two_independent_adds_then_one_on_both(core, x, y), x + y + 2)
+    fresh.record_instructions = True  # profiled: every instruction timed as it runs
+    want = _collecting(fresh)
+    with fresh.program("graph"):
+        _two_independent_adds_then_one_on_both(fresh, x, y)
+    assert len(core._program_timings) == 1
+    for run in range(3):
+        for got, expected in zip(runs[3 * run: 3 * run + 3], want):
+            assert got.latency == pytest.approx(expected.latency, rel=1e-12)
+            assert got.device_seconds == pytest.approx(expected.device_seconds, rel=1e-12)
+            assert got.busy == pytest.approx(expected.busy, rel=1e-12)
