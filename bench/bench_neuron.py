@@ -5,8 +5,9 @@
 1. **Simulator wall time** per op — what a user waits on this machine: a small elementwise add
    (16 elements) and a 64×64 matmul on ``neuron`` (the tile program executed and timed by the
    simulator) against native CPU torch, measured in the same run, median of several repeats.
-2. **One small-MLP step, eager vs compiled**: simulator wall time and estimated device time of an
-   SGD step, eagerly and under ``torch.compile(backend="neuron")``.
+2. **Eager vs compiled**: simulator wall time, estimated device time, HBM bytes and kernels of a
+   small-MLP SGD step (the model under ``torch.compile(backend="neuron")``), and the estimates of
+   an elementwise-heavy block, where fusion keeps intermediates in SBUF.
 3. **Estimated device time** of one MLP training step (forward, backward, SGD) on each Trainium
    generation, from the simulator's cost model: an estimate from public specifications, not a
    measurement. Each generation runs in its own process (``ACCELKIT_NEURON_TARGET``), since a
@@ -84,8 +85,35 @@ def step_wall_times(steps: int) -> dict[str, float]:
             start = time.perf_counter()
             step()
             samples.append(time.perf_counter() - start)
+        estimate = accelkit.stats()["neuron"]["estimate"]
         figures[f"{mode}_ms"] = statistics.median(samples) * 1e3
-        figures[f"{mode}_device_us"] = accelkit.stats()["neuron"]["estimate"]["device_seconds"] / steps * 1e6
+        figures[f"{mode}_device_us"] = estimate["device_seconds"] / steps * 1e6
+        figures[f"{mode}_hbm_bytes"] = estimate["hbm_bytes"] / steps
+        figures[f"{mode}_kernels"] = estimate["kernels"] / steps
+    return figures
+
+
+def activation_block(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """An elementwise-heavy block (a gated activation with a residual): what fusion is for."""
+    return x + torch.nn.functional.silu(gate) * torch.tanh(x * 0.5 + 1.0) - 0.1 * gate
+
+
+def block_estimates(rows: int = 512, cols: int = 1024) -> dict[str, float]:
+    """Estimated device time, HBM bytes and kernels of :func:`activation_block` on float32
+    ``[rows, cols]`` inputs, eager and compiled (after a warm-up call)."""
+    import accelkit
+
+    dev = accelkit.select_device("neuron")
+    x, gate = torch.randn(rows, cols, device=dev), torch.randn(rows, cols, device=dev)
+    figures = {}
+    for mode, fn in (("eager", activation_block), ("compiled", torch.compile(activation_block, backend="neuron"))):
+        fn(x, gate)
+        accelkit.reset_stats()
+        fn(x, gate)
+        estimate = accelkit.stats()["neuron"]["estimate"]
+        figures[f"{mode}_device_us"] = estimate["device_seconds"] * 1e6
+        figures[f"{mode}_hbm_bytes"] = estimate["hbm_bytes"]
+        figures[f"{mode}_kernels"] = estimate["kernels"]
     return figures
 
 
@@ -164,8 +192,17 @@ def main() -> None:
     print(f"  simulator wall time: eager {step['eager_ms']:.2f} ms, compiled {step['compiled_ms']:.2f} ms "
           f"({step['compiled_ms'] / step['eager_ms']:.2f}x)")
     print(f"  estimated device time: eager {step['eager_device_us']:.1f} us, compiled "
-          f"{step['compiled_device_us']:.1f} us ({step['compiled_device_us'] / step['eager_device_us']:.2f}x; "
-          "programs run the eager kernels unfused)")
+          f"{step['compiled_device_us']:.1f} us ({step['compiled_device_us'] / step['eager_device_us']:.2f}x)")
+    print(f"  HBM bytes: eager {step['eager_hbm_bytes']:.0f}, compiled {step['compiled_hbm_bytes']:.0f} "
+          f"({step['compiled_hbm_bytes'] / step['eager_hbm_bytes']:.2f}x); kernels: eager "
+          f"{step['eager_kernels']:.0f}, compiled {step['compiled_kernels']:.0f} (the loss and SGD run eagerly in both)")
+    block = block_estimates()
+    print("\nAn elementwise block x + silu(g) * tanh(0.5 x + 1) - 0.1 g on 512x1024 float32, eager vs compiled:")
+    print(f"  estimated device time: eager {block['eager_device_us']:.1f} us, compiled {block['compiled_device_us']:.1f} us "
+          f"({block['compiled_device_us'] / block['eager_device_us']:.2f}x)")
+    print(f"  HBM bytes: eager {block['eager_hbm_bytes']:.0f}, compiled {block['compiled_hbm_bytes']:.0f} "
+          f"({block['compiled_hbm_bytes'] / block['eager_hbm_bytes']:.2f}x); kernels: eager "
+          f"{block['eager_kernels']}, compiled {block['compiled_kernels']}")
     print("\nEstimated device time of one MLP training step (estimate from public specifications):")
     for mlp in MLPS:
         for dtype in ("float32", "bfloat16"):

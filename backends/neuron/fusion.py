@@ -10,7 +10,8 @@ its eager body's, on the same chunks and tile dtypes, so results are bit-for-bit
 :func:`plan` groups a graph's nodes. A group is a run of fusable nodes (ops whose body is one
 :func:`.tiling.map_flat` and looks at no values) with one static output shape; a node that does
 not use the group's results (a view of an input, a constant) runs before it, so it does not end
-the group. A group whose tiles would not fit in a share of SBUF is split into groups that do.
+the group. A long chain streams narrower chunks so that all its tiles fit in a share of SBUF; one
+that would need chunks narrower than :data:`.tiling.MIN_FUSED_COLUMNS` is split into groups.
 """
 
 from __future__ import annotations
@@ -53,9 +54,11 @@ class FusedGroup:
     the graph's output uses it); only those are written to HBM.
     """
 
-    def __init__(self, nodes: Sequence[torch.fx.Node], stored: Sequence[bool]):
+    def __init__(self, nodes: Sequence[torch.fx.Node], stored: Sequence[bool], columns: int = tiling.FMAX):
         self.nodes = list(nodes)
         self.stored = list(stored)
+        #: The chunk width that keeps every buffer of the chain in the planned share of SBUF.
+        self.columns = columns
         self.name = "fused(" + "+".join(_op_name(n) for n in self.nodes) + ")"
         self._specs = [[OutSpec(tuple(n.meta["val"].shape), n.meta["val"].dtype)] for n in self.nodes]
         self._bodies = [body_of(n.target) for n in self.nodes]
@@ -96,7 +99,7 @@ class FusedGroup:
             members = set(part)
             stored = [self.stored[self.nodes.index(n)] or any(u not in members for u in n.users if u in self.nodes)
                       for n in part]
-            halves.append(FusedGroup(part, stored))
+            halves.append(FusedGroup(part, stored, self.columns))
         return halves
 
     def _run_fused(self, env: dict[torch.fx.Node, Any]) -> None:
@@ -115,7 +118,7 @@ class FusedGroup:
                     internal[node] = body(k, spec, *args, **kwargs)
                     if len(maps) != count + 1 or maps[-1].out is not internal[node]:
                         raise tiling.NotFusable(f"{node.target} did not run as one elementwise map")
-            tiling.map_flat_fused(k, maps, self.stored)
+            tiling.map_flat_fused(k, maps, self.stored, self.columns)
         cost.LEDGER.note_instance(self.name, key)
         for node, keep in zip(self.nodes, self.stored):
             if keep:
@@ -137,7 +140,7 @@ def plan(body: Sequence[torch.fx.Node], outputs: Sequence[Any], partitions: int,
         if len(group) > 1:
             members = set(group)
             stored = [n in returned or any(u not in members for u in n.users) for n in group]
-            units.append(FusedGroup(group, stored))
+            units.append(FusedGroup(group, stored, _columns(group, budget)))
         else:
             units.extend(group)
         group.clear()
@@ -165,13 +168,19 @@ def _fusable(node: torch.fx.Node) -> bool:
 
 
 def _fits(group: list[torch.fx.Node], node: torch.fx.Node, partitions: int, budget: int) -> bool:
-    shape = tuple(group[0].meta["val"].shape)
-    if tuple(node.meta["val"].shape) != shape:
+    """``node`` joins ``group``: same shape, and the chain's buffers still fit in ``budget`` with
+    chunks no narrower than :data:`.tiling.MIN_FUSED_COLUMNS` (a chain too small to fill the
+    widest chunks fits with narrower ones anyway)."""
+    if tuple(node.meta["val"].shape) != tuple(group[0].meta["val"].shape):
         return False
-    members = set(group) | {node}
+    needed = min(tiling.MIN_FUSED_COLUMNS, -(-group[0].meta["val"].numel() // partitions))
+    return _columns([*group, node], budget) >= needed
+
+
+def _columns(group: Sequence[torch.fx.Node], budget: int) -> int:
+    members = set(group)
     external = {a for n in members for a in n.all_input_nodes if a not in members}
-    numel = group[0].meta["val"].numel()
-    return tiling.fused_sbuf_bytes(numel, partitions, len(external), len(members)) <= budget
+    return tiling.fused_columns(len(external), len(members), budget)
 
 
 def _uses(node: torch.fx.Node, group: list[torch.fx.Node]) -> bool:

@@ -134,11 +134,12 @@ class NotFusable(Exception):
     """A recorded chain cannot run as one program (the caller runs its ops one by one)."""
 
 
-def map_flat_fused(k: Kernel, maps: Sequence[FlatMap], stored: Sequence[bool]) -> None:
+def map_flat_fused(k: Kernel, maps: Sequence[FlatMap], stored: Sequence[bool], fmax: int = FMAX) -> None:
     """Run several elementwise programs of one output shape as one: per chunk, every array
     input is loaded once, each program computes into its own tile from the tiles of the
     programs before it (an input that is an earlier program's ``out`` never leaves SBUF), and
-    only the outputs flagged in ``stored`` are written to HBM.
+    only the outputs flagged in ``stored`` are written to HBM. ``fmax`` narrows the chunks so
+    that every buffer of a long chain fits in SBUF (see :func:`fused_columns`).
 
     Each program computes exactly what it computes alone, on the same chunks and tile dtypes,
     so results are those of running the programs one by one. Raises :class:`NotFusable` when
@@ -177,7 +178,7 @@ def map_flat_fused(k: Kernel, maps: Sequence[FlatMap], stored: Sequence[bool]) -
         start, rows, cols = chunk
         return [op.load(pool, start, rows, cols, f"in{i}") for i, (op, pool) in enumerate(zip(operands, in_pools))]
 
-    chunks = list(flat_chunks(maps[0].out.size, k.spec.partitions))
+    chunks = list(flat_chunks(maps[0].out.size, k.spec.partitions, fmax))
     scratch: list[list[Tile]] = []
     loaded = load(chunks[0]) if chunks else []
     for index, (start, rows, cols) in enumerate(chunks):
@@ -198,9 +199,15 @@ def map_flat_fused(k: Kernel, maps: Sequence[FlatMap], stored: Sequence[bool]) -
         scratch.append([t for t in k.live_tiles() if id(t) not in before and id(t) not in kept])
 
 
-def fused_sbuf_bytes(numel: int, partitions: int, operands: int, programs: int) -> int:
-    """Per-partition SBUF bytes :func:`map_flat_fused` keeps for ``operands`` array inputs and
-    ``programs`` outputs of ``numel`` elements, counting 4-byte elements and every buffer
-    (temporaries a program allocates come on top)."""
-    cols = min(FMAX, max(1, math.ceil(numel / partitions)))
-    return (operands + programs) * BUFFERS * cols * 4
+#: The narrowest chunk a fused chain may use before it is split instead (narrower chunks pay
+#: each instruction's fixed access cost more often).
+MIN_FUSED_COLUMNS = 256
+
+
+def fused_columns(operands: int, programs: int, budget: int) -> int:
+    """The widest chunk (free elements per partition, at most :data:`FMAX`) with which
+    :func:`map_flat_fused`'s buffers for ``operands`` array inputs and ``programs`` outputs fit
+    in ``budget`` bytes per partition, counting 4-byte elements and every buffer (temporaries a
+    program allocates come on top). Results do not depend on the width: every op of a chain is
+    elementwise."""
+    return min(FMAX, budget // ((operands + programs) * BUFFERS * 4))

@@ -177,21 +177,37 @@ def test_relu_backward_fuses_across_a_constant_between_its_ops(dev):
     assert "fused(le.Scalar+where.self)" in _fused_kernels()
 
 
-def _long_chain(x):
-    for i in range(12):
+def _long_chain(x):  # 60 ops: too many buffers for SBUF even with narrow chunks
+    for i in range(24):
         x = torch.sigmoid(x * 1.5 + i) if i % 2 else torch.tanh(x - 0.25)
     return x
 
 
+def test_a_long_chain_on_a_large_tensor_streams_narrower_chunks_as_one_program(dev):
+    def thirty_ops(x):
+        for i in range(12):
+            x = torch.sigmoid(x * 1.5 + i) if i % 2 else torch.tanh(x - 0.25)
+        return x
+
+    x = torch.randn(4, 128, 2048).to(dev)  # 2048-element chunks would need 31 x 24 KiB of SBUF
+    eager = thirty_ops(x)
+    accelkit.reset_stats()
+    compiled = torch.compile(thirty_ops, backend="neuron")(x)
+    assert torch.equal(compiled.cpu(), eager.cpu())
+    (name,) = _fused_kernels()
+    assert name.count("+") == 29
+    assert accelkit.stats()["neuron"]["estimate"]["hbm_bytes"] == 2 * x.numel() * 4  # in once, out once
+
+
 def test_a_chain_too_large_for_sbuf_is_split_into_programs_that_fit(dev):
-    x = torch.randn(4, 128, 2048).to(dev)  # full 2048-element tiles: a few operands fill SBUF
+    x = torch.randn(4, 128, 2048).to(dev)
     eager = _long_chain(x)
     accelkit.reset_stats()
     compiled = torch.compile(_long_chain, backend="neuron")(x)
     assert torch.equal(compiled.cpu(), eager.cpu())
     runs = {name: op["calls"] for name, op in accelkit.stats()["neuron"]["estimate"]["per_op"].items()}
     assert set(runs) == set(_fused_kernels()) and sum(runs.values()) >= 2, runs  # only fused programs
-    assert sum((name.count("+") + 1) * calls for name, calls in runs.items()) == 30  # each op once
+    assert sum((name.count("+") + 1) * calls for name, calls in runs.items()) == 60  # each op once
 
 
 def test_a_group_that_overflows_sbuf_at_run_time_is_halved_with_the_same_results(dev, monkeypatch):
@@ -204,7 +220,7 @@ def test_a_group_that_overflows_sbuf_at_run_time_is_halved_with_the_same_results
     compiled = torch.compile(_long_chain, backend="neuron")(x)
     assert torch.equal(compiled.cpu(), eager.cpu())
     runs = {name: op["calls"] for name, op in accelkit.stats()["neuron"]["estimate"]["per_op"].items()}
-    assert sum(runs.values()) >= 2 and sum((name.count("+") + 1) * calls for name, calls in runs.items()) == 30
+    assert sum(runs.values()) >= 2 and sum((name.count("+") + 1) * calls for name, calls in runs.items()) == 60
 
 
 def _two_branches(x, w1, w2):
