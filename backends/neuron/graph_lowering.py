@@ -41,6 +41,8 @@ class NeuronGraphLowering(GraphLowering):
     def lowers(self, op: torch._ops.OpOverload) -> bool:
         if op in _SIZE_QUERIES or op in _GRAPH_OPS or kernels.get(op) is not None or _is_constant_factory(op):
             return True
+        if _per_tensor_op(op) is not None:
+            return True
         # as_strided addresses the tensor's storage, which a program input (an HBM view) does
         # not carry; view.dtype reinterprets bytes. Both run eagerly.
         return _is_view(op) and op not in (torch.ops.aten.view.dtype, torch.ops.aten.as_strided.default)
@@ -169,7 +171,69 @@ def _step(node: torch.fx.Node) -> Any:
         return lambda node, args, kwargs: _conform(fn(*args, **kwargs), node.meta.get("val"))
     if _is_constant_factory(target):
         return _constant
+    per_tensor = _per_tensor_op(target)
+    if per_tensor is not None:
+        return _foreach(target, per_tensor)
     return _view
+
+
+# -- foreach ops: one kernel per tensor of the lists -------------------------------------------
+# Optimizers call ``_foreach_add`` and kin; in a program each tensor's op is a kernel of its own,
+# and as the tensors are independent, the program overlaps them.
+
+
+def _per_tensor_op(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """The op a functional ``_foreach_<name>`` overload applies to each tensor, when neuron has
+    a kernel for it and its arguments line up one for one (``List`` takes ``Tensor``,
+    ``ScalarList`` takes ``Scalar``)."""
+    name = op._schema.name.removeprefix("aten::")
+    if not name.startswith("_foreach_") or name.endswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, name.removeprefix("_foreach_"), None)
+    if packet is None:
+        return None
+    wanted = {"List": "Tensor", "ScalarList": "Scalar"}.get(op._overloadname, op._overloadname)
+    for overload in (wanted, op._overloadname, "default"):
+        each = getattr(packet, overload, None) if overload in packet.overloads() else None
+        if each is not None and kernels.get(each) is not None and _lines_up(op, each):
+            return each
+    return None
+
+
+def _lines_up(op: torch._ops.OpOverload, each: torch._ops.OpOverload) -> bool:
+    """``each`` takes ``op``'s arguments in order (lists as their elements); any more it has
+    have defaults."""
+    mine, theirs = op._schema.arguments, each._schema.arguments
+    return len(theirs) >= len(mine) and all(a.default_value is not None or a.type.kind() == "OptionalType"
+                                            for a in theirs[len(mine):])
+
+
+def _foreach(op: torch._ops.OpOverload, each: torch._ops.OpOverload) -> Any:
+    fn = kernels.get(each).fn
+    foreach_args = op._schema.arguments
+    each_args = each._schema.arguments
+
+    def run(node: torch.fx.Node, args: tuple, kwargs: dict) -> list:
+        bound = dict(zip((a.name for a in foreach_args), args))
+        bound.update(kwargs)
+        lists = [v for v in bound.values() if isinstance(v, list | tuple)]
+        count = len(lists[0]) if lists else 0
+        results = []
+        for i in range(count):
+            positional, named = [], {}
+            for foreach_arg, each_arg in zip(foreach_args, each_args):
+                if foreach_arg.name not in bound:
+                    continue
+                value = bound[foreach_arg.name]
+                value = value[i] if isinstance(value, list | tuple) else value
+                if each_arg.kwarg_only:
+                    named[each_arg.name] = value
+                else:
+                    positional.append(value)
+            results.append(fn(*positional, **named))
+        return _conform(results, node.meta.get("val"))
+
+    return run
 
 
 def _view(node: torch.fx.Node, args: tuple, kwargs: dict) -> np.ndarray:

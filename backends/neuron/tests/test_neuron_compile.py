@@ -249,3 +249,23 @@ def test_a_compiled_graph_overlaps_its_kernels_and_its_schedule_is_the_profiled_
         compiled_fn(x, w1, w2)
     assert prof.device_seconds == pytest.approx(estimate["device_seconds"], rel=1e-9)
     assert any(k.name.startswith("fused(") for k in prof.kernels)  # relu, sigmoid and add: one program
+
+
+def test_a_compiled_optimizer_step_runs_its_foreach_ops_as_one_program_with_eager_results(dev):
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x, y = torch.randn(8, 16, device=dev), torch.randint(0, 4, (8,), device=dev)
+    params = {}
+    for mode in ("eager", "compiled"):
+        torch._dynamo.reset()
+        model = copy.deepcopy(base).to(dev)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        step = torch.compile(optimizer.step, backend="neuron") if mode == "compiled" else optimizer.step
+        for _ in range(3):
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            step()
+        params[mode] = [p.detach().cpu() for p in model.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(params["eager"], params["compiled"]))
+    stats = accelkit.stats()["compile"]
+    assert stats["eager_nodes"] == {} and stats["program_calls"] >= 3, stats
