@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from accelkit_backends.neuron import cost, runtime, tiling
-from accelkit_backends.neuron.launch import OutSpec, body_of
+from accelkit_backends.neuron.kernels.matmul import result_blocks_to
+from accelkit_backends.neuron.launch import OutSpec, body_of, hbm_empty
 from accelkit_backends.neuron.sim.errors import SbufOverflowError
 
 aten = torch.ops.aten
@@ -54,13 +55,16 @@ class FusedGroup:
     the graph's output uses it); only those are written to HBM.
     """
 
-    def __init__(self, nodes: Sequence[torch.fx.Node], stored: Sequence[bool], columns: int = tiling.FMAX):
+    def __init__(self, nodes: Sequence[torch.fx.Node], stored: Sequence[bool], columns: int = tiling.FMAX,
+                 head: torch.fx.Node | None = None, head_stored: bool = False):
         self.nodes = list(nodes)
         self.stored = list(stored)
         #: The chunk width that keeps every buffer of the chain in the planned share of SBUF.
         self.columns = columns
-        self.name = "fused(" + "+".join(_op_name(n) for n in self.nodes) + ")"
-        self._specs = [[OutSpec(tuple(n.meta["val"].shape), n.meta["val"].dtype)] for n in self.nodes]
+        #: A matmul whose result blocks feed the chain from SBUF (``head_stored``: and HBM).
+        self.head, self.head_stored = head, head_stored
+        self.name = "fused(" + "+".join(_op_name(n) for n in ([head] if head else []) + self.nodes) + ")"
+        self._specs = [[_spec(n)] for n in self.nodes]
         self._bodies = [body_of(n.target) for n in self.nodes]
         #: False once the chain turned out not to fuse (it then runs op by op).
         self.fuses = True
@@ -82,24 +86,26 @@ class FusedGroup:
                 self._run_fused(env)
                 return
             except SbufOverflowError:
-                if len(self.nodes) < 2:
+                if len(self.nodes) + (self.head is not None) < 2:
                     raise
                 self.parts = self._halves()
                 self.run(env, run_node)
                 return
             except tiling.NotFusable:
                 self.fuses = False
-        for node in self.nodes:
+        for node in ([self.head] if self.head is not None else []) + self.nodes:
             env[node] = run_node(node)
 
     def _halves(self) -> list[FusedGroup]:
-        middle = len(self.nodes) // 2
+        middle = max(1, len(self.nodes) // 2)
         halves = []
         for part in (self.nodes[:middle], self.nodes[middle:]):
             members = set(part)
             stored = [self.stored[self.nodes.index(n)] or any(u not in members for u in n.users if u in self.nodes)
                       for n in part]
-            halves.append(FusedGroup(part, stored, self.columns))
+            head = self.head if not halves else None  # the matmul stays with the first half
+            head_stored = head is not None and (self.head_stored or any(u in self.nodes[middle:] for u in head.users))
+            halves.append(FusedGroup(part, stored, self.columns, head, head_stored))
         return halves
 
     def _run_fused(self, env: dict[torch.fx.Node, Any]) -> None:
@@ -108,8 +114,11 @@ class FusedGroup:
         def value(node: torch.fx.Node) -> Any:
             return internal[node] if node in internal else env[node]
 
-        key = _external_key(self.nodes, env)
+        head = self.head
+        key = _external_key(([head] if head is not None else []) + self.nodes, env)
         with runtime.core().kernel(self.name, (self, key)) as k:
+            if head is not None:  # the chain reads the matmul's blocks, never this array
+                internal[head] = placeholder = hbm_empty(_spec(head))
             with tiling.recording_flat_maps() as maps:
                 for node, body, spec in zip(self.nodes, self._bodies, self._specs):
                     args = torch.fx.node.map_arg(node.args, value)
@@ -118,8 +127,18 @@ class FusedGroup:
                     internal[node] = body(k, spec, *args, **kwargs)
                     if len(maps) != count + 1 or maps[-1].out is not internal[node]:
                         raise tiling.NotFusable(f"{node.target} did not run as one elementwise map")
-            tiling.map_flat_fused(k, maps, self.stored, self.columns)
+            if head is None:
+                tiling.map_flat_fused(k, maps, self.stored, self.columns)
+            else:
+                def tail(k: Any, block: Any, m0: int, m1: int, n0: int, n1: int) -> None:
+                    tiling.map_block_fused(k, maps, self.stored, placeholder, block, m0, m1, n0, n1)
+
+                with result_blocks_to(tail, store=self.head_stored):
+                    head_out = body_of(head.target)(k, [_spec(head)], *torch.fx.node.map_arg(head.args, env.__getitem__),
+                                                    **dict(torch.fx.node.map_arg(head.kwargs, env.__getitem__)))
         cost.LEDGER.note_instance(self.name, key)
+        if head is not None and self.head_stored:
+            env[head] = head_out
         for node, keep in zip(self.nodes, self.stored):
             if keep:
                 env[node] = internal[node]
@@ -137,12 +156,15 @@ def plan(body: Sequence[torch.fx.Node], outputs: Sequence[Any], partitions: int,
     def close() -> None:
         units.extend(hoisted)
         hoisted.clear()
-        if len(group) > 1:
+        head, readers = _take_head(group, units) if group else (None, [])
+        if len(group) > 1 or head is not None:
             members = set(group)
             stored = [n in returned or any(u not in members for u in n.users) for n in group]
-            units.append(FusedGroup(group, stored, _columns(group, budget)))
+            head_stored = head is not None and (head in returned or any(u not in members for u in head.users))
+            units.append(FusedGroup(group, stored, _columns(group, budget), head, head_stored))
         else:
             units.extend(group)
+        units.extend(readers)
         group.clear()
 
     for node in body:
@@ -158,6 +180,42 @@ def plan(body: Sequence[torch.fx.Node], outputs: Sequence[Any], partitions: int,
         units.append(node)
     close()
     return units
+
+
+#: Matmuls whose result blocks can feed an elementwise chain from SBUF (2-D results).
+HEADS = frozenset({aten.mm.default, aten.addmm.default})
+#: How far back past unrelated nodes a chain looks for the matmul that feeds it.
+_HEAD_LOOKBACK = 16
+
+
+def _take_head(group: list[torch.fx.Node], units: list) -> tuple[torch.fx.Node | None, list[torch.fx.Node]]:
+    """The matmul feeding ``group``, removed from ``units`` to run in the group's program, and
+    the units after it that read its result, removed to run after the group.
+
+    The matmul is a 2-D ``mm``/``addmm`` of the group's shape that a member reads, among the
+    last few units. The units after it then run before it (none can depend on it, except its
+    readers); its readers must be read by neither the group nor those units."""
+    shape = tuple(group[0].meta["val"].shape)
+    if len(shape) != 2:
+        return None, []
+    read = {a for n in group for a in n.all_input_nodes}
+    for position in range(len(units) - 1, max(-1, len(units) - 1 - _HEAD_LOOKBACK), -1):
+        unit = units[position]
+        if isinstance(unit, FusedGroup):
+            return None, []
+        if unit in read and unit.target in HEADS and body_of(unit.target) is not None \
+                and isinstance(unit.meta.get("val"), torch.Tensor) and tuple(unit.meta["val"].shape) == shape:
+            later = units[position + 1:]
+            readers = [u for u in later if unit in u.all_input_nodes]
+            if any(r in read or any(r in u.all_input_nodes for u in later) for r in readers):
+                return None, []
+            units[position:] = [u for u in later if u not in readers]
+            return unit, readers
+    return None, []
+
+
+def _spec(node: torch.fx.Node) -> OutSpec:
+    return OutSpec(tuple(node.meta["val"].shape), node.meta["val"].dtype)
 
 
 def _fusable(node: torch.fx.Node) -> bool:

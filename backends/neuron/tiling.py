@@ -211,3 +211,41 @@ def fused_columns(operands: int, programs: int, budget: int) -> int:
     program allocates come on top). Results do not depend on the width: every op of a chain is
     elementwise."""
     return min(FMAX, budget // ((operands + programs) * BUFFERS * 4))
+
+
+def map_block_fused(k: Kernel, maps: Sequence[FlatMap], stored: Sequence[bool], head: np.ndarray,
+                    block: Tile, m0: int, m1: int, n0: int, n1: int) -> None:
+    """Run elementwise programs of a 2-D output on one block ``[m0:m1, n0:n1]``: ``block`` holds
+    that block of ``head`` (an input of the programs, a matmul's result still in SBUF), other
+    inputs load their block (a size-1 input as a per-partition scalar, as :func:`map_flat`
+    loads it), and only the outputs flagged in ``stored`` are written to HBM. Raises
+    :class:`NotFusable` as :func:`map_flat_fused` does."""
+    rows, cols = block.shape
+    tiles: dict[int, Tile] = {id(head): block}
+    dtypes: dict[int, np.dtype] = {id(head): block.dtype}
+    for position, flat in enumerate(maps):
+        srcs = []
+        for array in flat.inputs:
+            tile = tiles.get(id(array))
+            if tile is None:
+                tile = tiles[id(array)] = _block_of(k, array, flat.out.shape, m0, m1, n0, n1)
+            elif id(array) in dtypes and dtypes[id(array)] != chip_dtype(array.dtype):
+                raise NotFusable("an intermediate computed in another dtype than it is stored in")
+            srcs.append(tile)
+        dst = k.sbuf((rows, cols), flat.tile_dtype, f"out{position}")
+        flat.compute(dst, srcs)
+        tiles[id(flat.out)] = dst
+        dtypes[id(flat.out)] = flat.tile_dtype
+        if stored[position]:
+            k.dma(flat.out[m0:m1, n0:n1], dst)
+
+
+def _block_of(k: Kernel, array: np.ndarray, shape: tuple[int, ...], m0: int, m1: int, n0: int, n1: int) -> Tile:
+    dtype = chip_dtype(array.dtype)
+    if array.size == 1:
+        tile = k.sbuf((m1 - m0, 1), dtype, "scalar")
+        k.dma(tile, np.broadcast_to(array.reshape(1, 1), (m1 - m0, 1)))
+        return tile
+    tile = k.sbuf((m1 - m0, n1 - n0), dtype, "in")
+    k.dma(tile, np.broadcast_to(array, shape)[m0:m1, n0:n1])
+    return tile

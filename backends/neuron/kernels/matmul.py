@@ -12,6 +12,9 @@ matmuls, which keeps the Tensor engine, not HBM, the bottleneck for large produc
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -168,6 +171,23 @@ def _row_major_copy(k: Kernel, view: np.ndarray) -> np.ndarray:
     return scratch
 
 
+_consumer = threading.local()
+
+
+@contextlib.contextmanager
+def result_blocks_to(consume: Callable[[Kernel, Tile, int, int, int, int], None], store: bool) -> Iterator[None]:
+    """Within the block, every result block of a 2-D matmul (``mm``, ``addmm``), as it is about
+    to be stored (rounded to the output dtype), goes to ``consume(k, tile, m0, m1, n0, n1)``
+    while still in SBUF (the graph compiler fuses an elementwise tail this way); it is stored
+    to HBM only if ``store``."""
+    previous = getattr(_consumer, "current", None)
+    _consumer.current = (consume, store)
+    try:
+        yield
+    finally:
+        _consumer.current = previous
+
+
 def _store_block(k: Kernel, acc: Tile, out: np.ndarray, m0: int, m1: int, n0: int, n1: int,
                  epilogue: Any) -> None:
     if epilogue is not None:
@@ -176,6 +196,12 @@ def _store_block(k: Kernel, acc: Tile, out: np.ndarray, m0: int, m1: int, n0: in
         acc = epilogue(k, staged, m0, m1, n0, n1)
     result = k.sbuf(acc.shape, chip_dtype(out.dtype), "c")
     k.tensor_copy(result, acc)
+    consumer = getattr(_consumer, "current", None)
+    if consumer is not None:
+        consume, store = consumer
+        consume(k, result, m0, m1, n0, n1)
+        if not store:
+            return
     k.dma(out[m0:m1, n0:n1], result)
 
 

@@ -65,6 +65,20 @@ def _activation_table() -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
 
 ACTIVATIONS = _activation_table()
 
+#: Activations are evaluated on a length padded to a multiple of this: CPU torch computes the
+#: tail past its last full vector on another path, which can differ in the last bit, so an
+#: element's result would depend on where the tile put it.
+_LANES = 64
+
+
+def evaluate_activation(fn: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray) -> np.ndarray:
+    """``fn`` on fp32 ``x``, each element's result independent of its position in the tile
+    (so a fused program, which tiles differently, gets eager's bits)."""
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    padded = np.zeros(-(-flat.size // _LANES) * _LANES, np.float32)
+    padded[: flat.size] = flat
+    return fn(torch.from_numpy(padded)).numpy()[: flat.size].reshape(x.shape)
+
 
 def fp32(array: np.ndarray) -> np.ndarray:
     return array if array.dtype == np.float32 else array.astype(np.float32)

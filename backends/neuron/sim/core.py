@@ -32,7 +32,9 @@ from numpy.lib.array_utils import byte_bounds
 
 from accelkit_backends.neuron.device import CoreSpec
 from accelkit_backends.neuron.sim import cost
-from accelkit_backends.neuron.sim.alu import ACTIVATIONS, BINARY_OPS, REDUCE_OPS, check_int32, fp32
+from accelkit_backends.neuron.sim.alu import (
+    ACTIVATIONS, BINARY_OPS, REDUCE_OPS, check_int32, evaluate_activation, fp32,
+)
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.errors import NeuronDtypeError, NeuronKernelError, TileShapeError
 from accelkit_backends.neuron.sim.memory import OnChipMemory, Tile
@@ -618,7 +620,7 @@ class Kernel:
                 x = x * self._per_partition(scale, x.ndim)
             if bias is not None:
                 x = x + self._per_partition(bias, x.ndim)
-        result = fn(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))).numpy()
+        result = evaluate_activation(fn, x)
         self._store(dst, result)
         reads: tuple = (src,) + tuple(t for t in (scale, bias) if isinstance(t, Tile))
         writes: tuple = (dst,)

@@ -169,12 +169,35 @@ def test_an_elementwise_chain_is_one_program_with_the_eager_results_and_less_hbm
     assert estimate["hbm_bytes"] < 0.5 * eager_bytes
 
 
-def test_relu_backward_fuses_across_a_constant_between_its_ops(dev):
+def test_a_matmul_feeds_its_activation_and_relu_backward_from_sbuf(dev):
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(dev)
     x, y = torch.randn(8, 16, device=dev), torch.randint(0, 4, (8,), device=dev)
     accelkit.reset_stats()
     train(model, x, y, steps=1, compiled=True)
-    assert "fused(le.Scalar+where.self)" in _fused_kernels()
+    # Forward: bias and ReLU on each result block before it is stored. Backward: the input
+    # gradient's matmul feeds ReLU's mask (le, a constant, where) though other nodes sit between.
+    assert set(_fused_kernels()) == {"fused(addmm.default+relu.default)", "fused(mm.default+le.Scalar+where.self)"}
+
+
+def _matmul_tails(x, w, b):
+    y = torch.addmm(b, x, w)
+    z = x @ w  # read by the fused tail and by amax: stored as well
+    return torch.nn.functional.gelu(y) * 2 - 1, y.sum(), torch.sigmoid(z), z.amax(dim=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_matmul_with_an_elementwise_tail_is_one_program_with_the_eager_results(dev, dtype):
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*shape, generator=g).to(dtype).to(dev) for shape in ((200, 96), (96, 600), (600,)))
+    eager = _matmul_tails(x, w, b)
+    accelkit.reset_stats()
+    compiled = torch.compile(_matmul_tails, backend="neuron")(x, w, b)
+    for want, got in zip(eager, compiled):
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want.cpu())  # bit for bit
+    # Every elementwise op runs in a program that takes a matmul's result blocks from SBUF.
+    fused = _fused_kernels()
+    assert fused and all(name.startswith(("fused(mm.default+", "fused(addmm.default+")) for name in fused), fused
+    assert sum(name.count("+") for name in fused) == 4, fused  # gelu, mul, sub, sigmoid
 
 
 def _long_chain(x):  # 60 ops: too many buffers for SBUF even with narrow chunks
