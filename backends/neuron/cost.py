@@ -52,6 +52,7 @@ class Ledger:
             self.hbm_bytes = 0
             self.kernels = 0
             self.instances: dict[str, set] = collections.defaultdict(set)
+            self.per_program: dict[str, dict[str, Any]] = {}
             self._families: dict[tuple, set] = {}
             self._churn_warned: set[str] = set()
 
@@ -91,6 +92,21 @@ class Ledger:
                 ShapeChurnWarning, stacklevel=3,
             )
 
+    def record_program(self, label: str, records: list[KernelRecord]) -> None:
+        """A compiled program's run: its device time (the kernels overlap, so not the sum of
+        their latencies), busy time per engine, HBM bytes and kernels."""
+        with self._lock:
+            entry = self.per_program.setdefault(label, {
+                "calls": 0, "seconds": 0.0, "hbm_bytes": 0, "kernels": 0,
+                "per_engine_seconds": dict.fromkeys(ENGINES, 0.0)})
+            entry["calls"] += 1
+            entry["seconds"] += sum(r.device_seconds for r in records)
+            entry["hbm_bytes"] += sum(r.hbm_bytes for r in records)
+            entry["kernels"] += len(records)
+            for r in records:
+                for engine, busy in r.busy.items():
+                    entry["per_engine_seconds"][engine] += busy
+
     def summary(self) -> dict[str, Any]:
         with self._lock:
             return {
@@ -102,6 +118,8 @@ class Ledger:
                 "hbm_bytes": self.hbm_bytes,
                 "per_engine_seconds": dict(self.per_engine),
                 "per_op": {k: dict(v) for k, v in sorted(self.per_op.items())},
+                "per_program": {k: {**v, "per_engine_seconds": dict(v["per_engine_seconds"])}
+                                for k, v in sorted(self.per_program.items())},
             }
 
 
@@ -130,24 +148,33 @@ class Profile:
     def __init__(self) -> None:
         self.kernels: list[KernelRecord] = []
         self.instructions: list[Instruction] = []
+        #: Compiled programs run: (label, start, end) on the device clock.
+        self.programs: list[tuple[str, float, float]] = []
 
     def _collect(self, record: KernelRecord, instructions: list[Instruction]) -> None:
         self.kernels.append(record)
         self.instructions.extend(instructions)
+
+    def _collect_program(self, label: str, records: list[KernelRecord]) -> None:
+        if records:
+            self.programs.append((label, min(r.start for r in records), max(r.end for r in records)))
 
     @property
     def device_seconds(self) -> float:
         return sum(k.device_seconds for k in self.kernels)
 
     def trace_events(self) -> list[dict[str, Any]]:
-        tracks = ("kernels", *ENGINES)
+        tracks = ("programs", "kernels", *ENGINES)
         events: list[dict[str, Any]] = [
             {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": f"neuron {target_name()} (simulated)"}},
         ]
         events += [{"ph": "M", "name": "thread_name", "pid": 0, "tid": i, "args": {"name": t}}
                    for i, t in enumerate(tracks)]
+        for label, start, end in self.programs:
+            events.append({"ph": "X", "name": label, "cat": "program", "pid": 0, "tid": 0,
+                           "ts": start * 1e6, "dur": (end - start) * 1e6})
         for k in self.kernels:
-            events.append({"ph": "X", "name": k.name, "cat": "kernel", "pid": 0, "tid": 0,
+            events.append({"ph": "X", "name": k.name, "cat": "kernel", "pid": 0, "tid": 1,
                            "ts": k.start * 1e6, "dur": k.latency * 1e6,
                            "args": {"instructions": k.instructions, "flops": k.flops,
                                     "busy_us": {e: v * 1e6 for e, v in k.busy.items()}}})
@@ -181,6 +208,7 @@ class profile:
 
         c = core()
         c.listeners.append(self.result._collect)
+        c.program_listeners.append(self.result._collect_program)
         self._previous = c.record_instructions
         c.record_instructions = True
         return self.result
@@ -190,4 +218,5 @@ class profile:
 
         c = core()
         c.listeners.remove(self.result._collect)
+        c.program_listeners.remove(self.result._collect_program)
         c.record_instructions = self._previous

@@ -86,6 +86,8 @@ class GraphProgram:
 
     #: Programs built by every graph of the process.
     compiled_total = 0
+    #: Graphs lowered in the process (numbers their labels).
+    built = 0
 
     def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]):
         self._placeholders, self._body, self._outputs = graph_parts(graph)
@@ -94,6 +96,13 @@ class GraphProgram:
         self._random = {node: i for i, node in enumerate(random_nodes)
                         if any(a.name == "generator" for a in getattr(node.target, "_schema", _NO_SCHEMA).arguments)}
         self._steps = {node: _step(node) for node in self._body}
+        with _count_lock:
+            GraphProgram.built += 1
+            number = GraphProgram.built
+        ops = [str(n.target).removeprefix("aten.").split(".")[0] for n in self._body
+               if isinstance(n.target, torch._ops.OpOverload) and not _is_view(n.target)]
+        #: The program's name in estimates and traces: its number and first and last ops.
+        self.label = f"graph {number} ({ops[0]} ... {ops[-1]}, {len(ops)} ops)" if ops else f"graph {number}"
         spec = runtime.core().spec
         self._units = fusion.plan(self._body, self._outputs, spec.partitions, spec.sbuf_partition_bytes)
         self._structures: set[tuple] = set()
@@ -113,7 +122,7 @@ class GraphProgram:
                 kwargs["generator"] = torch.Generator().manual_seed(_stream_seed(seed, self._random[node]))
             return self._steps[node](node, args, kwargs)
 
-        with runtime.core().program((self, structure)):
+        with runtime.core().program((self, structure), self.label):
             for unit in self._units:
                 if isinstance(unit, fusion.FusedGroup):
                     unit.run(env, run_node)

@@ -88,6 +88,7 @@ def core() -> NeuronCore:
 
                 created = NeuronCore(core_spec())
                 created.listeners.append(LEDGER.record)
+                created.program_listeners.append(LEDGER.record_program)
                 _core = created
     return _core
 

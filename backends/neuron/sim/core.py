@@ -116,6 +116,9 @@ class NeuronCore:
         self.clock = 0.0
         #: Called with each finished :class:`KernelRecord` and its instructions.
         self.listeners: list[Callable[[KernelRecord, list[Instruction]], None]] = []
+        #: Called with each finished program's label and its kernels' records (after those
+        #: records went to :attr:`listeners`).
+        self.program_listeners: list[Callable[[str, list[KernelRecord]], None]] = []
         self.record_instructions = False
         #: The engines' pseudo-random generator state (see :meth:`Kernel.set_rng_seed`).
         self.rng: np.random.Generator | None = None
@@ -162,7 +165,7 @@ class NeuronCore:
             listener(record, kernel.log)
 
     @contextlib.contextmanager
-    def program(self, instance: Any = None) -> Iterator[None]:
+    def program(self, instance: Any = None, label: str = "program") -> Iterator[None]:
         """Run the kernels inside as one compiled program, as a NEFF runs a whole graph.
 
         The kernels share the engines' and DMA queues' timelines and the HBM write times: each
@@ -172,7 +175,7 @@ class NeuronCore:
         used it last. Each kernel's record spans its own instructions; device time counts the
         program once (:attr:`KernelRecord.advance`). A program instance is static: its schedule
         is computed the first time and reused while it issues as many timing steps. Nested
-        calls join the outer program.
+        calls join the outer program. ``label`` names the program in estimates and traces.
         """
         if self._program is not None:
             yield
@@ -184,9 +187,9 @@ class NeuronCore:
             yield
         finally:
             self._program = None
-            self._finish_program(program, instance)
+            self._finish_program(program, instance, label)
 
-    def _finish_program(self, program: _Program, instance: Any) -> None:
+    def _finish_program(self, program: _Program, instance: Any, label: str) -> None:
         kernels = program.kernels
         steps = sum(k.timed_steps for k in kernels)
         cacheable = instance is not None and not self.record_instructions
@@ -207,6 +210,8 @@ class NeuronCore:
         for kernel, record in zip(kernels, records):
             for listener in self.listeners:
                 listener(record, kernel.log)
+        for listener in self.program_listeners:
+            listener(label, records)
 
 
 class Kernel:

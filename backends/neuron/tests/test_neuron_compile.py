@@ -268,10 +268,17 @@ def test_a_compiled_graph_overlaps_its_kernels_and_its_schedule_is_the_profiled_
     spans = sum(op["seconds"] for op in estimate["per_op"].values())
     assert estimate["device_seconds"] < spans  # the second matmul runs under the first's tail
     assert estimate["device_seconds"] < eager_seconds
+    (label, program), = estimate["per_program"].items()
+    assert label.startswith("graph ") and program["calls"] == 1 and program["kernels"] == estimate["kernels"]
+    assert program["seconds"] == pytest.approx(estimate["device_seconds"], rel=1e-12)
+    assert program["hbm_bytes"] == estimate["hbm_bytes"]
     with profile() as prof:
         compiled_fn(x, w1, w2)
     assert prof.device_seconds == pytest.approx(estimate["device_seconds"], rel=1e-9)
     assert any(k.name.startswith("fused(") for k in prof.kernels)  # relu, sigmoid and add: one program
+    events = [e for e in prof.trace_events() if e.get("cat") == "program"]
+    assert [e["name"] for e in events] == [label]
+    assert events[0]["dur"] == pytest.approx(estimate["device_seconds"] * 1e6, rel=1e-9)
 
 
 def test_a_compiled_optimizer_step_runs_its_foreach_ops_as_one_program_with_eager_results(dev):
