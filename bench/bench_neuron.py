@@ -8,11 +8,12 @@
 2. **Eager vs compiled**: simulator wall time, estimated device time, HBM bytes and kernels of a
    small-MLP SGD step (loss and optimizer step under ``torch.compile(backend="neuron")``), and the estimates of
    an elementwise-heavy block, where fusion keeps intermediates in SBUF.
-3. **Estimated device time** of one MLP training step (forward, backward, SGD) on each Trainium
+3. **Estimated device time and HBM bytes** of one training step (forward, backward, SGD) of a
+   small and a large MLP and a transformer encoder layer, eager vs compiled, on each Trainium
    generation, from the simulator's cost model: an estimate from public specifications, not a
-   measurement. Each generation runs in its own process (``ACCELKIT_NEURON_TARGET``), since a
-   process holds one target. Also shown: the share of Tensor-engine peak the step reaches, and
-   which engine was busiest.
+   measurement. Each generation and mode runs in its own process (``ACCELKIT_NEURON_TARGET``),
+   since a process holds one target. Also shown: the share of Tensor-engine peak the eager step
+   reaches, and which engine was busiest.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from bench_ops import per_call_us  # noqa: E402
 TARGETS = ("trn1", "trn2", "trn3")
 #: (batch, input, hidden, classes): the bench_ops MLP, and one big enough to use the Tensor engine.
 MLPS = {"small": (16, 32, 64, 10), "large": (512, 1024, 4096, 1024)}
+#: (batch, sequence, width, heads, feed-forward, classes): one transformer encoder layer and a head.
+TRANSFORMER = (8, 32, 128, 4, 256, 10)
 
 
 def wall_times(number: int, repeat: int) -> dict[str, dict[str, float]]:
@@ -123,26 +126,45 @@ def block_estimates(rows: int = 512, cols: int = 1024) -> dict[str, float]:
     return figures
 
 
-def step_estimate(mlp: str, dtype: str) -> dict:
-    """One training step's estimate on the active target (run inside a target's process)."""
+def _model_and_batch(name: str, dtype: torch.dtype, dev: torch.device):
+    from torch import nn
+
+    torch.manual_seed(0)
+    if name == "transformer":
+        batch, seq, width, heads, ff, classes = TRANSFORMER
+        layer = nn.TransformerEncoderLayer(width, heads, ff, dropout=0.0, batch_first=True)
+        model = nn.Sequential(layer, nn.Flatten(), nn.Linear(seq * width, classes))
+        x = torch.randn(batch, seq, width)
+    else:
+        batch, width_in, hidden, classes = MLPS[name]
+        model = nn.Sequential(nn.Linear(width_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+        x = torch.randn(batch, width_in)
+    y = torch.randint(0, classes, (batch,))
+    return model.to(dev, dtype), x.to(dev, dtype), y.to(dev)
+
+
+def step_estimate(name: str, dtype: str, compiled: bool) -> dict:
+    """One training step's estimate on the active target (run inside a target's process):
+    eagerly, or with the loss and the optimizer step under ``torch.compile(backend="neuron")``."""
     import accelkit
     from torch import nn
 
     dev = accelkit.select_device("neuron")
-    batch, width_in, hidden, classes = MLPS[mlp]
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(width_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
-    model = model.to(dev, getattr(torch, dtype))
+    model, x, y = _model_and_batch(name, getattr(torch, dtype), dev)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(batch, width_in).to(dev, getattr(torch, dtype))
-    y = torch.randint(0, classes, (batch,)).to(dev)
+
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(model(x).float(), y)
+
+    loss = torch.compile(loss_of, backend="neuron") if compiled else loss_of
+    update = torch.compile(optimizer.step, backend="neuron") if compiled else optimizer.step
 
     def step() -> None:
         optimizer.zero_grad()
-        nn.functional.cross_entropy(model(x).float(), y).backward()
-        optimizer.step()
+        loss(x, y).backward()
+        update()
 
-    step()  # first step: optimizer state, kernel instances
+    step()  # first step: optimizer state, kernel instances, programs
     accelkit.reset_stats()
     with accelkit.fallback_policy("deny"):
         step()
@@ -154,25 +176,31 @@ def step_estimate(mlp: str, dtype: str) -> dict:
     return {
         "target": estimate["target"],
         "device_us": estimate["device_seconds"] * 1e6,
+        "hbm_bytes": estimate["hbm_bytes"],
         "flops": estimate["flops"],
         "tensor_peak_share": (estimate["flops"] / estimate["device_seconds"] / peak) if peak else None,
         "busiest_engine": max(estimate["per_engine_seconds"], key=estimate["per_engine_seconds"].get),
         "kernels": estimate["kernels"],
         "fallbacks": stats["totals"]["fallback"],
+        "eager_nodes": sum(stats["compile"]["eager_nodes"].values()),
     }
 
 
-def estimates_per_target(mlp: str, dtype: str) -> list[dict]:
+def estimates_per_target(name: str, dtype: str) -> list[dict]:
+    """Per generation, the eager and the compiled step's estimates, each from a fresh process."""
     rows = []
     for target in TARGETS:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}
         env["ACCELKIT_NEURON_TARGET"] = target
-        done = subprocess.run([sys.executable, __file__, "--estimate", mlp, dtype], env=env,
-                              capture_output=True, text=True, timeout=1800)
-        if done.returncode != 0:
-            rows.append({"target": target, "error": done.stderr.strip().splitlines()[-1:]})
-            continue
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        row = {"target": target}
+        for mode in ("eager", "compiled"):
+            done = subprocess.run([sys.executable, __file__, "--estimate", name, dtype, mode], env=env,
+                                  capture_output=True, text=True, timeout=1800)
+            if done.returncode != 0:
+                row["error"] = done.stderr.strip().splitlines()[-1:]
+                break
+            row[mode] = json.loads(done.stdout.strip().splitlines()[-1])
+        rows.append(row)
     return rows
 
 
@@ -180,10 +208,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--number", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--estimate", nargs=2, metavar=("MLP", "DTYPE"), help=argparse.SUPPRESS)
+    parser.add_argument("--estimate", nargs=3, metavar=("MODEL", "DTYPE", "MODE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.estimate:
-        print(json.dumps(step_estimate(*args.estimate)))
+        name, dtype, mode = args.estimate
+        print(json.dumps(step_estimate(name, dtype, compiled=mode == "compiled")))
         return
 
     print(f"neuron (simulated NeuronCore) vs CPU, load average {os.getloadavg()[0]:.1f}\n")
@@ -209,19 +238,29 @@ def main() -> None:
     print(f"  HBM bytes: eager {block['eager_hbm_bytes']:.0f}, compiled {block['compiled_hbm_bytes']:.0f} "
           f"({block['compiled_hbm_bytes'] / block['eager_hbm_bytes']:.2f}x); kernels: eager "
           f"{block['eager_kernels']}, compiled {block['compiled_kernels']}")
-    print("\nEstimated device time of one MLP training step (estimate from public specifications):")
-    for mlp in MLPS:
+    print("\nEstimated device time and HBM bytes of one training step, eager vs compiled (loss and SGD step "
+          "under torch.compile), per generation (estimates from public specifications):")
+    for name in (*MLPS, "transformer"):
         for dtype in ("float32", "bfloat16"):
-            batch, width_in, hidden, classes = MLPS[mlp]
-            print(f"  {mlp} MLP {batch}x{width_in} -> {hidden} -> {classes}, {dtype}:")
-            for row in estimates_per_target(mlp, dtype):
+            if name == "transformer":
+                batch, seq, width, heads, ff, classes = TRANSFORMER
+                shape = f"encoder layer {batch}x{seq}x{width}, {heads} heads, ff {ff} -> {classes}"
+            else:
+                batch, width_in, hidden, classes = MLPS[name]
+                shape = f"MLP {batch}x{width_in} -> {hidden} -> {classes}"
+            print(f"  {name} {shape}, {dtype}:")
+            for row in estimates_per_target(name, dtype):
                 if "error" in row:
                     print(f"    {row['target']}: failed: {row['error']}")
                     continue
-                share = f"{row['tensor_peak_share']:.1%}" if row["tensor_peak_share"] else "n/a"
-                print(f"    {row['target']}: {row['device_us']:10.1f} us  ({row['kernels']} kernels, "
-                      f"{share} of {dtype} Tensor-engine peak, busiest engine: {row['busiest_engine']}, "
-                      f"fallbacks: {row['fallbacks']})")
+                eager, compiled = row["eager"], row["compiled"]
+                share = f"{eager['tensor_peak_share']:.1%}" if eager["tensor_peak_share"] else "n/a"
+                print(f"    {row['target']}: eager {eager['device_us']:9.1f} us {eager['hbm_bytes'] / 1e6:8.2f} MB "
+                      f"{eager['kernels']:3d} kernels | compiled {compiled['device_us']:9.1f} us "
+                      f"({compiled['device_us'] / eager['device_us']:.2f}x) {compiled['hbm_bytes'] / 1e6:8.2f} MB "
+                      f"({compiled['hbm_bytes'] / eager['hbm_bytes']:.2f}x) {compiled['kernels']:3d} kernels | eager: "
+                      f"{share} of Tensor-engine peak, busiest {eager['busiest_engine']}; fallbacks "
+                      f"{eager['fallbacks'] + compiled['fallbacks']}, eager nodes {compiled['eager_nodes']}")
 
 
 if __name__ == "__main__":

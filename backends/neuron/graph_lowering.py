@@ -26,6 +26,7 @@ import torch
 
 from accelkit.sdk import GraphLowering, graph_parts
 from accelkit_backends.neuron import fusion, runtime
+from accelkit_backends.neuron.conversion import convert
 from accelkit_backends.neuron.kernels.shape import copy_view
 from accelkit_backends.neuron.launch import kernels
 from accelkit_backends.neuron.sim import numerics as nx
@@ -246,12 +247,32 @@ def _foreach(op: torch._ops.OpOverload, each: torch._ops.OpOverload) -> Any:
 
 
 def _view(node: torch.fx.Node, args: tuple, kwargs: dict) -> np.ndarray:
-    """A view op as strides over the same HBM: PyTorch's own view of the array's memory."""
+    """A view op as strides over the same HBM: PyTorch's own view of the array's memory.
+
+    A kernel may hand over its result in another memory layout than PyTorch's (the values are
+    the same); where ``view`` then cannot reinterpret the strides, the array is first copied
+    into row-major order on the core (a DMA copy, as a compiler inserts for a layout change)."""
     array = args[0]
+    try:
+        return _strided_view(node, array, args, kwargs)
+    except RuntimeError as exc:
+        if "view size is not compatible" not in str(exc):
+            raise
+    return _strided_view(node, _row_major(array), args, kwargs)
+
+
+def _strided_view(node: torch.fx.Node, array: np.ndarray, args: tuple, kwargs: dict) -> np.ndarray:
     carrier = nx.HOST_CARRIER.get(array.dtype)
     base = torch.from_numpy(array.view(np.int16 if carrier == torch.int16 else np.uint8) if carrier else array)
     viewed = node.target(base, *args[1:], **kwargs).numpy()
     return viewed.view(array.dtype) if carrier else viewed
+
+
+def _row_major(x: np.ndarray) -> np.ndarray:
+    result = np.empty(x.shape, dtype=x.dtype)
+    with runtime.core().kernel("layout_copy") as k:
+        copy_view(k, result, x)
+    return result
 
 
 # -- the forms ops take in AOTAutograd's graphs ----------------------------------------------
@@ -311,6 +332,12 @@ def _clone(node: torch.fx.Node, x: np.ndarray, **kwargs: Any) -> np.ndarray:
     return result
 
 
+def _to_copy(node: torch.fx.Node, x: np.ndarray, **kwargs: Any) -> np.ndarray:
+    """A cast (``.float()``, ``.to(torch.bfloat16)``): the conversion program the allocator's
+    casts run eagerly."""
+    return convert(x, node.meta["val"].dtype)
+
+
 def _is_constant_factory(op: torch._ops.OpOverload) -> bool:
     """A factory of Python numbers (``full``, ``scalar_tensor``, ``arange``, ...): no tensor
     argument, a ``device`` one, no random numbers."""
@@ -335,6 +362,7 @@ _GRAPH_OPS = {
     torch.ops.aten._native_batch_norm_legit_no_training.default: _batch_norm_no_training,
     torch.ops.aten._native_batch_norm_legit.no_stats: _batch_norm_no_stats,
     torch.ops.aten.clone.default: _clone,
+    torch.ops.aten._to_copy.default: _to_copy,
 }
 
 

@@ -299,3 +299,18 @@ def test_a_compiled_optimizer_step_runs_its_foreach_ops_as_one_program_with_eage
     assert all(torch.equal(a, b) for a, b in zip(params["eager"], params["compiled"]))
     stats = accelkit.stats()["compile"]
     assert stats["eager_nodes"] == {} and stats["program_calls"] >= 3, stats
+
+
+def test_a_bfloat16_encoder_trains_under_compile_where_a_kernel_hands_over_another_layout(dev):
+    # In bfloat16 AOTAutograd's graph views an attention result whose layout the kernel chose
+    # differently from PyTorch's (same values): the view gets a row-major copy first.
+    torch.manual_seed(0)
+    model = Encoder().to(dev, torch.bfloat16)
+    x = torch.randn(2, 5, 16).to(dev, torch.bfloat16)
+    y = torch.randint(0, 3, (2,), device=dev)
+    eager_model = copy.deepcopy(model)
+    eager = train(eager_model, x, y, steps=2)
+    accelkit.reset_stats()
+    compiled = train(model, x, y, steps=2, compiled=True)
+    assert compiled == pytest.approx(eager, rel=2e-2)
+    assert "layout_copy" in accelkit.stats()["neuron"]["estimate"]["per_op"]
