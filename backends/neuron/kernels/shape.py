@@ -80,8 +80,16 @@ def copy_view(k: Kernel, dst: np.ndarray, src: np.ndarray) -> None:
         raise ValueError(f"copy_view: shapes {dst.shape} and {src.shape} differ")
     if dst.size == 0:
         return
+    if _transposed(src) and k.spec.transpose_in_dma and chip_dtype(dst.dtype) == chip_dtype(src.dtype):
+        _copy_transposed(k, dst, src)
+        return
     dst, src = _merged(dst, src)
     p = k.spec.partitions
+    if dst.ndim >= 3:
+        # The outer dim with the most rows goes on the partitions (an elementwise copy may take
+        # its dims in any order): [8, 32, 128] copies as 32 rows of 8x128, not 8-row slivers.
+        rows = max(range(dst.ndim - 1), key=lambda d: (min(dst.shape[d], p), dst.shape[d]))
+        dst, src = np.moveaxis(dst, rows, 0), np.moveaxis(src, rows, 0)
     if dst.ndim == 1:
         body_dst, body_src = _folded(dst, src, p)
         done = body_dst.size
@@ -92,22 +100,54 @@ def copy_view(k: Kernel, dst: np.ndarray, src: np.ndarray) -> None:
     _copy_nd(k, dst, src)
 
 
+def _transposed(src: np.ndarray) -> bool:
+    """The last two dims are swapped in memory: a column-major matrix (or a stack of them),
+    which element-sized DMA runs would copy slowly."""
+    item = src.dtype.itemsize
+    return src.ndim >= 2 and src.shape[-1] > 1 and src.shape[-2] > 1 and src.strides[-2] == item \
+        and src.strides[-1] != item
+
+
+def _copy_transposed(k: Kernel, dst: np.ndarray, src: np.ndarray) -> None:
+    """Copy matrix by matrix with DMA transposes, which read the source's contiguous columns
+    (NeuronCore-v3 and later; v2 transposes on the Tensor engine)."""
+    p = k.spec.partitions
+    rows, cols = src.shape[-2:]
+    tiles = k.pool(COPY_BUFFERS)
+    for index in np.ndindex(*src.shape[:-2]):  # one () for a single matrix
+        matrix_src, matrix_dst = src[index], dst[index]
+        for r0 in range(0, rows, p):
+            for c0 in range(0, cols, FMAX):
+                block = (slice(r0, min(rows, r0 + p)), slice(c0, min(cols, c0 + FMAX)))
+                part = matrix_src[block]
+                tile = tiles.tile(part.shape, chip_dtype(src.dtype), "copy")
+                k.dma(tile, part.T, transpose=True)
+                k.dma(matrix_dst[block], tile)
+    tiles.release()
+
+
+#: Tiles in flight in a copy: the next blocks load while earlier ones store.
+COPY_BUFFERS = 4
+
+
 def _copy_nd(k: Kernel, dst: np.ndarray, src: np.ndarray) -> None:
     p = k.spec.partitions
     src_dtype, dst_dtype = chip_dtype(src.dtype), chip_dtype(dst.dtype)
+    loaded, converted = k.pool(COPY_BUFFERS), k.pool(COPY_BUFFERS)
     for r0 in range(0, dst.shape[0], p):
         rows = slice(r0, min(dst.shape[0], r0 + p))
         for block in free_blocks(dst.shape[1:]):
             index = (rows,) + block
-            with k.scope():
-                part = src[index]
-                tile = k.sbuf(part.shape, src_dtype, "copy")
-                k.dma(tile, part)
-                if dst_dtype != src_dtype:
-                    converted = k.sbuf(part.shape, dst_dtype, "converted")
-                    k.tensor_copy(converted, tile)
-                    tile = converted
-                k.dma(dst[index], tile)
+            part = src[index]
+            tile = loaded.tile(part.shape, src_dtype, "copy")
+            k.dma(tile, part)
+            if dst_dtype != src_dtype:
+                wide = converted.tile(part.shape, dst_dtype, "converted")
+                k.tensor_copy(wide, tile)
+                tile = wide
+            k.dma(dst[index], tile)
+    loaded.release()
+    converted.release()
 
 
 # ---------------------------------------------------------------------------------------------

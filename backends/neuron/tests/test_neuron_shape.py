@@ -120,3 +120,32 @@ def test_masked_fill_in_place_and_with_a_tensor_value(dev):
     assert torch.equal(on_device.cpu(), x.masked_fill(mask, -1.0))
     assert torch.equal(ints.cpu(), torch.arange(12).reshape(3, 4).masked_fill(mask[:3, :4], 7))
     assert_native("aten.masked_fill_.Scalar", "aten.masked_fill.Tensor")
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+@pytest.mark.parametrize("shape, perm, most_dmas", [
+    ((32, 8, 128), (1, 0, 2), 2),           # the outer dim with most rows goes on the partitions
+    ((2, 3, 300, 40), (0, 1, 3, 2), None),  # stacked column-major matrices
+    ((4, 5, 6, 7), (2, 0, 3, 1), None),
+])
+def test_a_layout_copy_is_exact_with_few_transfers_and_transposes_in_dma_where_it_can(target, shape, perm,
+                                                                                    most_dmas):
+    import numpy as np
+
+    from accelkit_backends.neuron.device import core_spec
+    from accelkit_backends.neuron.kernels.shape import copy_view
+    from accelkit_backends.neuron.sim import NeuronCore
+
+    src = np.arange(np.prod(shape), dtype=np.float32).reshape(shape).transpose(perm)
+    dst = np.empty(src.shape, np.float32)
+    core = NeuronCore(core_spec(target))
+    core.record_instructions = True
+    with core.kernel("copy") as k:
+        copy_view(k, dst, src)
+    record = k.finish()
+    assert np.array_equal(dst, src)
+    if most_dmas is not None:
+        assert record.instructions <= most_dmas
+    transposes = sum(i.name == "dma_transpose" for i in k.log)
+    column_major = perm[-2] == len(shape) - 1  # the source's contiguous dim is next to last
+    assert (transposes > 0) == (column_major and core.spec.transpose_in_dma)
