@@ -84,13 +84,19 @@ class OnChipMemory:
         self._live: dict[int, Tile] = {}         # offset -> live base tile
         self._released: list[tuple[int, int, float]] = []  # (offset, end, free time)
         self.high_water = 0
+        self._floor = 0  # where allocation looks first (see reset)
 
     def reset(self, keep_released: bool = False) -> None:
-        """Free everything. ``keep_released`` keeps the timeline's record of when freed memory
-        becomes free (the next kernel of a program waits for it)."""
+        """Free everything. ``keep_released`` (between the kernels of a program) keeps the
+        timeline's record of when freed memory becomes free, and has the next kernel allocate
+        above the memory this one used first, as a compiler lays out a whole program's buffers:
+        independent kernels then overlap instead of waiting for each other's memory."""
         self._live.clear()
-        if not keep_released:
+        if keep_released:
+            self._floor = self.high_water if self.high_water < self.partition_bytes else 0
+        else:
             self._released.clear()
+            self._floor = 0
         self.high_water = 0
 
     def forget_released(self) -> None:
@@ -143,13 +149,19 @@ class OnChipMemory:
         self._released.append((base.offset, base.offset + base.nbytes, free_time))
 
     def _first_fit(self, nbytes: int) -> int | None:
-        cursor = 0
+        """The lowest free offset at or above the floor where ``nbytes`` fit, else the lowest
+        anywhere."""
+        gaps, cursor = [], 0
         for offset in sorted(self._live):
-            if offset - cursor >= nbytes:
-                return cursor
-            live = self._live[offset]
-            cursor = max(cursor, offset + live.nbytes)
-        return cursor if self.partition_bytes - cursor >= nbytes else None
+            if offset > cursor:
+                gaps.append((cursor, offset))
+            cursor = max(cursor, offset + self._live[offset].nbytes)
+        gaps.append((cursor, self.partition_bytes))
+        for low, high in gaps:
+            start = max(low, self._floor)
+            if high - start >= nbytes:
+                return start
+        return next((low for low, high in gaps if high - low >= nbytes), None)
 
     def _overflow(self, kernel: str, name: str, shape: tuple, dtype: np.dtype, nbytes: int) -> Exception:
         live = ", ".join(f"{t.name}{list(t.shape)}" for t in self._live.values()) or "nothing"

@@ -299,3 +299,37 @@ def test_a_program_instance_is_timed_once_and_later_runs_reuse_that_schedule():
             assert got.latency == pytest.approx(expected.latency, rel=1e-12)
             assert got.device_seconds == pytest.approx(expected.device_seconds, rel=1e-12)
             assert got.busy == pytest.approx(expected.busy, rel=1e-12)
+
+
+def test_independent_kernels_of_a_program_take_disjoint_memory_and_run_side_by_side():
+    x = np.ones((64, 64), np.float32)
+    core = NeuronCore(core_spec("trn2"))
+    records = _collecting(core)
+    with core.kernel("alone") as k:
+        _add_program(k, x, np.empty_like(x), passes=1)
+    with core.program():
+        for i in range(4):
+            with core.kernel(f"add{i}") as k:
+                _add_program(k, x, np.empty_like(x), passes=1)
+    alone, together = records[0].latency, sum(r.device_seconds for r in records[1:])
+    assert together < 1.5 * alone  # eagerly four adds take four times one
+
+
+def test_a_kernel_that_does_not_fit_above_the_last_one_reuses_its_memory_after_it():
+    spec = core_spec("trn2")
+    columns = int(spec.sbuf_partition_bytes * 0.6) // 4  # each kernel fills 60 % of SBUF
+    x = np.ones((128, columns), np.float32)
+    core = NeuronCore(spec)
+    records = _collecting(core)
+    outs = [np.empty_like(x), np.empty_like(x)]
+    with core.program():
+        for out in outs:
+            with core.kernel("big") as k:
+                tile = k.sbuf(x.shape, np.float32, "big")
+                k.dma(tile, x)
+                k.tensor_scalar(tile, tile, "add", 1.0)
+                k.dma(out, tile)
+    for out in outs:
+        np.testing.assert_array_equal(out, x + 1)
+    first, second = records
+    assert second.start >= first.end - 1e-12  # its memory was the first kernel's: it waits
