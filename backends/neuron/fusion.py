@@ -63,9 +63,11 @@ class FusedGroup:
         self.columns = columns
         #: A matmul whose result blocks feed the chain from SBUF (``head_stored``: and HBM).
         self.head, self.head_stored = head, head_stored
-        self.name = "fused(" + "+".join(_op_name(n) for n in ([head] if head else []) + self.nodes) + ")"
-        self._specs = [[_spec(n)] for n in self.nodes]
-        self._bodies = [body_of(n.target) for n in self.nodes]
+        #: Every node the program computes, in order: the head first.
+        self.computed = ([head] if head is not None else []) + self.nodes
+        self.name = "fused(" + "+".join(_op_name(n) for n in self.computed) + ")"
+        self._specs = [[_spec(n)] for n in self.computed]
+        self._bodies = [body_of(n.target) for n in self.computed]
         #: False once the chain turned out not to fuse (it then runs op by op).
         self.fuses = True
         #: The halves the group was split into when its tiles overflowed SBUF.
@@ -86,23 +88,23 @@ class FusedGroup:
                 self._run_fused(env)
                 return
             except SbufOverflowError:
-                if len(self.nodes) + (self.head is not None) < 2:
+                if len(self.computed) < 2:
                     raise
                 self.parts = self._halves()
                 self.run(env, run_node)
                 return
             except tiling.NotFusable:
                 self.fuses = False
-        for node in ([self.head] if self.head is not None else []) + self.nodes:
+        for node in self.computed:
             env[node] = run_node(node)
 
     def _halves(self) -> list[FusedGroup]:
         middle = max(1, len(self.nodes) // 2)
         halves = []
-        for part in (self.nodes[:middle], self.nodes[middle:]):
-            members = set(part)
-            stored = [self.stored[self.nodes.index(n)] or any(u not in members for u in n.users if u in self.nodes)
-                      for n in part]
+        for cut in (slice(None, middle), slice(middle, None)):
+            part, members = self.nodes[cut], set(self.nodes[cut])
+            stored = [keep or any(u not in members for u in n.users if u in self.nodes)
+                      for n, keep in zip(part, self.stored[cut])]
             head = self.head if not halves else None  # the matmul stays with the first half
             head_stored = head is not None and (self.head_stored or any(u in self.nodes[middle:] for u in head.users))
             halves.append(FusedGroup(part, stored, self.columns, head, head_stored))
@@ -115,12 +117,14 @@ class FusedGroup:
             return internal[node] if node in internal else env[node]
 
         head = self.head
-        key = _external_key(([head] if head is not None else []) + self.nodes, env)
+        chain = zip(self.computed, self._bodies, self._specs)
+        key = _external_key(self.computed, env)
         with runtime.core().kernel(self.name, (self, key)) as k:
             if head is not None:  # the chain reads the matmul's blocks, never this array
-                internal[head] = placeholder = hbm_empty(_spec(head))
+                _, head_body, head_spec = next(chain)
+                internal[head] = placeholder = hbm_empty(head_spec[0])
             with tiling.recording_flat_maps() as maps:
-                for node, body, spec in zip(self.nodes, self._bodies, self._specs):
+                for node, body, spec in chain:
                     args = torch.fx.node.map_arg(node.args, value)
                     kwargs = dict(torch.fx.node.map_arg(node.kwargs, value))
                     count = len(maps)
@@ -134,8 +138,8 @@ class FusedGroup:
                     tiling.map_block_fused(k, maps, self.stored, placeholder, block, m0, m1, n0, n1)
 
                 with result_blocks_to(tail, store=self.head_stored):
-                    head_out = body_of(head.target)(k, [_spec(head)], *torch.fx.node.map_arg(head.args, env.__getitem__),
-                                                    **dict(torch.fx.node.map_arg(head.kwargs, env.__getitem__)))
+                    head_out = head_body(k, head_spec, *torch.fx.node.map_arg(head.args, env.__getitem__),
+                                         **dict(torch.fx.node.map_arg(head.kwargs, env.__getitem__)))
         cost.LEDGER.note_instance(self.name, key)
         if head is not None and self.head_stored:
             env[head] = head_out

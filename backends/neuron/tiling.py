@@ -103,17 +103,33 @@ def map_flat(
     if recorded is not None:
         recorded.append(FlatMap(out, list(inputs), compute, np.dtype(out_tile_dtype or chip_dtype(out.dtype))))
         return out
-    operands = [FlatOperand(a, out.shape) for a in inputs]
-    pools = [k.pool(BUFFERS) for _ in operands]
     out_pool = k.pool(BUFFERS)
     flat_out = out.reshape(-1)
     tile_dtype = out_tile_dtype or chip_dtype(out.dtype)
+
+    def step(srcs: list[Tile], start: int, rows: int, cols: int) -> list[Tile]:
+        dst = out_pool.tile((rows, cols), tile_dtype, "out")
+        compute(dst, srcs)
+        k.dma(flat_out[start : start + rows * cols].reshape(rows, cols), dst)
+        return [dst]
+
+    _pipelined(k, [FlatOperand(a, out.shape) for a in inputs], flat_chunks(out.size, k.spec.partitions), step)
+    return out
+
+
+def _pipelined(k: Kernel, operands: Sequence[FlatOperand], chunks: Iterator[tuple[int, int, int]],
+               step: Callable[[list[Tile], int, int, int], list[Tile]]) -> None:
+    """The chunk loop of :func:`map_flat` and :func:`map_flat_fused`: ``step(srcs, start, rows,
+    cols)`` computes and stores one chunk from its operands' tiles and returns the tiles it keeps
+    (its outputs). Loads run one chunk ahead, into other buffers; the temporaries a step
+    allocates are freed once :data:`BUFFERS` newer chunks have begun."""
+    pools = [k.pool(BUFFERS) for _ in operands]
 
     def load(chunk: tuple[int, int, int]) -> list[Tile]:
         start, rows, cols = chunk
         return [op.load(pool, start, rows, cols, f"in{i}") for i, (op, pool) in enumerate(zip(operands, pools))]
 
-    chunks = list(flat_chunks(out.size, k.spec.partitions))
+    chunks = list(chunks)
     scratch: list[list[Tile]] = []
     loaded = load(chunks[0]) if chunks else []
     for index, (start, rows, cols) in enumerate(chunks):
@@ -123,11 +139,8 @@ def map_flat(
         if len(scratch) >= BUFFERS:
             k.free(*scratch.pop(0))
         before = {id(t) for t in k.live_tiles()}
-        dst = out_pool.tile((rows, cols), tile_dtype, "out")
-        compute(dst, srcs)
-        k.dma(flat_out[start : start + rows * cols].reshape(rows, cols), dst)
-        scratch.append([t for t in k.live_tiles() if id(t) not in before and t is not dst])
-    return out
+        kept = {id(t) for t in step(srcs, start, rows, cols)}
+        scratch.append([t for t in k.live_tiles() if id(t) not in before and id(t) not in kept])
 
 
 class NotFusable(Exception):
@@ -169,25 +182,10 @@ def map_flat_fused(k: Kernel, maps: Sequence[FlatMap], stored: Sequence[bool], f
         wiring.append(wires)
         producer[id(flat.out)] = position
 
-    operands = [FlatOperand(a, shape) for a in externals]
-    in_pools = [k.pool(BUFFERS) for _ in operands]
     out_pools = [k.pool(BUFFERS if keep else 2) for keep in stored]
     flat_outs = [flat.out.reshape(-1) for flat in maps]
 
-    def load(chunk: tuple[int, int, int]) -> list[Tile]:
-        start, rows, cols = chunk
-        return [op.load(pool, start, rows, cols, f"in{i}") for i, (op, pool) in enumerate(zip(operands, in_pools))]
-
-    chunks = list(flat_chunks(maps[0].out.size, k.spec.partitions, fmax))
-    scratch: list[list[Tile]] = []
-    loaded = load(chunks[0]) if chunks else []
-    for index, (start, rows, cols) in enumerate(chunks):
-        srcs = loaded
-        if index + 1 < len(chunks):
-            loaded = load(chunks[index + 1])
-        if len(scratch) >= BUFFERS:
-            k.free(*scratch.pop(0))
-        before = {id(t) for t in k.live_tiles()}
+    def step(srcs: list[Tile], start: int, rows: int, cols: int) -> list[Tile]:
         dsts: list[Tile] = []
         for position, flat in enumerate(maps):
             dst = out_pools[position].tile((rows, cols), flat.tile_dtype, f"out{position}")
@@ -195,8 +193,10 @@ def map_flat_fused(k: Kernel, maps: Sequence[FlatMap], stored: Sequence[bool], f
             dsts.append(dst)
             if stored[position]:
                 k.dma(flat_outs[position][start : start + rows * cols].reshape(rows, cols), dst)
-        kept = {id(t) for t in dsts}
-        scratch.append([t for t in k.live_tiles() if id(t) not in before and id(t) not in kept])
+        return dsts
+
+    operands = [FlatOperand(a, shape) for a in externals]
+    _pipelined(k, operands, flat_chunks(maps[0].out.size, k.spec.partitions, fmax), step)
 
 
 #: The narrowest chunk a fused chain may use before it is split instead (narrower chunks pay

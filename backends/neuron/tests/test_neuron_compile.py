@@ -200,35 +200,33 @@ def test_a_matmul_with_an_elementwise_tail_is_one_program_with_the_eager_results
     assert sum(name.count("+") for name in fused) == 4, fused  # gelu, mul, sub, sigmoid
 
 
-def _long_chain(x):  # 60 ops: too many buffers for SBUF even with narrow chunks
-    for i in range(24):
+def _long_chain(x, steps=24):  # 24 steps, 60 ops: too many buffers for SBUF even with narrow chunks
+    for i in range(steps):
         x = torch.sigmoid(x * 1.5 + i) if i % 2 else torch.tanh(x - 0.25)
     return x
 
 
-def test_a_long_chain_on_a_large_tensor_streams_narrower_chunks_as_one_program(dev):
-    def thirty_ops(x):
-        for i in range(12):
-            x = torch.sigmoid(x * 1.5 + i) if i % 2 else torch.tanh(x - 0.25)
-        return x
-
-    x = torch.randn(4, 128, 2048).to(dev)  # 2048-element chunks would need 31 x 24 KiB of SBUF
-    eager = thirty_ops(x)
+def _compile_and_compare(dev, fn):
+    """``fn`` on a large tensor, compiled and eager (bit for bit equal); the compiled run's
+    kernel calls by name."""
+    x = torch.randn(4, 128, 2048).to(dev)  # 2048-element chunks: a few operands fill SBUF
+    eager = fn(x)
     accelkit.reset_stats()
-    compiled = torch.compile(thirty_ops, backend="neuron")(x)
+    compiled = torch.compile(fn, backend="neuron")(x)
     assert torch.equal(compiled.cpu(), eager.cpu())
+    return {name: op["calls"] for name, op in accelkit.stats()["neuron"]["estimate"]["per_op"].items()}
+
+
+def test_a_long_chain_on_a_large_tensor_streams_narrower_chunks_as_one_program(dev):
+    # 30 ops: 2048-element chunks would need 31 x 24 KiB of SBUF.
+    runs = _compile_and_compare(dev, lambda x: _long_chain(x, steps=12))
     (name,) = _fused_kernels()
-    assert name.count("+") == 29
-    assert accelkit.stats()["neuron"]["estimate"]["hbm_bytes"] == 2 * x.numel() * 4  # in once, out once
+    assert name.count("+") == 29 and runs == {name: 1}
+    assert accelkit.stats()["neuron"]["estimate"]["hbm_bytes"] == 2 * 4 * 128 * 2048 * 4  # in once, out once
 
 
 def test_a_chain_too_large_for_sbuf_is_split_into_programs_that_fit(dev):
-    x = torch.randn(4, 128, 2048).to(dev)
-    eager = _long_chain(x)
-    accelkit.reset_stats()
-    compiled = torch.compile(_long_chain, backend="neuron")(x)
-    assert torch.equal(compiled.cpu(), eager.cpu())
-    runs = {name: op["calls"] for name, op in accelkit.stats()["neuron"]["estimate"]["per_op"].items()}
+    runs = _compile_and_compare(dev, _long_chain)
     assert set(runs) == set(_fused_kernels()) and sum(runs.values()) >= 2, runs  # only fused programs
     assert sum((name.count("+") + 1) * calls for name, calls in runs.items()) == 60  # each op once
 
@@ -237,12 +235,7 @@ def test_a_group_that_overflows_sbuf_at_run_time_is_halved_with_the_same_results
     from accelkit_backends.neuron import fusion
 
     monkeypatch.setattr(fusion, "SBUF_SHARE", 100.0)  # the planner lets the whole chain through
-    x = torch.randn(4, 128, 2048).to(dev)
-    eager = _long_chain(x)
-    accelkit.reset_stats()
-    compiled = torch.compile(_long_chain, backend="neuron")(x)
-    assert torch.equal(compiled.cpu(), eager.cpu())
-    runs = {name: op["calls"] for name, op in accelkit.stats()["neuron"]["estimate"]["per_op"].items()}
+    runs = _compile_and_compare(dev, _long_chain)
     assert sum(runs.values()) >= 2 and sum((name.count("+") + 1) * calls for name, calls in runs.items()) == 60
 
 
