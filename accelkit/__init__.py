@@ -84,13 +84,18 @@ def stats() -> dict[str, Any]:
     fallback executions), ``totals``, ``memory`` (the allocator's statistics), ``compile``
     (what ``torch.compile(backend=<name>)`` captured, compiled and reused; see
     ``docs/compile.md``), ``distributed`` (collectives per kind: calls, bytes, host seconds and
-    the estimated seconds on the target's interconnect; see ``docs/distributed.md``), plus sections the backend contributes (``accelkit_stats`` hook).
+    the estimated seconds on the target's interconnect; see ``docs/distributed.md``),
+    ``estimate`` (the backend's estimated device time on its target, an
+    :class:`accelkit.sdk.Estimate` as a dict, or ``None``: ``accelkit_estimate`` hook), plus
+    sections the backend contributes (``accelkit_stats`` hook).
 
-    :raises PluginError: the backend's ``accelkit_stats`` hook raised or returned a non-dict.
+    :raises PluginError: the backend's ``accelkit_stats`` hook raised or returned a non-dict, or
+        its ``accelkit_estimate`` hook raised or returned something else than an ``Estimate``.
     """
     from accelkit import _runtime
     from accelkit._plugins import registry
     from accelkit._stats import KINDS
+    from accelkit.sdk import Estimate
 
     ctx = _runtime.active()
     if ctx is None:
@@ -111,6 +116,8 @@ def stats() -> dict[str, Any]:
                 f"plugin {record.origin}: accelkit_stats returned {type(section).__name__}, not dict"
             )
         result.update(section or {})
+    estimate = record.answer("accelkit_estimate", Estimate)
+    result["estimate"] = estimate.as_dict() if estimate is not None else None
     return result
 
 

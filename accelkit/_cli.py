@@ -1,6 +1,7 @@
 """The ``accelkit`` command: ``accelkit devices [--json]``, ``accelkit select [SPEC]``,
 ``accelkit new-backend NAME [--dir DIR]`` (see :mod:`accelkit._scaffold`),
-``accelkit native {build,status}`` (see :mod:`accelkit._native`) and
+``accelkit native {build,status}`` (see :mod:`accelkit._native`),
+``accelkit run [options] script.py args...`` (see :mod:`accelkit._run`) and
 ``accelkit conformance {run,report,diff}`` (see :mod:`accelkit_conformance`)."""
 
 from __future__ import annotations
@@ -84,6 +85,18 @@ def _native(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from accelkit._run import RunOptions, run
+
+    target = ["-m", args.module, *args.args] if args.module else list(args.args)
+    if not target:
+        raise AccelkitError("accelkit run: name a script (accelkit run train.py ...) or a module (-m pkg.train)")
+    return run(RunOptions(target=target, device=args.device, fallback=args.fallback, compile=args.compile,
+                          report_dir=Path(args.report) if args.report else None))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="accelkit", description="One accelerator layer for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -111,6 +124,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     native.add_argument("action", choices=("build", "status"))
     native.add_argument("--force", action="store_true", help="rebuild even when it is built already")
     native.set_defaults(run=_native)
+    run = commands.add_parser(
+        "run", help="run a PyTorch script on a backend and report what ran where",
+        description="Run an unmodified PyTorch script (as `python script.py args...` would, or a module "
+                    "as `python -m`) with a backend selected and activated, then report: ops by path "
+                    "(native, decomposed, CPU fallback) with what to do about each fallback, compiled "
+                    "graphs and recompiles, memory against capacity, and the estimated time on the "
+                    "target. The script's exit code, exception and signals pass through. Works under "
+                    "torchrun: `torchrun --nproc-per-node 2 -m accelkit run train.py`.",
+    )
+    run.add_argument("--device", default=None, metavar="SPEC",
+                     help="device name or preference list (default: ACCELKIT_DEVICE, else the best here)")
+    run.add_argument("--fallback", default=None, choices=("deny", "warn", "allow"),
+                     help="CPU-fallback policy for the run (default: ACCELKIT_FALLBACK, else the backend's)")
+    run.add_argument("--compile", action="store_true",
+                     help="torch.compile calls that name no backend (or 'inductor') compile for the device")
+    run.add_argument("--report", default=None, metavar="DIR",
+                     help="also write report.json and report.html (report-rank<N>.* per rank) into DIR")
+    run.add_argument("-m", dest="module", default=None, metavar="MODULE", help="run a module, as python -m")
+    run.add_argument("args", nargs=argparse.REMAINDER, metavar="script.py args",
+                     help="the script and its arguments (after -m MODULE: the module's arguments)")
+    run.set_defaults(run=_run)
     commands.add_parser(
         "conformance", add_help=False,
         help="run the conformance suites against backends, render and compare results (run, report, diff)",

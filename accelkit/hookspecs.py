@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         DeviceModel,
         DeviceProbe,
         DtypeRules,
+        Estimate,
         Expectations,
         KernelTable,
     )
@@ -298,6 +299,22 @@ def accelkit_stats(name: str) -> dict[str, Any] | None:
         device time, ...); ``None``: nothing to add.
 
     Called by :func:`accelkit.stats` while the backend is active.
+    """
+
+
+@hookspec(firstresult=True)
+def accelkit_estimate(name: str) -> Estimate | None:
+    """Estimate how long the work since the last reset would take on the backend's target.
+
+    Kind: firstresult. Optional.
+
+    :param name: the backend's name.
+    :returns: an :class:`accelkit.sdk.Estimate` (target, seconds, per-op seconds, how it was
+        estimated); ``None`` or a missing hook: the backend makes no estimate (``stats()``
+        says ``"estimate": None``).
+
+    Called by :func:`accelkit.stats` while the backend is active; zeroed with the rest by
+    ``accelkit_reset_stats``.
     """
 
 

@@ -22,7 +22,8 @@ _LEGEND = {"pass": "pass (native)", "pass-fallback": "pass via CPU fallback", "b
 
 _LINE_BREAK = re.compile(r"\r\n?|\n")
 
-_CSS = """
+#: The stylesheet of accelkit's HTML reports (this one and `accelkit run`'s).
+STYLESHEET = """
 :root { --fg: #1d2330; --muted: #5f6b7a; --line: #d9dee5; --bg-alt: #f5f7fa; }
 * { box-sizing: border-box; }
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif;
@@ -174,7 +175,7 @@ def render_html(runs: Sequence[Mapping[str, Any]]) -> str:
     blocks = build(runs)
     names = ", ".join(row[0] for b in blocks if b.kind == "verdicts" for row in b.rows)
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>accelkit conformance — {escape(names)}</title>", f"<style>{_CSS}</style></head><body>"]
+           f"<title>accelkit conformance — {escape(names)}</title>", f"<style>{STYLESHEET}</style></head><body>"]
     section = ""
     for block in blocks:
         if block.kind == "title":

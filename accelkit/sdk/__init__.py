@@ -6,7 +6,8 @@ module of plain ``@hookimpl`` functions (see :mod:`accelkit.hookspecs`) register
 entry-point group ``accelkit.backends``; ``accelkit new-backend NAME`` writes one.
 
 - records: :class:`BackendInfo`, :class:`DeviceProbe`, :class:`DeviceModel`,
-  :class:`DtypeRules`, :class:`Expectations`;
+  :class:`DtypeRules`, :class:`Expectations`, :class:`Estimate` (estimated time on the
+  target);
 - memory: :class:`DeviceAllocator` (the base a backend's allocator subclasses), :class:`Buffer`,
   :class:`ViewSpec`;
 - kernels: :class:`KernelTable`, :class:`KernelEntry`, :class:`KernelDeclined`, autocast
@@ -52,6 +53,7 @@ from accelkit.sdk._records import (
     DeviceModel,
     DeviceProbe,
     DtypeRules,
+    Estimate,
     ExpectationRule,
     Expectations,
     Interconnect,
@@ -73,6 +75,7 @@ __all__ = [
     "DeviceModel",
     "DeviceProbe",
     "DtypeRules",
+    "Estimate",
     "ExpectationRule",
     "Expectations",
     "GraphLowering",

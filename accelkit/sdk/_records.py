@@ -129,6 +129,45 @@ class DeviceModel:
         object.__setattr__(self, "dtypes", frozenset(self.dtypes))
 
 
+@dataclass(frozen=True)
+class Estimate:
+    """What the work since the last ``reset_stats()`` would take on the backend's target: the
+    answer to ``accelkit_estimate``, shown as ``accelkit.stats()["estimate"]`` and in the
+    ``accelkit run`` report. Always a model, never a measurement; ``note`` says which.
+
+    :ivar target: the hardware generation estimated for (``"v5e"``, ``"trn2"``).
+    :ivar note: how the figures were obtained (model and sources), shown next to them.
+    :ivar seconds: estimated device seconds of all the work.
+    :ivar per_op: ``{op: (calls, seconds)}`` with ``op`` an aten overload
+        (``"aten.mm.default"``) or a backend's label for work that is several ops (a fused
+        kernel, a compiled program). The seconds are each op's own estimate; where ops overlap
+        on the device they may sum to more than ``seconds``.
+    :ivar flops: floating-point operations, if the model counts them.
+    :ivar hbm_bytes: bytes moved to and from device memory, if the model counts them.
+    """
+
+    target: str
+    note: str
+    seconds: float
+    per_op: Mapping[str, tuple[int, float]] = field(default_factory=dict)
+    flops: float | None = None
+    hbm_bytes: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.seconds < 0:
+            raise ValueError(f"estimate for {self.target!r}: seconds must not be negative")
+        object.__setattr__(self, "per_op", _frozen(self.per_op))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON-ready form ``accelkit.stats()["estimate"]`` holds."""
+        return {
+            "target": self.target, "note": self.note, "seconds": self.seconds,
+            "flops": self.flops, "hbm_bytes": self.hbm_bytes,
+            "per_op": {op: {"calls": int(calls), "seconds": float(seconds)}
+                       for op, (calls, seconds) in sorted(self.per_op.items())},
+        }
+
+
 class UnsupportedDtypeError(TypeError):
     """A dtype the device cannot hold was asked for; the message names it and the way out.
 

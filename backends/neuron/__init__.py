@@ -24,6 +24,7 @@ from accelkit_backends.neuron.device import device_model, probe
 from accelkit_backends.neuron.runtime import (
     accelkit_backend_activated,
     accelkit_dtype_rules,
+    accelkit_estimate,
     accelkit_kernels,
     accelkit_make_allocator,
     accelkit_reset_stats,
@@ -62,6 +63,7 @@ __all__ = [
     "NAME",
     "accelkit_backend_activated",
     "accelkit_dtype_rules",
+    "accelkit_estimate",
     "accelkit_kernels",
     "accelkit_make_allocator",
     "accelkit_make_compiler",

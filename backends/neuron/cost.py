@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from accelkit.sdk import Estimate
 from accelkit_backends.neuron.device import target_name
 from accelkit_backends.neuron.sim.core import ENGINES, Instruction, KernelRecord
 
@@ -121,6 +122,21 @@ class Ledger:
                 "per_program": {k: {**v, "per_engine_seconds": dict(v["per_engine_seconds"])}
                                 for k, v in sorted(self.per_program.items())},
             }
+
+
+    def estimate(self) -> Estimate:
+        """The ledger as the contract's :class:`Estimate`: kernels under their ops' aten names
+        (a fused kernel under its label), those of compiled programs included, where they
+        overlap; so the per-op seconds add up to more than the device time."""
+        with self._lock:
+            per_op = {_aten_name(op): (int(row["calls"]), row["seconds"]) for op, row in self.per_op.items()}
+            return Estimate(target=target_name(), note=ESTIMATE_NOTE, seconds=self.device_seconds,
+                            per_op=per_op, flops=self.flops, hbm_bytes=self.hbm_bytes)
+
+
+def _aten_name(op: str) -> str:
+    """``"mm.default"`` -> ``"aten.mm.default"``; a fused kernel's label stays as it is."""
+    return op if "(" in op or op.startswith("aten.") else f"aten.{op}"
 
 
 def _without_sizes(key: Any) -> Any:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from accelkit.sdk import DeviceModel, DtypeRules, env_choice, hookimpl
+from accelkit.sdk import DeviceModel, DtypeRules, Estimate, env_choice, hookimpl
 
 if TYPE_CHECKING:
     from accelkit_backends.neuron.sim.core import NeuronCore
@@ -115,3 +115,10 @@ def accelkit_reset_stats() -> None:
     from accelkit_backends.neuron.cost import LEDGER
 
     LEDGER.reset()
+
+
+@hookimpl
+def accelkit_estimate() -> Estimate:
+    from accelkit_backends.neuron.cost import LEDGER
+
+    return LEDGER.estimate()

@@ -23,6 +23,7 @@ from accelkit_backends.tpu.device import accelkit_device_model, probe
 from accelkit_backends.tpu.runtime import (
     accelkit_backend_activated,
     accelkit_dtype_rules,
+    accelkit_estimate,
     accelkit_kernels,
     accelkit_make_allocator,
     accelkit_reset_stats,
@@ -61,6 +62,7 @@ __all__ = [
     "accelkit_backend_activated",
     "accelkit_device_model",
     "accelkit_dtype_rules",
+    "accelkit_estimate",
     "accelkit_kernels",
     "accelkit_make_allocator",
     "accelkit_make_compiler",

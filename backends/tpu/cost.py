@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit.sdk import DeviceModel
+from accelkit.sdk import DeviceModel, Estimate
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,18 @@ class CostLedger:
             "estimated_seconds": sum(o["estimated_seconds"] for o in ops.values()),
             "ops": ops,
         }
+
+
+    def estimate(self) -> Estimate | None:
+        """The summary as the contract's :class:`Estimate` (None before activation)."""
+        if self.model is None:
+            return None
+        summary = self.summary()
+        return Estimate(
+            target=summary["target"], note=summary["note"], seconds=summary["estimated_seconds"],
+            per_op={op: (row["calls"], row["estimated_seconds"]) for op, row in summary["ops"].items()},
+            flops=summary["flops"], hbm_bytes=summary["bytes"],
+        )
 
 
 #: The process's ledger; its device model is set when the tpu backend is activated.

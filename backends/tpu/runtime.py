@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from accelkit.sdk import DeviceModel, DtypeRules, device_count_from_env, env_choice, hookimpl
+from accelkit.sdk import DeviceModel, DtypeRules, Estimate, device_count_from_env, env_choice, hookimpl
 
 FLOAT64_ENV = "ACCELKIT_TPU_FLOAT64"
 FLOAT64_POLICIES = ("error", "emulate")
@@ -136,3 +136,10 @@ def accelkit_reset_stats() -> None:
     from accelkit_backends.tpu.cost import COSTS
 
     COSTS.reset()
+
+
+@hookimpl
+def accelkit_estimate() -> Estimate | None:
+    from accelkit_backends.tpu.cost import COSTS
+
+    return COSTS.estimate()
