@@ -1,16 +1,12 @@
-# Quick start: `make demo` runs the main job (the example, then the quick conformance report
-# for every installed backend), `make test` runs the tests.
+# Quick start: `make demo` runs the main job (the tour of the example on every backend, then the
+# quick conformance report for every installed backend), `make test` runs the tests.
 # Each target creates the virtual environment it needs (.venv) on first use.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-# The demo's device; any accelkit name or preference list works, e.g. `make demo ACCELKIT_DEVICE=tpu,cpu`.
-ACCELKIT_DEVICE ?= ref
-export ACCELKIT_DEVICE
-
-.PHONY: demo test bench conformance-quick clean
+.PHONY: demo test bench conformance-quick chromium clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,9 +18,12 @@ $(STAMP): pyproject.toml
 # Every installed backend that can run here, as --backend arguments for the conformance run.
 INSTALLED_BACKENDS = $$($(BIN)/python -c "import accelkit; print(' '.join('--backend ' + r.name for r in accelkit.devices() if r.kind == 'plugin' and r.available))")
 
+# The product tour: the example under `accelkit run` on tpu and neuron, eager and compiled, next to
+# the CPU (examples/tour.py), then the quick conformance report; both say where their HTML pages are.
 demo: $(STAMP)
-	$(BIN)/python examples/train_mlp.py
+	env -u ACCELKIT_DEVICE $(BIN)/python examples/tour.py --out demo-reports
 	$(MAKE) --no-print-directory conformance-quick
+	@echo "\nHTML reports: demo-reports/*/report.html (each training run), conformance-results/report.html (conformance)"
 
 # A measurement, not a gate: exit 1 (some tests failed) is a result, shown in the report; exit 2
 # (a run could not complete) is an error. Gate on regressions with `accelkit conformance diff`.
@@ -38,8 +37,19 @@ conformance-quick: $(STAMP)
 # backend's own tests.
 GENERIC_TESTS := -p accelkit.sdk.testing.plugin --pyargs accelkit.sdk.testing.generic
 
-test: $(STAMP)
-	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest tests
+# The HTML report tests drive the system's Chromium (tests/test_report_pages_in_browser.py); the
+# test run installs it when missing and requires it.
+CHROMIUM := $(shell command -v chromium || command -v chromium-browser)
+
+chromium:
+	@[ -n "$(CHROMIUM)" ] || command -v chromium >/dev/null || \
+	  { APT="apt-get"; [ "$$(id -u)" = 0 ] || APT="sudo apt-get"; \
+	    DEBIAN_FRONTEND=noninteractive $$APT install -y -q chromium >/dev/null || \
+	    { $$APT update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$APT install -y -q chromium >/dev/null; }; } || \
+	  { echo "accelkit: could not install Chromium (the HTML report tests need it): install the 'chromium' package"; exit 1; }
+
+test: $(STAMP) chromium
+	env -u ACCELKIT_DEVICE ACCELKIT_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests
 	env -u ACCELKIT_DEVICE ACCELKIT_TPU_FLOAT64=emulate $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device tpu
 	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest backends/tpu/tests
 	env -u ACCELKIT_DEVICE ACCELKIT_NEURON_FLOAT64=downcast $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device neuron
@@ -53,4 +63,4 @@ bench: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_collectives.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis conformance-results
+	rm -rf $(VENV) .pytest_cache .hypothesis conformance-results demo-reports
