@@ -187,6 +187,10 @@ def test_the_reports_figures_are_the_stats_at_the_end(tmp_path, device):
     assert ops["totals"] == stats["totals"] and ops["executions"] == sum(stats["totals"].values()) > 0
     assert ops["device_share"] == pytest.approx(
         (stats["totals"]["native"] + stats["totals"]["decomposed"]) / ops["executions"])
+    busiest = [sum(stats["ops"][row["op"]].values()) for row in ops["top_ops"]]
+    assert busiest == sorted(busiest, reverse=True) and busiest[0] == max(sum(c.values()) for c in stats["ops"].values())
+    for row in ops["top_ops"]:
+        assert stats["ops"][row["op"]] == {k: row[k] for k in ("native", "decomposed", "fallback")}
     memory = report["memory"]
     assert memory["peak_bytes"] == stats["memory"]["allocated_bytes.peak"] > 0
     assert memory["capacity_bytes"] == stats["memory"]["capacity_bytes"]
@@ -262,11 +266,10 @@ def test_under_torchrun_each_rank_writes_its_report(tmp_path):
     path = script(tmp_path, """
         import accelkit, torch, torch.distributed as dist
         dev = accelkit.select_device()
-        dist.init_process_group("gloo")
-        t = torch.tensor([float(dist.get_rank() + 1)])
+        dist.init_process_group(dev.type)   # the device's own process group
+        t = torch.tensor([float(dist.get_rank() + 1)]).to(dev)
         dist.all_reduce(t)
-        (torch.ones(3).to(dev) * t.item()).sum().item()
-        print(dist.get_rank(), t.item())
+        print(dist.get_rank(), (t * 1).item())
         dist.destroy_process_group()
     """)
     out = tmp_path / "out"
@@ -281,6 +284,9 @@ def test_under_torchrun_each_rank_writes_its_report(tmp_path):
         report = json.loads((out / f"report-rank{rank}.json").read_text())
         assert (report["rank"], report["world_size"]) == (rank, 2)
         assert report["ops"]["executions"] > 0
+        all_reduce = report["collectives"]["by_kind"]["all_reduce"]
+        assert all_reduce == report["stats"]["distributed"]["collectives"]["all_reduce"]
+        assert (all_reduce["calls"], all_reduce["bytes"]) == (1, 4)
     assert result.stderr.count("accelkit run:") == 1  # the text report is rank 0's
 
 
@@ -299,3 +305,36 @@ def test_sigterm_from_outside_ends_the_run_as_it_would_python(tmp_path):
     _, stderr = process.communicate(timeout=TIMEOUT)
     assert process.returncode == -signal.SIGTERM
     assert "killed by SIGTERM" in stderr
+
+
+def test_an_unmodified_hugging_face_trainer_script_trains_on_the_device(tmp_path):
+    path = script(tmp_path, """
+        import json, tempfile, torch
+        from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
+
+        torch.manual_seed(0)
+        config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                            intermediate_size=64, max_position_embeddings=32, num_labels=2)
+        data = [{"input_ids": torch.randint(0, 64, (12,)), "labels": torch.tensor(i % 2)} for i in range(8)]
+        seen = []
+
+        class Watched(Trainer):
+            def training_step(self, model, inputs, *args, **kwargs):
+                seen.append(sorted({t.device.type for t in inputs.values()}))
+                return super().training_step(model, inputs, *args, **kwargs)
+
+        with tempfile.TemporaryDirectory() as out:
+            args = TrainingArguments(output_dir=out, max_steps=2, per_device_train_batch_size=4, report_to=[],
+                                     save_strategy="no", disable_tqdm=True)
+            trainer = Watched(model=BertForSequenceClassification(config), args=args, train_dataset=data)
+            trainer.train()
+        print(json.dumps({"device": str(next(trainer.model.parameters()).device), "batches": seen}))
+    """)
+    out = tmp_path / "out"
+    result = run("--device", "ref", "--report", str(out), str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    trained = json.loads(result.stdout.strip().splitlines()[-1])
+    assert trained == {"device": "ref:0", "batches": [["ref"], ["ref"]]}
+    report = json.loads((out / "report.json").read_text())
+    ops = report["stats"]["ops"]
+    assert sum(ops.get(op, {}).get("native", 0) for op in ("aten.mm.default", "aten.addmm.default")) > 0

@@ -143,6 +143,10 @@ class Broken(FakeBackend):
     def accelkit_reset_stats(self, name):
         return self._answer("reset_stats", name)
 
+    @accelkit.hookimpl
+    def accelkit_estimate(self, name):
+        return self._answer("estimate", name)
+
 
 class Abort(BaseException):
     """A plugin's own BaseException subclass."""
@@ -1077,3 +1081,34 @@ def test_autoload_activates_nothing_when_two_real_accelerators_are_installed(tmp
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["None", "otheraccel:0"], "ambiguous at import; priority decides on request"
+
+
+def test_an_estimate_hook_that_raises_or_answers_wrongly_names_the_plugin():
+    out = run_json(
+        """
+        from accelkit.sdk import Estimate
+        out = {}
+        def error_of(fn):
+            try:
+                fn()
+            except Exception as exc:
+                return f"{type(exc).__name__}: {exc}"
+        wrong = Broken("wrongestimate", ["estimate"], answer={"seconds": 1.0})
+        accelkit.register_backend(wrong)
+        dev = accelkit.select_device("wrongestimate")
+        out["sum"] = torch.ones(2, device=dev).sum().item()
+        out["wrong"] = error_of(accelkit.stats)
+        wrong.answer = Estimate(target="x1", note="a test model", seconds=2.5, per_op={"aten.sum.default": (1, 2.5)})
+        out["right"] = accelkit.stats()["estimate"]
+        wrong.exc = lambda: RuntimeError("no model")
+        out["raised"] = error_of(accelkit.stats)
+        out["negative"] = error_of(lambda: Estimate(target="x1", note="n", seconds=-1.0))
+        print(json.dumps(out))
+        """
+    )
+    assert out["sum"] == 2.0
+    assert out["wrong"] == f"PluginError: plugin {BROKEN_ORIGIN}: accelkit_estimate returned dict, not Estimate"
+    assert out["right"] == {"target": "x1", "note": "a test model", "seconds": 2.5, "flops": None, "hbm_bytes": None,
+                            "per_op": {"aten.sum.default": {"calls": 1, "seconds": 2.5}}}
+    assert out["raised"].startswith(f"PluginError: plugin {BROKEN_ORIGIN}: accelkit_estimate raised RuntimeError")
+    assert out["negative"] == "ValueError: estimate for 'x1': seconds must not be negative"

@@ -35,7 +35,7 @@ def render_html(report: Mapping[str, Any]) -> str:
                      f'({escape(report["device"]["device"])}): nothing more to report.</p>')
     else:
         parts += [_ops(report["ops"]), _estimate(report["estimate"], report["device"]),
-                  _compile(report["compile"]), _memory(report["memory"])]
+                  _compile(report["compile"]), _memory(report["memory"]), _collectives(report["collectives"])]
     parts.append("</body></html>\n")
     return "".join(parts)
 
@@ -90,6 +90,10 @@ def _ops(ops: Mapping[str, Any]) -> str:
                          f'{path} {n}</text>')
         x += w
     parts.append("</svg>")
+    parts.append(f"<h3>The {len(ops['top_ops'])} most executed ops</h3>")
+    parts.append(_table(["op", "native", "decomposed", "CPU fallback"],
+                        [(r["op"], r["native"], r["decomposed"], r["fallback"]) for r in ops["top_ops"]],
+                        numeric=(1, 2, 3)))
     if ops["top_fallback"]:
         parts.append("<h3>Ops on the CPU fallback, most executed first, and what to do</h3>")
         parts.append(_table(["op", "executions", "what to do"],
@@ -185,3 +189,15 @@ def _memory(m: Mapping[str, Any]) -> str:
     else:
         parts.append('<p class="note">The run was too short for a memory timeline.</p>')
     return "".join(parts)
+
+
+def _collectives(coll: Mapping[str, Any] | None) -> str:
+    if coll is None:
+        return ""
+    rows = [(kind, row["calls"], format_bytes(row["bytes"]), format_seconds(row["host_seconds"]),
+             format_seconds(row["estimated_seconds"]) if row["estimated_seconds"] is not None else "-")
+            for kind, row in coll["by_kind"].items()]
+    where = f" on {coll['interconnect']}" if coll["interconnect"] else ""
+    return ("<h2>Collectives</h2>"
+            + _table(["collective", "calls", "bytes", "time here", f"estimated{where}"], rows, numeric=(1, 2, 3, 4))
+            + f'<p class="note">Here: {escape(coll["transport"])}. {escape(coll["note"])}.</p>')

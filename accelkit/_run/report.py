@@ -26,6 +26,8 @@ import torch
 SCHEMA = "accelkit-run-report/1"
 #: Fallback ops listed with advice (the rest are summed).
 TOP_FALLBACK = 10
+#: Ops listed by executions in the HTML page.
+TOP_OPS = 15
 #: Op families shown in the estimated-time breakdown (the rest are summed as "other").
 TOP_FAMILIES = 10
 
@@ -53,11 +55,13 @@ def build(*, target: Sequence[str], device: torch.device, ending: Mapping[str, A
         "device": _device(device, backend),
     }
     if backend is None:
-        return report | {"ops": None, "compile": None, "memory": None, "estimate": None, "stats": None}
+        return report | {"ops": None, "compile": None, "memory": None, "estimate": None, "collectives": None,
+                          "stats": None}
     report["ops"] = _ops(stats, backend)
     report["compile"] = _compile(stats["compile"], compile_requested, compile_redirects)
     report["memory"] = _memory(stats["memory"], memory, sample_interval)
     report["estimate"] = _estimate(stats["estimate"])
+    report["collectives"] = _collectives(stats["distributed"])
     report["stats"] = stats
     return report
 
@@ -87,6 +91,7 @@ def _ops(stats: Mapping[str, Any], backend: str) -> dict[str, Any]:
     executions = sum(totals.values())
     fallbacks = sorted(((c["fallback"], op) for op, c in stats["ops"].items() if c["fallback"]), reverse=True)
     top = [{"op": op, "count": n, "advice": fallback_advice(op, backend)} for n, op in fallbacks[:TOP_FALLBACK]]
+    busiest = sorted(stats["ops"].items(), key=lambda item: (-sum(item[1].values()), item[0]))[:TOP_OPS]
     return {
         "policy": stats["fallback_policy"],
         "executions": executions,
@@ -95,6 +100,7 @@ def _ops(stats: Mapping[str, Any], backend: str) -> dict[str, Any]:
         "distinct_ops": len(stats["ops"]),
         "fallback_ops": len(fallbacks),
         "top_fallback": top,
+        "top_ops": [{"op": op, **counts} for op, counts in busiest],
         "other_fallback": sum(n for n, _ in fallbacks[TOP_FALLBACK:]),
     }
 
@@ -182,6 +188,19 @@ def _estimate(estimate: Mapping[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
+def _collectives(distributed: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The collectives the run made, with the interconnect their estimate is for."""
+    if not distributed["collectives"]:
+        return None
+    interconnect = distributed["interconnect"]
+    return {
+        "transport": distributed["transport"],
+        "interconnect": interconnect["name"] if interconnect else None,
+        "note": distributed["estimate_note"],
+        "by_kind": {kind: dict(row) for kind, row in sorted(distributed["collectives"].items())},
+    }
+
+
 # -- files and text --------------------------------------------------------------------------
 
 
@@ -263,6 +282,13 @@ def render_text(report: Mapping[str, Any], written: Sequence[Path] = ()) -> str:
         lines.append(f"  estimate  {format_seconds(e['seconds'])} of device time on {e['target']}, estimated: {e['note']}")
         if families:
             lines.append(f"            by op family: {families}")
+    coll = report["collectives"]
+    if coll:
+        for kind, row in coll["by_kind"].items():
+            estimated = (f", estimated {format_seconds(row['estimated_seconds'])} on {coll['interconnect']}"
+                         if coll["interconnect"] and row["estimated_seconds"] is not None else "")
+            lines.append(f"  {'collective':<9} {kind} ×{row['calls']}: {format_bytes(row['bytes'])}, "
+                         f"{format_seconds(row['host_seconds'])} here (host-staged through gloo){estimated}")
     for path in written:
         lines.append(f"  report    {path}")
     return "\n".join(lines)
