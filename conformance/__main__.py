@@ -1,4 +1,4 @@
-"""``accelkit conformance {run,report,diff}`` (also ``python -m accelkit_conformance``)."""
+"""``accelkit conformance {run,report,diff,coverage,coverage-diff}`` (also ``python -m accelkit_conformance``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``accelkit conformance report`` and ``accelkit conformance diff``.
+"""``accelkit conformance report``, ``diff``, ``coverage`` and ``coverage-diff``.
 
 :mod:`accelkit_conformance.__main__` (``accelkit conformance``) mounts them next to ``run`` with
 :func:`add_commands`. Each command returns an :class:`~accelkit_conformance.report_diff.ExitCode`:
@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -68,6 +69,24 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
                     "Exit code 0: no regressions; 1: regressions; 2: unusable input.")
     add_diff_arguments(diff_parser)
     diff_parser.set_defaults(run=diff_command)
+    coverage = subparsers.add_parser(
+        "coverage", help="audit which path every aten overload takes on a backend (no test runs)",
+        description="Classify every aten overload that has a CPU kernel as native, derived (in-place/out= "
+                    "from a native kernel), decomposed, fallback (CPU) or refused on each backend, from its "
+                    "registrations, and list the op families left. Prints the audit; with --out DIR also "
+                    "writes DIR/<backend>.json, DIR/coverage.md and DIR/coverage.html.")
+    coverage.add_argument("--backend", action="append", required=True, metavar="NAME",
+                          help="a backend to audit (repeat for several, shown side by side)")
+    coverage.add_argument("--out", metavar="DIR", default=None, help="write the JSON, Markdown and HTML here")
+    coverage.set_defaults(run=coverage_command)
+    coverage_diff = subparsers.add_parser(
+        "coverage-diff", help="compare two coverage audits; exit 1 when an op moved to a worse path",
+        description="List the overloads whose path changed between two audits of a backend. Exit code 0: "
+                    "none moved to a worse path (native/derived, decomposed, fallback, refused); 1: some "
+                    "did; 2: unusable input.")
+    coverage_diff.add_argument("base", metavar="BASE", help="the baseline audit (<backend>.json)")
+    coverage_diff.add_argument("new", metavar="NEW", help="the audit to compare with it")
+    coverage_diff.set_defaults(run=coverage_diff_command)
 
 
 def _error(message: str) -> ExitCode:
@@ -128,4 +147,34 @@ def diff_command(args: argparse.Namespace) -> int:
         return _error(str(exc))
     text, code = diff(base, new)
     sys.stdout.write(text)
+    return code
+
+
+def coverage_command(args: argparse.Namespace) -> int:
+    from .coverage import AuditError, audit, render
+
+    try:
+        audits = [audit(name) for name in args.backend]
+    except AuditError as exc:
+        return _error(str(exc))
+    print(render(audits, "terminal"), end="")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        for done in audits:
+            (out / f"{done['backend']}.json").write_text(json.dumps(done, indent=1) + "\n", encoding="utf-8")
+        (out / "coverage.md").write_text(render(audits, "md"), encoding="utf-8")
+        (out / "coverage.html").write_text(render(audits, "html"), encoding="utf-8")
+        print(f"wrote {', '.join(a['backend'] + '.json' for a in audits)}, coverage.md and coverage.html into {out}")
+    return ExitCode.OK
+
+
+def coverage_diff_command(args: argparse.Namespace) -> int:
+    from .coverage import AuditError, diff_audits, load_audit
+
+    try:
+        text, code = diff_audits(load_audit(Path(args.base)), load_audit(Path(args.new)))
+    except AuditError as exc:
+        return _error(str(exc))
+    print(text, end="")
     return code

@@ -17,6 +17,8 @@ COLORS = {
     "pass": "#1e7b3a", "pass-fallback": "#93d3a2", "xfail": "#aab2bc", "xpass": "#2f6fdd",
     "fail": "#d64541", "error": "#ef8a2b", "crash": "#7a2ca0", "timeout": "#9a6a3a",
     "skip-declared": "#dde3ea", "skip-other": "#f1e3a6", "bad": "#d64541",
+    # the coverage audit's paths
+    "native": "#1e7b3a", "derived": "#4fa866", "decomposed": "#93d3a2", "fallback": "#d64541", "refused": "#7a2ca0",
 }
 _LEGEND = {"pass": "pass (native)", "pass-fallback": "pass via CPU fallback", "bad": "fail / error / crash / timeout"}
 
@@ -174,8 +176,15 @@ def render_html(runs: Sequence[Mapping[str, Any]]) -> str:
     """
     blocks = build(runs)
     names = ", ".join(row[0] for b in blocks if b.kind == "verdicts" for row in b.rows)
+    return html_of_blocks(blocks, f"accelkit conformance — {names}")
+
+
+def html_of_blocks(blocks: Sequence[Block], title: str) -> str:
+    """Any report's blocks as one self-contained page titled ``title``; see :func:`render_html`.
+    A ``chart`` block draws stacked bars: ``coverage``, ``outcomes`` or ``bars`` (its
+    ``data["rows"]`` as :func:`_bars` takes them, ``data["keys"]`` its legend)."""
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-           f"<title>accelkit conformance — {escape(names)}</title>", f"<style>{STYLESHEET}</style></head><body>"]
+           f"<title>{escape(title)}</title>", f"<style>{STYLESHEET}</style></head><body>"]
     section = ""
     for block in blocks:
         if block.kind == "title":
@@ -195,6 +204,8 @@ def render_html(runs: Sequence[Mapping[str, Any]]) -> str:
             out.append(_coverage_chart(block.data))
         elif block.kind == "chart" and block.data["chart"] == "outcomes":
             out.append(_outcome_chart(block.data))
+        elif block.kind == "chart" and block.data["chart"] == "bars":
+            out.append(_legend(block.data["keys"]) + _bars(block.data["rows"]))
         elif block.kind == "text":
             out.append(f'<p class="note">{escape(block.text)}</p>')
         elif block.kind == "final":

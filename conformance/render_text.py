@@ -42,13 +42,18 @@ def render_terminal(runs: Sequence[Mapping[str, Any]], *, color: bool = False, w
     With ``color`` the verdicts and closing lines are coloured with ANSI codes (green PASS,
     red FAIL, yellow INCOMPLETE/EMPTY); without it the text is plain. Ends with a newline.
     """
+    return terminal_of_blocks(build(runs), color=color, width=width)
+
+
+def terminal_of_blocks(blocks: Sequence[Block], *, color: bool = False, width: int = 100) -> str:
+    """Any report's blocks (:class:`~.render_model.Block`) as terminal text; see :func:`render_terminal`."""
 
     def paint(verdict: str, text: str) -> str:
         return f"{_BOLD}{_ANSI.get(verdict, '')}{text}{_RESET}" if color else text
 
     out: list[str] = []
     indent = "  "  # tables under a level-3 heading are indented one step further
-    for block in build(runs):
+    for block in blocks:
         if block.kind == "title":
             out.append(_rule(visible_controls(block.text), width))
         elif block.kind == "heading" and block.level == 2:
@@ -119,8 +124,13 @@ def _md_table(block: Block) -> list[str]:
 
 def render_markdown(runs: Sequence[Mapping[str, Any]]) -> str:
     """The report as GitHub-flavoured Markdown (tables), one column per run in ``runs``."""
+    return markdown_of_blocks(build(runs))
+
+
+def markdown_of_blocks(blocks: Sequence[Block]) -> str:
+    """Any report's blocks as GitHub-flavoured Markdown; see :func:`render_markdown`."""
     out: list[str] = []
-    for block in build(runs):
+    for block in blocks:
         if block.kind == "title":
             out += [f"# {_md_text(block.text)}", ""]
         elif block.kind == "heading":

@@ -51,6 +51,10 @@ _active: BackendContext | None = None
 _failed: str | None = None  # why a half-done activation left PrivateUse1 unusable in this process
 _libraries: list[torch.library.Library] = []  # kept alive: dropping one deregisters its kernels
 _pipeline: Pipeline | None = None  # the active backend's, for kernels registered after activation
+#: What activation registered on PrivateUse1 per aten overload: "runtime" (the runtime's own
+#: kernels), "kernel" (the backend's table), "derived" (an in-place/out= variant of a kernel),
+#: "routed" (into the pipeline's plan) or "host" (the CPU, by design); read by _coverage.
+registered: dict[OpOverload, str] = {}
 
 
 def active() -> BackendContext | None:
@@ -333,12 +337,14 @@ def _install(ctx: BackendContext) -> None:
     kernels = _KernelLibrary(ctx, torch.library.Library("aten", "IMPL"))
     for op, fn in core_ops(ctx).items():
         kernels.impl(op, fn, "PrivateUse1")
+        registered[op] = "runtime"
     owned = set(core_ops(ctx))
     # Every native kernel goes behind PyTorch's number-fits-the-dtype check (a no-op wrapper
     # for the ops the CPU does not check; see _scalar_checks).
     for entry in ctx.kernels:
         kernels.impl(entry.op, _native_kernel(ctx, pipeline, entry.op, entry.fn), "PrivateUse1")
         owned.add(entry.op)
+        registered[entry.op] = "kernel"
     for entry in ctx.kernels:
         if not entry.derive_variants:
             continue
@@ -346,19 +352,23 @@ def _install(ctx: BackendContext) -> None:
         if inplace is not None and inplace not in owned:
             kernels.impl(inplace, guard(ctx, inplace, pipeline.native_inplace(inplace, entry.fn)), "PrivateUse1")
             owned.add(inplace)
+            registered[inplace] = "derived"
         if out is not None and out not in owned:
             kernels.impl(out, guard(ctx, out, pipeline.native_out(out, entry.fn)), "PrivateUse1")
             owned.add(out)
+            registered[out] = "derived"
     for op in (*CPU_EQUIVALENTS, *ROUTED_COMPOSITES):
         # Device-hook ops have a CompositeExplicitAutograd kernel that only raises, and a few
         # others one that is wrong on PrivateUse1; either would win over the boxed fallback,
         # so route them into the pipeline explicitly.
         if op not in owned:
             kernels.impl(op, functools.partial(pipeline.fallback, op), "PrivateUse1")
+            registered[op] = "routed"
     install_attention(kernels)
     for op in HOST_MEMORY_COMPOSITES:
         if op not in owned:
             kernels.impl(op, functools.partial(pipeline.cpu_fallback, op), "PrivateUse1")
+            registered[op] = "host"
             if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
                 # Such a kernel also runs above the backend, on the autograd key: take that too
                 # (the CPU's own composite records no autograd graph either).
@@ -424,6 +434,7 @@ def register_kernel(op: OpOverload, fn: Callable) -> None:
     library = _KernelLibrary(ctx, torch.library.Library(namespace, "IMPL"))
     library.impl(op, _native_kernel(ctx, pipeline, op, fn), "PrivateUse1")
     _libraries.append(library.library)
+    registered[op] = "kernel"
 
 
 def _check_kernels(ctx: BackendContext) -> None:

@@ -14,7 +14,7 @@ entry-point group ``accelkit.backends``; ``accelkit new-backend NAME`` writes on
   policies, :func:`default_decompositions`, :func:`meta_tensor` / :func:`meta_call` for output
   geometry, :func:`register_kernel` after activation;
 - the active runtime: :func:`active_backend`, :func:`active_device_model`,
-  :func:`device_generator`;
+  :func:`device_generator`, :func:`op_coverage` (which path each aten overload takes);
 - discovery, read-only: :func:`backends` (:class:`BackendView`);
 - compiling: :class:`GraphLowering` (what a backend's compiler supplies) and
   :func:`graph_compiler` (the shared ``torch.compile`` machinery around it); the entry points
@@ -33,6 +33,7 @@ from accelkit.sdk._active import (
     device_generator,
     meta_call,
     meta_tensor,
+    op_coverage,
     register_kernel,
 )
 from accelkit.sdk._collectives import host_staged_process_group
@@ -102,6 +103,7 @@ __all__ = [
     "hookimpl",
     "meta_call",
     "meta_tensor",
+    "op_coverage",
     "register_kernel",
     "size_class",
 ]

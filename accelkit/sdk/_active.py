@@ -76,6 +76,21 @@ def register_kernel(op: Any, fn: Callable[..., Any]) -> None:
     _runtime.register_kernel(as_overload(op), fn)
 
 
+def op_coverage() -> dict[str, dict[str, str]]:
+    """How the active backend runs each ``aten`` overload that has a CPU kernel, read from its
+    registrations and the dispatch pipeline's plan; nothing runs.
+
+    :returns: ``{"aten.add.Tensor": {"path": ..., "detail": ...}}``, ``path`` one of
+        ``native``, ``derived`` (an in-place/``out=`` variant derived from a native kernel),
+        ``decomposed``, ``fallback`` (the CPU) and ``refused`` (sparse, quantized, MKL-DNN or
+        nested layouts); ``detail`` says which kernel, decomposition or reason.
+    :raises AccelkitError: no backend is active.
+    """
+    from accelkit._runtime._coverage import op_paths
+
+    return op_paths()
+
+
 def meta_tensor(shape: tuple[int, ...], dtype: torch.dtype, stride: tuple[int, ...] | None = None) -> torch.Tensor:
     """A tensor on PyTorch's ``meta`` device with this geometry: no memory, for asking PyTorch's
     Meta kernels what an op would return."""
