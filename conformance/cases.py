@@ -33,6 +33,10 @@ DTYPE_NAMES = frozenset({
     "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
 })
 _NODEID = re.compile(r"^(?:.*/)?(?P<file>test_\w+\.py)::(?P<func>\w+)(?:\[(?P<param>.*)\])?$")
+#: A test of a PyTorch-style file outside the suites: ``path/test_x.py::TestClassDEVICE::test_name``.
+_UPSTREAM = re.compile(r"^(?P<path>(?:.*/)?(?P<file>test_\w+\.py))::(?P<cls>\w+)::(?P<func>\w+)$")
+#: Device-type suffixes ``instantiate_device_type_tests`` gives class and test names.
+_DEVICE_WORDS = ("PRIVATEUSE1", "privateuse1")
 
 
 @dataclass(frozen=True)
@@ -54,8 +58,16 @@ def param_id(*parts: str) -> str:
     return "-".join(parts)
 
 
-def parse_nodeid(nodeid: str) -> Case | None:
-    """The :class:`Case` of a conformance node id, or None for a test outside the suites."""
+def parse_nodeid(nodeid: str, backend: str | None = None) -> Case | None:
+    """The :class:`Case` of a conformance node id, or None for a test outside the suites.
+
+    A class-based test in a file outside ``suites/`` is an ``upstream`` test (see
+    :func:`upstream_case`); ``backend`` names the device its instantiated names carry.
+    """
+    if not nodeid.startswith("suites/"):
+        upstream = upstream_case(nodeid, backend)
+        if upstream is not None:
+            return upstream
     m = _NODEID.match(nodeid)
     if m is None or m["file"] not in _FILE_SUITES:
         return None
@@ -70,3 +82,30 @@ def parse_nodeid(nodeid: str) -> Case | None:
     if param and param not in DTYPE_NAMES:
         return Case(suite, f"{subject}[{param}]")
     return Case(suite, subject, param or None)
+
+
+def upstream_case(nodeid: str, backend: str | None = None) -> Case | None:
+    """The :class:`Case` of a test of PyTorch's own device-generic files, with its names
+    normalised: ``instantiate_device_type_tests`` names the class ``TestFooPRIVATEUSE1`` or
+    ``TestFooTPU`` and the test ``test_bar_privateuse1_float32`` or ``test_bar_tpu_float32``
+    depending on what ran before, so the device suffixes are dropped and a trailing dtype
+    becomes the record's dtype: ``upstream/test_x.py::TestFoo::test_bar`` in ``float32``.
+    """
+    m = _UPSTREAM.match(nodeid)
+    if m is None:
+        return None
+    words = [*_DEVICE_WORDS, *((backend.upper(), backend) if backend else ())]
+    cls = m["cls"]
+    for word in words:
+        if cls.endswith(word) and len(cls) > len(word):
+            cls = cls[: -len(word)]
+            break
+    func, dtype = m["func"], None
+    head, _, last = func.rpartition("_")
+    if last in DTYPE_NAMES and head:
+        func, dtype = head, last
+    for word in words:
+        if func.endswith("_" + word):
+            func = func[: -len(word) - 1]
+            break
+    return Case("upstream", f"{m['file']}::{cls}::{func}", dtype)

@@ -11,6 +11,7 @@ never runs tests, decides exactly as the workers do):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from accelkit.sdk import ExpectationRule, Expectations, Tolerance
@@ -44,8 +45,9 @@ class Declared:
         return self.expectations.tolerance(case.suite, case.op, case.dtype, case.variant)
 
 
-def load(backend: str) -> Declared:
-    """Gather ``backend``'s declarations from its plugin.
+def load(backend: str, extra: str | None = None) -> Declared:
+    """Gather ``backend``'s declarations from its plugin, and those of the TOML file ``extra``
+    (a user's own, e.g. for upstream tests) after them.
 
     :raises LookupError: no installed plugin provides ``backend``.
     :raises ValueError: the plugin's expectations are malformed (the message names the file),
@@ -64,4 +66,22 @@ def load(backend: str) -> Declared:
         answer = view.expectations()
     except PluginError as exc:
         raise ValueError(str(exc)) from exc
+    if extra is not None:
+        answer = _merged(answer, Expectations.from_toml(extra))
     return Declared(backend, answer, view.implements("accelkit_make_compiler"))
+
+
+def _merged(own: Expectations | None, extra: Expectations) -> Expectations:
+    """``own``'s entries, then ``extra``'s (an entry of both keeps ``own``'s reason)."""
+    if own is None:
+        return extra
+    def then(first: Mapping[str, str], second: Mapping[str, str]) -> dict[str, str]:
+        return {**first, **{k: v for k, v in second.items() if k not in first}}
+
+    return Expectations(
+        unsupported=then(own.unsupported, extra.unsupported),
+        known_failures=then(own.known_failures, extra.known_failures),
+        unsupported_dtypes=then(own.unsupported_dtypes, extra.unsupported_dtypes),
+        rules=(*own.rules, *extra.rules), tolerances=(*own.tolerances, *extra.tolerances),
+        source=" + ".join(s for s in (own.source, extra.source) if s) or None,
+    )

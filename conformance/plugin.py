@@ -50,6 +50,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="directory for results.jsonl (the controller writes it)")
     group.addoption("--accelkit-hard-timeout", type=float, default=None,
                     help="seconds after which a hung worker is killed and its test recorded as timeout")
+    group.addoption("--accelkit-expectations", default=None,
+                    help="a TOML file of further expectations, on top of the backend's own")
+    group.addoption("--accelkit-upstream-files", default=None,
+                    help="upstream suite: the test files to collect (comma-separated paths); others are ignored")
+    group.addoption("--accelkit-bypass-device-restrictions", action="store_true",
+                    help="upstream tests: run tests PyTorch restricts to CUDA or native devices on the backend")
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -76,7 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if bad:
         raise pytest.UsageError(f"--accelkit-dtypes: {', '.join(bad)} not torch dtype names (e.g. float32,int64)")
     try:
-        declared = expectations.load(backend)
+        declared = expectations.load(backend, config.getoption("accelkit_expectations"))
     except (LookupError, ValueError) as exc:
         raise pytest.UsageError(f"accelkit conformance: {exc}") from None
     from accelkit.sdk import backends
@@ -101,6 +107,10 @@ def pytest_configure(config: pytest.Config) -> None:
             # Fatal signals and the hang watchdog write here; the controller reads it on a crash.
             config._accelkit_crash_file = open(workers_dir / f"{name}.log", "w")  # noqa: SIM115
     session.install(session.Settings(backend, profile, dtypes, declared, device))
+    if runs_tests and config.getoption("accelkit_bypass_device_restrictions"):
+        from accelkit_conformance.upstream_files import bypass_device_restrictions
+
+        bypass_device_restrictions()
     if runs_tests:
         config.pluginmanager.register(_Worker(config, declared), "accelkit-conformance-worker")
     if not _is_worker(config):
@@ -108,6 +118,20 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(controller, "accelkit-conformance-controller")
         # Started by `accelkit conformance run`: if the runner dies, stop writing and end the run.
         lifeline.watch_runner(stop_writing=controller.writer.close if controller.writer else lambda: None)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """Upstream suite: collect the chosen files of the PyTorch test directory, nothing else in it."""
+    chosen = config.getoption("accelkit_upstream_files", None)
+    if not chosen:
+        return None
+    files = [Path(f) for f in chosen.split(",")]
+    roots = {f.parent for f in files}
+    inside = any(collection_path == root or root in collection_path.parents for root in roots)
+    if not inside or collection_path in roots:
+        return None
+    wanted = collection_path in files or any(collection_path in f.parents for f in files)
+    return None if wanted else True
 
 
 @pytest.fixture
@@ -152,7 +176,7 @@ class _Worker:
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         for item in items:
-            case = parse_nodeid(item.nodeid)
+            case = parse_nodeid(item.nodeid, self.declared.backend)
             rule = self.declared.lookup(case) if case else None
             if rule is None:
                 continue
@@ -335,7 +359,7 @@ class _Controller:
 
     def record_for(self, nodeid: str, reports: list[Any], crash: Any = None) -> dict[str, Any] | None:
         """The result record of ``nodeid`` from its phase reports (or its worker's death)."""
-        case = parse_nodeid(nodeid)
+        case = parse_nodeid(nodeid, self.declared.backend)
         if case is None:
             return None
         rule = self.declared.lookup(case)
@@ -343,8 +367,11 @@ class _Controller:
         infos = {r.when: dict(r.user_properties).get(_PROPERTY, {}) for r in reports}
         duration = sum(r.duration for r in reports)
         measured = infos.get("call", {})
+        # An upstream test's node id changes with what was instantiated before it: its record
+        # is kept under the normalised name, so runs compare.
+        shown_id = nodeid if case.suite != "upstream" else f"upstream/{case.op}" + (f"[{case.dtype}]" if case.dtype else "")
         record: dict[str, Any] = {
-            "id": nodeid, "suite": case.suite, "op": case.op, "variant": case.variant,
+            "id": shown_id, "suite": case.suite, "op": case.op, "variant": case.variant,
             "dtype": case.dtype, "outcome": None, "reason": None, "expectation": None,
             "duration": round(duration, 4), "paths": measured.get("paths"),
             "fallback_ops": measured.get("fallback_ops", []), "compiles": measured.get("compiles"),

@@ -33,6 +33,7 @@ SUITE_TITLES = {
     "contract": "contract — accelkit's contract checks",
     "dynamic": "dynamic — dynamic shapes under torch.compile",
     "distributed": "distributed — collectives and training across processes, against gloo on CPU",
+    "upstream": "upstream — PyTorch's own device-generic test files, instantiated for the backend",
 }
 OUTCOME_HEADERS = {"skip-declared": "skip decl.", "skip-other": "skip other"}
 

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from accelkit_conformance import lifeline, profiles, schema
+from accelkit_conformance import lifeline, profiles, schema, upstream_files
 from accelkit_conformance.cases import SUITE_FILES
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -57,8 +57,20 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                         help="output directory; results go to DIR/<backend>/ (default: ./conformance-results)")
     parser.add_argument("--dtypes", default=None, metavar="LIST",
                         help="comma-separated dtypes for ops and modules (default: the profile's)")
-    parser.add_argument("--suite", action="append", choices=sorted(SUITE_FILES), default=None,
-                        help="run only this suite; repeat for several (default: all)")
+    parser.add_argument("--suite", action="append", choices=sorted([*SUITE_FILES, "upstream"]), default=None,
+                        help="run only this suite; repeat for several (default: all; upstream with --pytorch-tests)")
+    parser.add_argument("--pytorch-tests", default=None, metavar="DIR",
+                        help="upstream suite: a PyTorch checkout's test/ directory, whose device-generic files "
+                             "run instantiated for the backend")
+    parser.add_argument("--files", default=None, metavar="LIST",
+                        help="upstream suite: comma-separated test files in DIR, e.g. test_ops.py,test_view_ops.py "
+                             "(default: every test_*.py in DIR)")
+    parser.add_argument("--bypass-device-restrictions", action="store_true",
+                        help="upstream suite: also run tests PyTorch restricts to CUDA or native devices "
+                             "(onlyCUDA, onlyNativeDeviceTypes, onlyOn)")
+    parser.add_argument("--expectations", default=None, metavar="FILE",
+                        help="a TOML file of further expectations (same format as the backend's conformance.toml), "
+                             "e.g. declared upstream tests")
     parser.add_argument("-k", dest="keyword", default=None, metavar="EXPR",
                         help="pytest -k expression selecting tests, e.g. 'add and float32'")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
@@ -78,10 +90,12 @@ def pytest_command(backend: str, args: argparse.Namespace, out: Path) -> list[st
     profile = profiles.get(args.profile)
     timeout = args.timeout if args.timeout is not None else profile.timeout
     jobs = max(1, int(args.jobs))
-    suites = args.suite or list(SUITE_FILES)
+    suites = _suites(args)
     cmd = [
         sys.executable, "-m", "pytest",
-        *(str(SUITES_DIR / SUITE_FILES[s]) for s in suites),
+        *(str(SUITES_DIR / SUITE_FILES[s]) for s in suites if s != "upstream"),
+        # The directory, not its files: node ids are then relative to it (test_x.py::TestX::test_y).
+        *((str(Path(args.pytorch_tests).resolve()),) if "upstream" in suites else ()),
         "-p", "accelkit_conformance.plugin",
         "--accelkit-backend", backend,
         "--accelkit-profile", profile.name,
@@ -98,6 +112,13 @@ def pytest_command(backend: str, args: argparse.Namespace, out: Path) -> list[st
     ]
     if args.dtypes:
         cmd += ["--accelkit-dtypes", args.dtypes]
+    if args.expectations:
+        cmd += ["--accelkit-expectations", str(Path(args.expectations).resolve())]
+    if "upstream" in suites:
+        files = upstream_files.test_files(Path(args.pytorch_tests), args.files)
+        cmd += ["--accelkit-upstream-files", ",".join(str(f.resolve()) for f in files)]
+    if args.bypass_device_restrictions:
+        cmd += ["--accelkit-bypass-device-restrictions"]
     if args.keyword:
         cmd += ["-k", args.keyword]
     if args.exitfirst:
@@ -107,8 +128,24 @@ def pytest_command(backend: str, args: argparse.Namespace, out: Path) -> list[st
     return cmd + list(args.pytest_args)
 
 
-def _environ(args: argparse.Namespace) -> dict[str, str]:
+def _suites(args: argparse.Namespace) -> list[str]:
+    """The suites to run: as asked, else all of accelkit's, and upstream when a PyTorch test
+    directory is given.
+
+    :raises ValueError: upstream without a test directory.
+    """
+    suites = args.suite or [*SUITE_FILES, *(("upstream",) if args.pytorch_tests else ())]
+    if "upstream" in suites and not args.pytorch_tests:
+        raise ValueError("--suite upstream needs --pytorch-tests DIR (a PyTorch checkout's test/ directory)")
+    return suites
+
+
+def _environ(args: argparse.Namespace, backend: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "ACCELKIT_DEVICE"}
+    if "upstream" in _suites(args):
+        directory = str(Path(args.pytorch_tests).resolve())
+        env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = backend  # only the backend's instantiations
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (directory, env.get("PYTHONPATH")) if p)
     env["ACCELKIT_AUTOLOAD"] = "0"  # the workers activate the backend themselves
     env["PYTHONFAULTHANDLER"] = "1"
     if "OMP_NUM_THREADS" not in env:  # N workers x all cores of threads each oversubscribes
@@ -220,7 +257,7 @@ def run_backend(backend: str, args: argparse.Namespace, stream: TextIO = sys.std
         try:
             # A group of its own: it can be interrupted and killed as a whole, workers and what
             # tests started included, and a Ctrl-C in the terminal reaches this process only.
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=life.environ(_environ(args)),
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=life.environ(_environ(args, backend)),
                                     pass_fds=life.pass_fds, process_group=0)
             life.started()
             try:
@@ -306,6 +343,15 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"accelkit: error: the conformance suite needs {', '.join(missing)}; "
               "install them with: pip install 'accelkit[conformance]'", file=sys.stderr)
         return 2
+    try:
+        if "upstream" in _suites(args):
+            upstream_files.test_files(Path(args.pytorch_tests), args.files)
+        if args.expectations and not Path(args.expectations).is_file():
+            raise ValueError(f"--expectations {args.expectations}: no such file")
+    except ValueError as exc:
+        print(f"accelkit: error: {exc}", file=sys.stderr)
+        return 2
+
     def terminated(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt  # stop pytest and keep what it recorded, as on Ctrl-C
 

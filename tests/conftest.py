@@ -66,3 +66,7 @@ def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 12
         timeout=timeout,
         cwd=cwd,
     )
+
+# PyTorch-style test files the conformance runner's upstream suite is tested on; pytest must not
+# run them as tests of this directory (test_conformance_upstream.py runs them through the runner).
+collect_ignore = ["upstream_style"]

@@ -199,7 +199,7 @@ class DtypeRules:
             raise UnsupportedDtypeError(f"{dtype} is not supported on {device}. {hint}".rstrip(), dtype)
 
 
-EXPECTATION_SUITES = ("ops", "modules", "contract", "dynamic")
+EXPECTATION_SUITES = ("ops", "modules", "contract", "dynamic", "upstream")
 EXPECTATION_VARIANTS = ("forward", "backward")
 
 
