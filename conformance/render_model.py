@@ -168,11 +168,13 @@ def _problems(summaries: list[dict[str, Any]], names: list[str]) -> list[Block]:
     blocks: list[Block] = []
     rows, cut = [], 0
     for n, s in zip(names, summaries):
-        rows += [[n, p["outcome"].upper(), p["id"], p["reason"] or "-"] for p in s["problems"][:MAX_PROBLEMS]]
+        rows += [[n, p["outcome"].upper(), p["id"], p["reason"] or "-", p.get("what_to_do") or "-"]
+                 for p in s["problems"][:MAX_PROBLEMS]]
         cut += max(0, len(s["problems"]) - MAX_PROBLEMS)
     if rows:
         blocks.append(Block("heading", "Failures, errors, crashes and timeouts (worst first)"))
-        blocks.append(Block("table", headers=["backend", "outcome", "test", "reason"], rows=rows))
+        blocks.append(Block("table", headers=["backend", "outcome", "test", "reason", "likely cause · what to do"],
+                            rows=rows))
         if cut:
             blocks.append(Block("text", f"… and {cut} more (see the results files)."))
     fixed = [[n, f["expectation"] or "-", f["id"]] for n, s in zip(names, summaries) for f in s["fixed"]]

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .remedies import remedy
 from .schema import (
     BAD_OUTCOMES,
     CRASH,
@@ -301,8 +302,8 @@ def summarize(run: Mapping[str, Any]) -> dict[str, Any]:
         "provenance": _provenance(run),
         "overall": overall,
         "suites": {s: _suite_summary(rs) for s, rs in by_suite.items() if rs},
-        "problems": [{"id": r["id"], "suite": r["suite"], "outcome": r["outcome"], "reason": one_line(r["reason"])}
-                     for r in problems],
+        "problems": [{"id": r["id"], "suite": r["suite"], "outcome": r["outcome"], "reason": one_line(r["reason"]),
+                      "what_to_do": remedy(r)} for r in problems],
         "fixed": [{"id": r["id"], "suite": r["suite"], "expectation": r.get("expectation")}
                   for r in records if r["outcome"] == XPASS],
     }

@@ -309,6 +309,8 @@ HOSTILE_PLATFORM = "Linux <u>|</u> & co\nline 2"
 #: The report gives the first line of a reason (the JSON has all of it), its control characters
 #: written as escapes.
 SHOWN_REASON = HOSTILE_REASON.splitlines()[0].replace("\x1b", r"\x1b")
+#: The failure's likely cause and remedy, next to it.
+HOSTILE_REMEDY = "the test's check failed (see the reason): compare the kernel with the CPU kernel on this case"
 
 
 def hostile_run(tmp_path) -> dict:
@@ -356,7 +358,7 @@ def test_markdown_shows_ids_and_reasons_as_they_are_without_html_or_broken_table
     for rows in tables:  # every row has its header's cells: no pipe or newline split one
         assert {len(row) for row in rows} == {len(rows[0])}, rows
     shown = [[md_shown(c) for c in row] for rows in tables for row in rows[2:]]
-    assert ["ref", "FAIL", HOSTILE_ID, SHOWN_REASON] in shown
+    assert ["ref", "FAIL", HOSTILE_ID, SHOWN_REASON, HOSTILE_REMEDY] in shown
     assert ["skip-other", "1", HOSTILE_SKIP] in shown
     assert ["platform", HOSTILE_PLATFORM] in shown
 
@@ -404,7 +406,7 @@ def test_html_shows_ids_and_reasons_as_they_are(tmp_path):
     cells = _Cells()
     cells.feed(page)
     assert "script" not in cells.tags and "u" not in cells.tags
-    assert ["ref", "FAIL", HOSTILE_ID, SHOWN_REASON] in cells.rows
+    assert ["ref", "FAIL", HOSTILE_ID, SHOWN_REASON, HOSTILE_REMEDY] in cells.rows
     assert ["skip-other", "1", HOSTILE_SKIP] in cells.rows
     assert ["platform", HOSTILE_PLATFORM] in cells.rows
 
@@ -413,7 +415,7 @@ def test_terminal_view_keeps_each_row_on_one_line_and_sends_no_control_character
     text = report.render_terminal([hostile_run(tmp_path)])
     assert "\x1b" not in text
     row = next(line for line in text.splitlines() if "alert(1)" in line)
-    assert row.endswith(r"$x$ \| \x1b[2J") and "FAIL" in row
+    assert row.endswith(r"$x$ \| \x1b[2J  " + HOSTILE_REMEDY) and "FAIL" in row
     assert r"\nz]" in row  # the id's newline, written as an escape
     assert r"Linux <u>|</u> & co\nline 2" in text
 
@@ -489,3 +491,21 @@ def test_cli_diff_exit_codes(tmp_path, runs, capsys):
     assert code == 1 and "REGRESSIONS (1)" in stdout
     code, _, stderr = accelkit(capsys, "conformance", "diff", ref, str(tmp_path / "missing.json"))
     assert code == 2 and "missing.json: no such file" in stderr
+
+
+@pytest.mark.parametrize("outcome, reason, extra, expected", [
+    ("crash", "worker crashed: Segmentation fault", {}, "died in native code"),
+    ("timeout", "Timeout (60s)", {}, "too slow for the profile's timeout"),
+    ("error", "UnsupportedDtypeError: tpu:0 does not support float64", {"dtype": "float64"}, "[unsupported_dtypes]"),
+    ("error", "FallbackDeniedError: aten.erfinv.default ran on the CPU", {"fallback_ops": ["aten.erfinv.default"]},
+     "implement aten.erfinv.default"),
+    ("fail", "AssertionError: Tensor-likes are not close!", {"dtype": "bfloat16"}, '[[tolerance]] for "ops/add" for bfloat16'),
+    ("error", "NotImplementedError: aten::foo", {}, "implement it"),
+    ("error", "RuntimeError: something odd", {}, "rerun it alone (-k)"),
+])
+def test_every_failure_gets_a_likely_cause_and_what_to_do(outcome, reason, extra, expected):
+    from accelkit_conformance.remedies import remedy
+
+    line = remedy({"id": "suites/test_ops.py::test_ops[add-float32-forward]", "suite": "ops", "op": "add",
+                   "outcome": outcome, "reason": reason, **extra})
+    assert expected in line and "\n" not in line
