@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 SUITE_FILES = {
+    "capabilities": "test_capabilities.py",  # first: the probes say what the suites can rely on
     "ops": "test_ops.py",
     "modules": "test_modules.py",
     "contract": "test_contract.py",

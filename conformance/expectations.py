@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from accelkit.sdk import ExpectationRule, Expectations, Tolerance
+from accelkit_conformance.capabilities import capability_of, declaration
 from accelkit_conformance.cases import Case
 
 #: Dynamic cases that need ``torch.compile`` have subjects ending in one of these.
@@ -34,6 +35,12 @@ class Declared:
         rule = self.expectations.lookup(case.suite, case.op, case.dtype, case.variant)
         if rule is not None and rule.kind == "skip":
             return rule
+        capability = capability_of(case.suite, case.op)
+        if capability is not None:
+            value = declaration(self.expectations.capabilities, capability)
+            if value is not True:
+                return ExpectationRule("skip", f"{case.suite}/*", f"capability {capability}: {value}",
+                                       key=f"[capabilities] {capability}")
         if not self.has_compiler and case.suite == "dynamic" and (case.op or "").endswith(COMPILE_MODES):
             return ExpectationRule(
                 "skip", "dynamic/*", f"{self.backend} provides no torch.compile backend "
@@ -72,7 +79,8 @@ def load(backend: str, extra: str | None = None) -> Declared:
 
 
 def _merged(own: Expectations | None, extra: Expectations) -> Expectations:
-    """``own``'s entries, then ``extra``'s (an entry of both keeps ``own``'s reason)."""
+    """``own``'s entries, then ``extra``'s (an entry of both keeps ``own``'s reason); a capability
+    ``extra`` declares replaces ``own``'s declaration."""
     if own is None:
         return extra
     def then(first: Mapping[str, str], second: Mapping[str, str]) -> dict[str, str]:
@@ -84,4 +92,5 @@ def _merged(own: Expectations | None, extra: Expectations) -> Expectations:
         unsupported_dtypes=then(own.unsupported_dtypes, extra.unsupported_dtypes),
         rules=(*own.rules, *extra.rules), tolerances=(*own.tolerances, *extra.tolerances),
         source=" + ".join(s for s in (own.source, extra.source) if s) or None,
+        capabilities={**own.capabilities, **extra.capabilities},  # the user's file decides
     )

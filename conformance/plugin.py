@@ -283,6 +283,7 @@ class _Controller:
                 declared.backend, profile=profile.name, dtypes=list(dtypes), jobs=int(jobs),
                 timeout=getattr(config.option, "timeout", None),
                 expectations=declared.expectations.source,
+                capabilities=dict(declared.expectations.capabilities),
             )
             self.writer = ResultsWriter(out, env)
 

@@ -33,6 +33,7 @@ SUITE_TITLES = {
     "contract": "contract — accelkit's contract checks",
     "dynamic": "dynamic — dynamic shapes under torch.compile",
     "distributed": "distributed — collectives and training across processes, against gloo on CPU",
+    "capabilities": "capabilities — a probe of each capability the backend declares",
     "upstream": "upstream — PyTorch's own device-generic test files, instantiated for the backend",
 }
 OUTCOME_HEADERS = {"skip-declared": "skip decl.", "skip-other": "skip other"}
@@ -73,6 +74,7 @@ def build(runs: Sequence[Mapping[str, Any]]) -> list[Block]:
     blocks.append(Block("verdicts", rows=[[n, s["verdict"], verdict_line(s)[len(s["verdict"]):].strip()]
                                           for n, s in zip(names, summaries)]))
     blocks.append(Block("chart", data={"chart": "coverage", "names": names, "summaries": summaries}))
+    blocks += _capabilities(summaries, names)
     for suite in SUITES:
         present = [(n, s["suites"][suite]) for n, s in zip(names, summaries) if suite in s["suites"]]
         if present:
@@ -81,6 +83,28 @@ def build(runs: Sequence[Mapping[str, Any]]) -> list[Block]:
     blocks.append(Block("heading", "Summary"))
     blocks.append(Block("final", rows=[[s["verdict"], final_line(s, n)] for n, s in zip(names, summaries)]))
     return blocks
+
+
+def _capabilities(summaries: list[dict[str, Any]], names: list[str]) -> list[Block]:
+    """Per capability and backend: declared (with its probe and its tests' passes) or why not."""
+    if not any(s.get("capabilities") for s in summaries):
+        return []
+
+    def cell(row: dict[str, Any]) -> str:
+        if not row["declared"]:
+            return f"not declared: {row['reason']}"
+        probe = f"probe {row['probe']}" if row["probe"] else "no probe ran"
+        verdict = "" if row["ok"] else "FAILING · "
+        return f"{verdict}declared · {probe} · {row['passed']}/{row['ran']} tests passed"
+
+    by_name = [{r["capability"]: r for r in s.get("capabilities", [])} for s in summaries]
+    capabilities = list(by_name[0])
+    rows = [[c, *(cell(b[c]) if c in b else "-" for b in by_name)] for c in capabilities]
+    return [Block("heading", "Capabilities"),
+            Block("text", "What each backend declares in its conformance.toml [capabilities], the probe of each "
+                          "declared one, and the tests that exercise it. A declared capability with failing tests "
+                          "fails; an undeclared one's tests are declared skips."),
+            Block("table", headers=["capability", *names], rows=rows)]
 
 
 def _provenance(summaries: list[dict[str, Any]], names: list[str]) -> list[Block]:

@@ -37,11 +37,12 @@ def _version(dist: str) -> str | None:
 
 
 def environment(backend: str, *, profile: str, dtypes: list[str], jobs: int, timeout: float | None,
-                expectations: str | None = None) -> dict[str, Any]:
+                expectations: str | None = None, capabilities: dict[str, Any] | None = None) -> dict[str, Any]:
     """The environment header for a run of ``backend``, built without activating it.
 
     Besides the fields of :data:`~accelkit_conformance.schema.ENVIRONMENT_FIELDS` it carries
-    ``expectations``: the backend's expectations file, if it has one.
+    ``expectations``: the backend's expectations file, if it has one, and ``capabilities``: its
+    declared capabilities (name -> ``True`` or the reason it is not supported).
     """
     import torch
 
@@ -67,6 +68,7 @@ def environment(backend: str, *, profile: str, dtypes: list[str], jobs: int, tim
         "jobs": jobs,
         "timeout": timeout,
         "expectations": expectations,
+        "capabilities": dict(capabilities or {}),
     }
     validate_environment(env)
     return env

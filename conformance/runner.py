@@ -70,7 +70,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                              "(onlyCUDA, onlyNativeDeviceTypes, onlyOn)")
     parser.add_argument("--expectations", default=None, metavar="FILE",
                         help="a TOML file of further expectations (same format as the backend's conformance.toml), "
-                             "e.g. declared upstream tests")
+                             "e.g. declared upstream tests; its [capabilities] replace the backend's")
     parser.add_argument("-k", dest="keyword", default=None, metavar="EXPR",
                         help="pytest -k expression selecting tests, e.g. 'add and float32'")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",

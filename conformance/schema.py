@@ -81,7 +81,7 @@ BAD_OUTCOMES = (FAIL, ERROR, CRASH, TIMEOUT)
 #: Outcomes of tests that did not run.
 SKIP_OUTCOMES = (SKIP_DECLARED, SKIP_OTHER)
 
-SUITES = ("ops", "modules", "contract", "dynamic", "distributed", "upstream")
+SUITES = ("capabilities", "ops", "modules", "contract", "dynamic", "distributed", "upstream")
 VARIANTS = ("forward", "backward")
 PATH_KINDS = ("native", "decomposed", "fallback")
 

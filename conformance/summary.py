@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .capabilities import rows as capability_rows
 from .remedies import remedy
 from .schema import (
     BAD_OUTCOMES,
@@ -302,6 +303,7 @@ def summarize(run: Mapping[str, Any]) -> dict[str, Any]:
         "provenance": _provenance(run),
         "overall": overall,
         "suites": {s: _suite_summary(rs) for s, rs in by_suite.items() if rs},
+        "capabilities": capability_rows(run["environment"].get("capabilities") or {}, records),
         "problems": [{"id": r["id"], "suite": r["suite"], "outcome": r["outcome"], "reason": one_line(r["reason"]),
                       "what_to_do": remedy(r)} for r in problems],
         "fixed": [{"id": r["id"], "suite": r["suite"], "expectation": r.get("expectation")}

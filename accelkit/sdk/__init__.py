@@ -49,6 +49,7 @@ from accelkit.sdk._kernels import (
     default_decompositions,
 )
 from accelkit.sdk._records import (
+    CAPABILITIES,
     FALLBACK_POLICIES,
     BackendInfo,
     DeviceModel,
@@ -65,6 +66,7 @@ from accelkit.sdk._options import device_count_from_env, env_choice
 from accelkit.sdk._registry_view import BackendView, backends
 
 __all__ = [
+    "CAPABILITIES",
     "CUDA_LIKE_AUTOCAST",
     "FALLBACK_POLICIES",
     "AutocastPolicy",

@@ -199,8 +199,20 @@ class DtypeRules:
             raise UnsupportedDtypeError(f"{dtype} is not supported on {device}. {hint}".rstrip(), dtype)
 
 
-EXPECTATION_SUITES = ("ops", "modules", "contract", "dynamic", "upstream")
+EXPECTATION_SUITES = ("capabilities", "ops", "modules", "contract", "dynamic", "upstream")
 EXPECTATION_VARIANTS = ("forward", "backward")
+#: What a backend may declare in ``[capabilities]``: name -> what declaring it promises. The
+#: conformance suite probes each declared one first and reports every one in a table.
+CAPABILITIES = {
+    "compile": "torch.compile(backend=NAME) compiles graphs for the device",
+    "dynamic_shapes": "torch.compile(dynamic=True) serves several input sizes",
+    "distributed": "init_process_group(NAME) runs collectives on device tensors",
+    "device_generators": "torch.Generator(device=...) draws on the device",
+    "pinned_memory": "Tensor.pin_memory() gives page-locked host memory",
+    "multi_device": "several devices in one process (NAME:1, set_device)",
+    "streams_events": "torch.NAME.Stream and Event, in order",
+    "sparse": "sparse layouts on the device",
+}
 
 
 @dataclass(frozen=True)
@@ -327,6 +339,9 @@ class Expectations:
     :ivar rules: finer entries, limited to dtypes and/or variants; checked after the mappings.
     :ivar tolerances: comparison tolerances overriding the suite's defaults; first match wins.
     :ivar source: the file the expectations were read from, if any (named in reports).
+    :ivar capabilities: the backend's surface (:data:`CAPABILITIES`): ``True`` for what it
+        supports, a reason for what it does not; a capability left out is undeclared, and its
+        tests are declared skips.
 
     Build one in code, or read the TOML file next to the plugin with :meth:`from_toml`.
     """
@@ -337,9 +352,16 @@ class Expectations:
     rules: tuple[ExpectationRule, ...] = ()
     tolerances: tuple[Tolerance, ...] = ()
     source: str | None = None
+    capabilities: Mapping[str, bool | str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _dtype_names(self.unsupported_dtypes, "unsupported_dtypes")
+        for name, value in dict(self.capabilities).items():
+            if name not in CAPABILITIES:
+                raise ValueError(f"[capabilities] {name!r} is not a capability; declare some of {sorted(CAPABILITIES)}")
+            if value is not True and not (isinstance(value, str) and value.strip()):
+                raise ValueError(f"[capabilities] {name}: true, or the reason it is not supported (a string)")
+        object.__setattr__(self, "capabilities", _frozen(self.capabilities))
         for name in ("unsupported", "known_failures", "unsupported_dtypes"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
         object.__setattr__(self, "rules", tuple(self.rules))
@@ -396,6 +418,10 @@ class Expectations:
             variants = ["backward"]
             reason = "..."
 
+            [capabilities]                  # see CAPABILITIES: true, or why not
+            compile = true
+            sparse = "dense strided storage only"
+
             [[tolerance]]
             match = "ops/nn.functional.gelu"
             dtypes = ["bfloat16"]
@@ -414,7 +440,7 @@ class Expectations:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise ValueError(f"cannot read conformance expectations {path}: {exc}") from exc
-        known = {"unsupported_dtypes", "unsupported", "known_failures", "skip", "xfail", "tolerance"}
+        known = {"unsupported_dtypes", "unsupported", "known_failures", "skip", "xfail", "tolerance", "capabilities"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"{path}: unknown table(s) {unknown}; expected some of {sorted(known)}")
@@ -456,6 +482,7 @@ class Expectations:
                 rules=tuple(rules),
                 tolerances=tuple(tolerances),
                 source=str(path),
+                capabilities=data.get("capabilities", {}),
             )
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{path}: {exc}") from exc
