@@ -36,8 +36,6 @@ def capability_of(suite: str, subject: str | None) -> str | None:
         if "compile_" in subject:
             return "compile"
         return None
-    if suite == "contract" and subject.startswith("rng"):
-        return "device_generators"
     if suite in ("ops", "modules") and "sparse" in subject:
         return "sparse"
     return None
