@@ -69,10 +69,13 @@ class Recorder:
         """Add ``n`` compilations caused by the test."""
         self.compiles = (self.compiles or 0) + max(0, int(n))
 
-    def set_dynamic(self, shapes: list[list[int]], recompiles: list[int] | None, correct: bool) -> None:
-        """Record a dynamic-shape case: shapes in order, new compilations at each change."""
+    def set_dynamic(self, shapes: list[list[int]], recompiles: list[int] | None, correct: bool,
+                    programs: list[int] | None = None) -> None:
+        """Record a dynamic-shape case: shapes in order, new compilations at each change, and
+        (compiled modes) the programs the backend built at each change."""
         self.dynamic = {
             "shapes": [list(map(int, s)) for s in shapes], "recompiles": recompiles, "correct": bool(correct),
+            "programs": programs,
         }
 
     def as_record(self) -> dict[str, Any]:

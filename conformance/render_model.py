@@ -151,38 +151,42 @@ def _shapes(shapes: list[list[int]] | None) -> str:
     return " → ".join("×".join(str(d) for d in s) or "()" for s in shapes)
 
 
+def _dynamic_cell(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "-"
+    if row["shapes"] is None:  # the case did not run to a measurement (skipped, crashed)
+        return row["outcome"]
+    if row["recompiles"] is None:
+        recompiles = "not counted"
+    else:
+        recompiles = f"{row['total_recompiles']} ({', '.join(str(r) for r in row['recompiles']) or '-'})"
+    programs = f" · {row['total_programs']} programs" if row.get("programs") is not None else ""
+    correct = {True: "correct", False: "WRONG", None: "?"}[row["correct"]]
+    return f"{recompiles}{programs} · {correct} · {row['outcome']}"
+
+
 def _dynamic(present: list[tuple[str, dict[str, Any]]]) -> list[Block]:
-    cases: dict[str, dict[str, Any]] = {}
+    """One row per case and backend, eager and each compile mode side by side."""
+    cases: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+    modes: list[str] = []
     for name, s in present:
         for row in s["dynamic"]:
-            cases.setdefault(row["id"], {})[name] = row
+            label = row["case"] + (f" [{row['dtype']}]" if row["dtype"] else "")
+            cases.setdefault((label, name), {})[row["mode"]] = row
+            if row["mode"] not in modes:
+                modes.append(row["mode"])
     if not cases:
         return []
-    names = [n for n, _ in present]
+    several = len(present) > 1
     rows = []
-    for case_id, by_name in list(cases.items())[:MAX_DYNAMIC]:
-        first = next(iter(by_name.values()))
-        label = first["op"] or case_id
-        if first["dtype"]:
-            label += f" [{first['dtype']}]"
-        cells = []
-        for n in names:
-            row = by_name.get(n)
-            if row is None:
-                cells.append("-")
-                continue
-            if row["shapes"] is None:  # the case did not run to a measurement (skipped, crashed)
-                cells.append(row["outcome"])
-                continue
-            if row["recompiles"] is None:
-                recompiles = "not counted"
-            else:
-                recompiles = f"{row['total_recompiles']} ({', '.join(str(r) for r in row['recompiles']) or '-'})"
-            correct = {True: "correct", False: "WRONG", None: "?"}[row["correct"]]
-            cells.append(f"{recompiles} · {correct} · {row['outcome']}")
-        rows.append([label, _shapes(first["shapes"]), *cells])
-    blocks = [Block("heading", "Dynamic shapes: recompiles in total (per shape change) · result", level=3),
-              Block("table", headers=["case", "shapes", *names], rows=rows)]
+    for (label, name), by_mode in list(cases.items())[:MAX_DYNAMIC]:
+        first = next(iter(by_mode.values()))
+        rows.append([label, *([name] if several else []), _shapes(first["shapes"]),
+                     *(_dynamic_cell(by_mode.get(m)) for m in modes)])
+    headers = ["case", *(["backend"] if several else []), "shapes", *modes]
+    blocks = [Block("heading", "Dynamic shapes: recompiles in total (per shape change) · programs built · result",
+                    level=3),
+              Block("table", headers=headers, rows=rows)]
     if len(cases) > MAX_DYNAMIC:
         blocks.append(Block("text", f"… and {len(cases) - MAX_DYNAMIC} more cases (see the results files)."))
     return blocks

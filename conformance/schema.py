@@ -48,7 +48,8 @@ A result record (:data:`RECORD_FIELDS`):
     ``compiles``  backend compilations the test caused (int), or None when not measured;
     ``dynamic``   for suite ``"dynamic"``: ``{"shapes": [[int, ...], ...], "recompiles":
                   [int per shape change] or None when the backend reports no compile count,
-                  "correct": bool}``; otherwise None.
+                  "correct": bool, "programs": [programs the backend built per shape change]
+                  under torch.compile, else None (optional)}``; otherwise None.
 
 Lines of ``results.jsonl`` without an ``id`` are events, not records: ``{"event": "collected",
 "total": n}`` (tests selected for the run) and ``{"event": "finished", "complete": bool, "at": time}``
@@ -148,6 +149,7 @@ JSON_SCHEMA: dict[str, Any] = {
                         "shapes": {"type": "array", "items": {"type": "array", "items": _COUNT}},
                         "recompiles": {"type": ["array", "null"], "items": _COUNT},
                         "correct": {"type": "boolean"},
+                        "programs": {"type": ["array", "null"], "items": _COUNT},
                     },
                 },
             },
@@ -214,6 +216,9 @@ def validate_record(record: Mapping[str, Any], where: str = "record") -> None:
             where, "dynamic.recompiles must be a list of integers >= 0 or null",
         )
         _check(isinstance(dyn.get("correct"), bool), where, "dynamic.correct must be a boolean")
+        programs = dyn.get("programs")
+        _check(programs is None or (isinstance(programs, list) and all(_is_count(p) for p in programs)),
+               where, "dynamic.programs must be a list of integers >= 0 or null")
 
 
 def validate_environment(env: Mapping[str, Any], where: str = "environment") -> None:

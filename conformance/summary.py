@@ -199,11 +199,13 @@ def _dynamic_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
         if r["suite"] != "dynamic":
             continue
         dyn = r.get("dynamic") or {}
-        recompiles = dyn.get("recompiles")
+        recompiles, programs = dyn.get("recompiles"), dyn.get("programs")
+        case, _, mode = (r["op"] or "").rpartition(".")
         rows.append({
-            "id": r["id"], "op": r["op"], "dtype": r["dtype"], "outcome": r["outcome"],
-            "shapes": dyn.get("shapes"), "recompiles": recompiles,
+            "id": r["id"], "op": r["op"], "case": case or r["op"], "mode": mode, "dtype": r["dtype"],
+            "outcome": r["outcome"], "shapes": dyn.get("shapes"), "recompiles": recompiles,
             "total_recompiles": sum(recompiles) if recompiles is not None else None,
+            "programs": programs, "total_programs": sum(programs) if programs is not None else None,
             "correct": dyn.get("correct"), "compiles": r.get("compiles"),
         })
     return rows

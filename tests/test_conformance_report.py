@@ -254,6 +254,19 @@ def test_dynamic_case_without_a_compile_count_still_shows_its_result(tmp_path):
     assert r"| mm \[float32\] | 1×3 → 1×5 | not counted · correct · pass |" in report.render_markdown([run])
 
 
+def test_dynamic_table_puts_eager_and_compiled_side_by_side_with_programs_built(tmp_path):
+    eager = record("mlp.eager", suite="dynamic", dynamic={"shapes": [[4, 8], [8, 8]], "recompiles": [3], "correct": True})
+    static = record("mlp.compile_static", suite="dynamic",
+                    dynamic={"shapes": [[4, 8], [8, 8]], "recompiles": [1], "correct": True, "programs": [2]})
+    dynamic = record("mlp.compile_dynamic", suite="dynamic", outcome="fail",
+                     dynamic={"shapes": [[4, 8], [8, 8]], "recompiles": [0], "correct": False, "programs": [1]})
+    run = report.load_results(write_json(tmp_path / "d.json", document("tpu", [eager, static, dynamic])))
+    md = report.render_markdown([run])
+    assert r"| case | shapes | eager | compile\_static | compile\_dynamic |" in md
+    assert (r"| mlp \[float32\] | 4×8 → 8×8 | 3 (3) · correct · pass | 1 (1) · 2 programs · correct · pass "
+            r"| 0 (0) · 1 programs · WRONG · fail |") in md
+
+
 def test_percent_never_rounds_to_a_misleading_figure():
     assert report.percent(0.9996) == "99.9%" and report.percent(1.0) == "100.0%"
     assert report.percent(0.0004) == "<0.1%" and report.percent(0.0) == "0.0%" and report.percent(None) == "-"

@@ -2,7 +2,8 @@
 
 Each case runs the same computation for every size in :data:`SIZES` and compares every result
 with the CPU. It records, in the result's ``dynamic`` field, the input shapes in order, how
-many new compilations each shape change caused, and whether every result was correct; the
+many new compilations each shape change caused (under ``torch.compile``: the graphs Dynamo
+recompiled, and the programs the backend built), and whether every result was correct; the
 test passes when every result was correct (compile counts are measured, not judged).
 
 Modes:
@@ -75,6 +76,11 @@ def _backend_compiles() -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def _programs_built() -> int:
+    """Programs the backend's compiler has built (``accelkit.stats()["compile"]``)."""
+    return int(accelkit.stats()["compile"]["programs_compiled"])
+
+
 def _bucket(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
@@ -95,7 +101,7 @@ def test_dynamic(case, mode, recorder):
         dynamic = {"compile_static": False, "compile_auto": None, "compile_dynamic": True,
                    "compile_bucketed": False}[mode]
         run = torch.compile(fn, backend=counter, dynamic=dynamic)
-    shapes, per_step, errors = [], [], []
+    shapes, per_step, programs, errors = [], [], [], []
     for n in SIZES:
         cpu_inputs = make(n)
         shapes.append(list(cpu_inputs[0].shape))
@@ -111,6 +117,7 @@ def test_dynamic(case, mode, recorder):
             padded = dev_inputs
         frames_before = counter.frame_count if counter is not None else None
         compiles_before = _backend_compiles()
+        programs_before = _programs_built()
         try:
             with recorder.measure():
                 actual = run(*padded)[:n] if padded is not dev_inputs else run(*padded)
@@ -122,13 +129,15 @@ def test_dynamic(case, mode, recorder):
             errors.append(str(exc).splitlines()[0])
         if counter is not None:
             per_step.append(counter.frame_count - frames_before)
+            programs.append(_programs_built() - programs_before)
         else:
             after = _backend_compiles()
             per_step.append(None if after is None or compiles_before is None else after - compiles_before)
     if counter is not None:
         recorder.compiles = counter.frame_count
     measured = None not in per_step
-    recorder.set_dynamic(shapes, per_step[1:] if measured else None, correct=not errors)
+    recorder.set_dynamic(shapes, per_step[1:] if measured else None, correct=not errors,
+                         programs=programs[1:] if counter is not None else None)
     if not measured:
         recorder.compiles = None
     if errors:
