@@ -43,6 +43,7 @@ from accelkit_conformance.cases import SUITE_FILES
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SUITES_DIR = PACKAGE_DIR / "suites"
+DEFAULT_COMPILE_CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "accelkit" / "compile-cache"
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,6 +69,10 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bypass-device-restrictions", action="store_true",
                         help="upstream suite: also run tests PyTorch restricts to CUDA or native devices "
                              "(onlyCUDA, onlyNativeDeviceTypes, onlyOn)")
+    parser.add_argument("--compile-cache", default=str(DEFAULT_COMPILE_CACHE), metavar="DIR",
+                        help="persistent compile cache shared by runs (ACCELKIT_COMPILE_CACHE; default: %(default)s); "
+                             "a second run reuses the programs the first compiled")
+    parser.add_argument("--no-compile-cache", action="store_true", help="compile everything afresh")
     parser.add_argument("--expectations", default=None, metavar="FILE",
                         help="a TOML file of further expectations (same format as the backend's conformance.toml), "
                              "e.g. declared upstream tests; its [capabilities] replace the backend's")
@@ -147,6 +152,10 @@ def _environ(args: argparse.Namespace, backend: str) -> dict[str, str]:
         env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = backend  # only the backend's instantiations
         env["PYTHONPATH"] = os.pathsep.join(p for p in (directory, env.get("PYTHONPATH")) if p)
     env["ACCELKIT_AUTOLOAD"] = "0"  # the workers activate the backend themselves
+    if args.no_compile_cache:
+        env.pop("ACCELKIT_COMPILE_CACHE", None)
+    else:  # compiling dominates a run on a backend that compiles per op and shape (tpu)
+        env["ACCELKIT_COMPILE_CACHE"] = str(Path(args.compile_cache).expanduser().resolve())
     env["PYTHONFAULTHANDLER"] = "1"
     if "OMP_NUM_THREADS" not in env:  # N workers x all cores of threads each oversubscribes
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, args.jobs)))

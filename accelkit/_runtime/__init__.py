@@ -9,6 +9,7 @@ of that once per process, so exactly one backend can be active; activating it ag
 from __future__ import annotations
 
 import functools
+import os
 import threading
 import warnings
 from collections.abc import Callable, Mapping
@@ -386,6 +387,10 @@ def _install(ctx: BackendContext) -> None:
     install_serialization(ctx)
     _tensors.install_storage_resize(ctx)
     _install_formatting(ctx)
+    from accelkit._runtime._graph_compiler import CACHE_ENV, GraphCompiler
+
+    if os.environ.get(CACHE_ENV) and isinstance(ctx.compiler, GraphCompiler):
+        ctx.compiler.use_cache_directory()  # eager programs use the persistent cache too
 
 
 def _below_autograd(op: OpOverload) -> Callable:

@@ -78,7 +78,7 @@ class GraphCompiler:
         ctx = _runtime.active()
         started = time.perf_counter()
         STATS.add(graphs_captured=1)
-        self._use_cache_directory()
+        self.use_cache_directory()
         compiled = aot_autograd(
             fw_compiler=lambda g, inputs: self._compile(ctx, g, "forward"),
             bw_compiler=lambda g, inputs: self._compile(ctx, g, "backward"),
@@ -90,7 +90,9 @@ class GraphCompiler:
         STATS.add(compile_seconds=time.perf_counter() - started)
         return compiled
 
-    def _use_cache_directory(self) -> None:
+    def use_cache_directory(self) -> None:
+        """Hand ``ACCELKIT_COMPILE_CACHE`` to the lowering (once per directory); the runtime
+        calls it at activation, so a backend's eager programs use the cache too."""
         directory = os.environ.get(CACHE_ENV)
         if directory and directory != self._cache_dir:
             os.makedirs(directory, exist_ok=True)
