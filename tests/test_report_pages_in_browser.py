@@ -138,3 +138,18 @@ def test_the_conformance_report_loads_clean_draws_and_keeps_hostile_strings_text
     segments = page.evaluate("[...document.querySelectorAll('svg rect[fill]')].filter(r => r.getBBox().width > 0).length")
     assert segments > len(charts)  # bars drawn, not only their backgrounds
     assert_text_stays_text(page, "<script>alert('id')</script>", "<script>alert(1)</script>")
+
+
+def test_the_coverage_audit_page_loads_clean_and_draws(browser, tmp_path):
+    from accelkit_conformance.coverage import audit, render
+
+    done = audit("ref")
+    page_path = tmp_path / "coverage.html"
+    page_path.write_text(render([done], "html"), encoding="utf-8")
+    page, problems = open_page(browser, page_path)
+    assert problems == []
+    segments = page.evaluate("[...document.querySelectorAll('svg rect[fill]')].filter(r => r.getBBox().width > 0)"
+                             ".map(r => r.getAttribute('fill'))")
+    drawn = [p for p, n in done["counts"].items() if n]
+    assert len(segments) == 1 + len(drawn)  # the bar's background and one segment per path present
+    assert done["families_left"][0]["family"] in page.evaluate("document.body.innerText")
