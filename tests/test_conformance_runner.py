@@ -558,6 +558,9 @@ def test_expectations_file_decides_skips_xfails_and_tolerances(tmp_path):
         ("[skips]\n", "unknown table(s) ['skips']"),
         ("[[tolerance]]\nmatch = \"ops/x\"\natol = 1\nrtol = 1\n", "needs match, atol, rtol and reason"),
         ("[unsupported\n", "cannot read conformance expectations"),
+        ("[capabilities]\nteleport = true\n", "'teleport' is not a capability"),
+        ("[capabilities]\nsparse = false\n", "true, or the reason it is not supported"),
+        ("[capabilities]\nsparse = \"\"\n", "true, or the reason it is not supported"),
     ],
 )
 def test_malformed_expectations_name_the_file_and_the_problem(tmp_path, text, message):
