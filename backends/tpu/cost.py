@@ -40,7 +40,9 @@ class ProgramCost:
             analysis = {}
         low = any(np.dtype(a.dtype).itemsize == 2 and np.dtype(a.dtype).kind == "f" or str(a.dtype) == "bfloat16"
                   for a in arrays)
-        cost = cls(float(analysis.get("flops", 0.0)), float(analysis.get("bytes accessed", 0.0)), low)
+        # XLA reports -1 for what it cannot count (a triangular solve's flops): unknown, not negative.
+        cost = cls(max(0.0, float(analysis.get("flops", 0.0))), max(0.0, float(analysis.get("bytes accessed", 0.0))),
+                   low)
         if COSTS.model is not None:
             cost = dataclasses.replace(cost, seconds=COSTS.seconds(cost))
         return cost
