@@ -23,7 +23,7 @@ INSTALLED_BACKENDS = $$($(BIN)/python -c "import accelkit; print(' '.join('--bac
 demo: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python examples/tour.py --out demo-reports
 	$(MAKE) --no-print-directory conformance-quick
-	@echo "\nHTML reports: demo-reports/*/report.html (each training run), conformance-results/report.html (conformance)"
+	@printf "\nHTML reports: demo-reports/*/report.html (each training run), conformance-results/report.html (conformance)\n"
 
 # A measurement, not a gate: exit 1 (some tests failed) is a result, shown in the report; exit 2
 # (a run could not complete) is an error. Gate on regressions with `accelkit conformance diff`.
