@@ -83,6 +83,7 @@ def _merged(own: Expectations | None, extra: Expectations) -> Expectations:
     ``extra`` declares replaces ``own``'s declaration."""
     if own is None:
         return extra
+
     def then(first: Mapping[str, str], second: Mapping[str, str]) -> dict[str, str]:
         return {**first, **{k: v for k, v in second.items() if k not in first}}
 

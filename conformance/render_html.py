@@ -67,13 +67,16 @@ p.note { color: var(--muted); }
 """
 
 
-def _legend(keys: Sequence[str]) -> str:
+def legend(keys: Sequence[str]) -> str:
+    """The colour key of :func:`bars` for ``keys`` (names of :data:`COLORS`)."""
     items = "".join(f'<span><i style="background:{COLORS[k]}"></i>{escape(_LEGEND.get(k, k))}</span>' for k in keys)
     return f'<div class="legend">{items}</div>'
 
 
-def _bars(rows: list[tuple[str, list[tuple[str, int]], str]], width: int = 1000) -> str:
-    """Horizontal 100% stacked bars: one per ``(label, [(key, count)], right-hand note)``."""
+def bars(rows: list[tuple[str, list[tuple[str, int]], str]], width: int = 1000) -> str:
+    """Horizontal 100% stacked bars: one per ``(label, [(key, count)], right-hand note)``, each
+    key coloured from :data:`COLORS` (also the ops-by-path chart of ``accelkit run``'s page).
+    Each bar is a ``rect.track`` with its ``rect.segment`` parts on it."""
     label_w, note_w, bar_h, gap = 110, 250, 24, 10
     bar_w = width - label_w - note_w
     height = len(rows) * (bar_h + gap)
@@ -84,17 +87,18 @@ def _bars(rows: list[tuple[str, list[tuple[str, int]], str]], width: int = 1000)
         total = sum(n for _, n in segments)
         parts.append(f'<text x="{label_w - 10}" y="{y + bar_h / 2 + 5}" text-anchor="end" font-weight="700" '
                      f'font-size="14">{escape(label)}</text>')
-        parts.append(f'<rect x="{label_w}" y="{y}" width="{bar_w}" height="{bar_h}" fill="#f5f7fa" stroke="#d9dee5"/>')
+        parts.append(f'<rect class="track" x="{label_w}" y="{y}" width="{bar_w}" height="{bar_h}" fill="#f5f7fa" '
+                     'stroke="#d9dee5"/>')
         x = float(label_w)
         for key, n in segments:
             if not n or not total:
                 continue
             w = bar_w * n / total
             title = f"{label}: {n} {OUTCOME_WORDS.get(key, _LEGEND.get(key, key))} ({percent(n / total)})"
-            parts.append(f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{bar_h}" fill="{COLORS[key]}">'
+            parts.append(f'<rect class="segment" x="{x:.2f}" y="{y}" width="{w:.2f}" height="{bar_h}" fill="{COLORS[key]}">'
                          f'<title>{escape(title)}</title></rect>')
             if w >= 8 * len(str(n)) + 8:
-                dark = key in ("pass-fallback", "skip-declared", "skip-other", "xfail")
+                dark = key in ("pass-fallback", "skip-declared", "skip-other", "xfail", "decomposed")
                 parts.append(f'<text x="{x + w / 2:.2f}" y="{y + bar_h / 2 + 4}" text-anchor="middle" '
                              f'fill="{"#1d2330" if dark else "#fff"}">{n}</text>')
             x += w
@@ -111,7 +115,7 @@ def _coverage_chart(data: Mapping[str, Any]) -> str:
         segments = [("pass", o["native"]), ("pass-fallback", o["passed"] - o["native"]), ("xfail", c["xfail"]),
                     ("xpass", c["xpass"]), ("bad", sum(c[k] for k in BAD_OUTCOMES))]
         rows.append((name, segments, f"native {percent(o['native_rate'])} · with fallback {percent(o['pass_rate'])}"))
-    return (_legend(["pass", "pass-fallback", "xfail", "xpass", "bad"]) + _bars(rows)
+    return (legend(["pass", "pass-fallback", "xfail", "xpass", "bad"]) + bars(rows)
             + '<p class="note">Share of the tests that ran (skips excluded). Native coverage: passes that used '
               'no CPU fallback.</p>')
 
@@ -123,7 +127,7 @@ def _outcome_chart(data: Mapping[str, Any]) -> str:
         c = dict(s["counts"], **{"pass": s["native"], "pass-fallback": s["passed"] - s["native"]})
         used |= {k for k in keys if c[k]}
         rows.append((name, [(k, c[k]) for k in keys], f"{s['total']} tests · {s['ran']} ran"))
-    return _legend([k for k in keys if k in used]) + _bars(rows)
+    return legend([k for k in keys if k in used]) + bars(rows)
 
 
 def _text(text: str) -> str:
@@ -182,7 +186,7 @@ def render_html(runs: Sequence[Mapping[str, Any]]) -> str:
 def html_of_blocks(blocks: Sequence[Block], title: str) -> str:
     """Any report's blocks as one self-contained page titled ``title``; see :func:`render_html`.
     A ``chart`` block draws stacked bars: ``coverage``, ``outcomes`` or ``bars`` (its
-    ``data["rows"]`` as :func:`_bars` takes them, ``data["keys"]`` its legend)."""
+    ``data["rows"]`` as :func:`bars` takes them, ``data["keys"]`` its legend)."""
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
            f"<title>{escape(title)}</title>", f"<style>{STYLESHEET}</style></head><body>"]
     section = ""
@@ -205,7 +209,7 @@ def html_of_blocks(blocks: Sequence[Block], title: str) -> str:
         elif block.kind == "chart" and block.data["chart"] == "outcomes":
             out.append(_outcome_chart(block.data))
         elif block.kind == "chart" and block.data["chart"] == "bars":
-            out.append(_legend(block.data["keys"]) + _bars(block.data["rows"]))
+            out.append(legend(block.data["keys"]) + bars(block.data["rows"]))
         elif block.kind == "text":
             out.append(f'<p class="note">{escape(block.text)}</p>')
         elif block.kind == "final":

@@ -102,7 +102,7 @@ def test_the_run_report_loads_clean_and_its_charts_draw(browser, run_report):
     report = json.loads((run_report.parent / "report.json").read_text())
     # ops by path: the segments fill the bar in proportion to the executions
     segments = page.evaluate("[...document.querySelectorAll('#ops-chart rect.segment')].map(r => r.getBBox().width)")
-    bar = page.evaluate("document.querySelector('#ops-chart').getBBox().width")
+    bar = page.evaluate("document.querySelector('#ops-chart rect.track').getBBox().width")
     drawn = [n for n in report["ops"]["totals"].values() if n]
     assert len(segments) == len(drawn) and all(w > 0 for w in segments)
     assert sum(segments) == pytest.approx(bar, rel=1e-3)

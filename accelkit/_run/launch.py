@@ -22,7 +22,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -139,7 +139,7 @@ def run(options: RunOptions) -> int:
     compile_redirects = [0]
     started = time.time()
     clock = time.perf_counter()
-    with _compile_for(device.type, compile_redirects) if options.compile and ctx else _nothing():
+    with _compile_for(device.type, compile_redirects) if options.compile and ctx else nullcontext():
         ending = _run_script(runner)
     wall = time.perf_counter() - clock
 
@@ -227,11 +227,6 @@ def _pass_through(ending: Ending) -> int:
         signal.signal(ending.signal, signal.SIG_DFL)
         os.kill(os.getpid(), ending.signal)  # the process dies by the signal, as without us
     return ending.code
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 @contextmanager

@@ -8,11 +8,13 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from accelkit._run.report import format_seconds, format_share, headline
+from accelkit._run.report import format_seconds, headline
 from accelkit.sdk import format_bytes
-from accelkit_conformance.render_html import STYLESHEET
+from accelkit_conformance.render_html import STYLESHEET, bars, legend
+from accelkit_conformance.render_words import percent
 
-PATH_COLORS = {"native": "#1e7b3a", "decomposed": "#7cc48f", "fallback": "#d64541"}
+#: The dispatch paths, in the order the ops chart stacks them (colours: the conformance report's).
+PATHS = ("native", "decomposed", "fallback")
 FAMILY_COLOR = "#2f6fdd"
 MEMORY_COLOR = "#7a2ca0"
 _EXTRA_CSS = """
@@ -63,33 +65,18 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Seque
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def _legend(colors: Mapping[str, str]) -> str:
-    items = "".join(f'<span><i style="background:{c}"></i>{escape(k)}</span>' for k, c in colors.items())
-    return f'<div class="legend">{items}</div>'
-
-
 def _ops(ops: Mapping[str, Any]) -> str:
     totals, executions = ops["totals"], ops["executions"]
-    width, height = 900, 30
-    parts = [f'<h2>Ops by path</h2><p>{executions} executions of {ops["distinct_ops"]} ops; '
-             f'{escape(format_share(ops["device_share"]))} ran on the device (fallback policy '
-             f'{escape(ops["policy"])}).</p>', _legend(PATH_COLORS),
-             f'<svg class="chart" id="ops-chart" role="img" width="{width}" height="{height}" '
-             f'viewBox="0 0 {width} {height}" {_SVG_FONT}>',
-             f'<rect x="0" y="0" width="{width}" height="{height}" fill="#f5f7fa" stroke="#d9dee5"/>']
-    x = 0.0
-    for path, color in PATH_COLORS.items():
-        n = totals[path]
-        if not n:
-            continue
-        w = width * n / executions
-        parts.append(f'<rect class="segment" x="{x:.2f}" y="0" width="{w:.2f}" height="{height}" fill="{color}">'
-                     f'<title>{path}: {n} ({format_share(n / executions)})</title></rect>')
-        if w > 60:
-            parts.append(f'<text x="{x + w / 2:.2f}" y="{height / 2 + 4}" text-anchor="middle" fill="#fff">'
-                         f'{path} {n}</text>')
-        x += w
-    parts.append("</svg>")
+    return "".join([
+        f'<h2>Ops by path</h2><p>{executions} executions of {ops["distinct_ops"]} ops; '
+        f'{escape(percent(ops["device_share"]))} ran on the device (fallback policy {escape(ops["policy"])}).</p>',
+        legend(PATHS), '<div id="ops-chart">',
+        bars([("ops", [(path, totals[path]) for path in PATHS], f"{percent(ops['device_share'])} on the device")]),
+        "</div>", _op_tables(ops)])
+
+
+def _op_tables(ops: Mapping[str, Any]) -> str:
+    parts = []
     parts.append(f"<h3>The {len(ops['top_ops'])} most executed ops</h3>")
     parts.append(_table(["op", "native", "decomposed", "CPU fallback"],
                         [(r["op"], r["native"], r["decomposed"], r["fallback"]) for r in ops["top_ops"]],
@@ -164,7 +151,7 @@ def _compile(c: Mapping[str, Any]) -> str:
 def _memory(m: Mapping[str, Any]) -> str:
     points = m["timeline"]["points"]
     parts = [f'<h2>Memory: peak {escape(format_bytes(m["peak_bytes"]))} of '
-             f'{escape(format_bytes(m["capacity_bytes"]))} ({escape(format_share(m["peak_share"]))})</h2>']
+             f'{escape(format_bytes(m["capacity_bytes"]))} ({escape(percent(m["peak_share"]))})</h2>']
     if len(points) >= 2:
         width, height, left, bottom = 900, 220, 70, 24
         duration = points[-1][0] or 1.0

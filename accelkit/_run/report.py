@@ -108,8 +108,9 @@ def _ops(stats: Mapping[str, Any], backend: str) -> dict[str, Any]:
 def fallback_advice(op: str, backend: str) -> str:
     """One line on why ``op`` ran on the CPU and what to do about it."""
     from accelkit import _runtime
+    from accelkit._runtime._schema import overload_named
 
-    overload = _overload(op)
+    overload = overload_named(op)
     ctx = _runtime.active()
     if overload is not None and ctx is not None and overload in ctx.kernels:
         return (f"{backend} has a kernel but declined these arguments (a dtype, layout or size it "
@@ -119,15 +120,6 @@ def fallback_advice(op: str, backend: str) -> str:
                 "decomposition (accelkit_decompositions) and run it on the device")
     return (f"no {backend} kernel or decomposition: implement it in the backend's kernel table, "
             "or avoid the op; ACCELKIT_FALLBACK=deny raises where it is called")
-
-
-def _overload(op: str) -> Any:
-    namespace, _, rest = op.partition(".")
-    name, _, overload = rest.rpartition(".")
-    try:
-        return getattr(getattr(getattr(torch.ops, namespace), name), overload)
-    except (AttributeError, RuntimeError):
-        return None
 
 
 def _compile(compile_stats: Mapping[str, Any], requested: bool, redirects: int) -> dict[str, Any]:
@@ -224,10 +216,6 @@ def format_seconds(seconds: float) -> str:
     return f"{seconds / 1e-9:.3g} ns"
 
 
-def format_share(share: float | None) -> str:
-    return "-" if share is None else f"{100 * share:.1f}%"
-
-
 def headline(report: Mapping[str, Any]) -> str:
     """One line: what ran where and how it ended."""
     device = report["device"]
@@ -245,6 +233,7 @@ def headline(report: Mapping[str, Any]) -> str:
 def render_text(report: Mapping[str, Any], written: Sequence[Path] = ()) -> str:
     """The report for the terminal: a dozen lines."""
     from accelkit.sdk import format_bytes
+    from accelkit_conformance.render_words import percent
 
     lines = ["", f"accelkit run: {headline(report)}"]
     ops = report["ops"]
@@ -255,7 +244,7 @@ def render_text(report: Mapping[str, Any], written: Sequence[Path] = ()) -> str:
     lines.append(
         f"  ops       {ops['executions']} executions of {ops['distinct_ops']} ops: {totals['native']} native, "
         f"{totals['decomposed']} decomposed, {totals['fallback']} on the CPU fallback "
-        f"({format_share(ops['device_share'])} on the device; fallback policy {ops['policy']})")
+        f"({percent(ops['device_share'])} on the device; fallback policy {ops['policy']})")
     for row in ops["top_fallback"]:
         lines.append(f"  fallback  {row['op']} ×{row['count']}: {row['advice']}")
     if ops["other_fallback"]:
@@ -272,12 +261,12 @@ def render_text(report: Mapping[str, Any], written: Sequence[Path] = ()) -> str:
             lines.append(f"  compile   {c['hint']}")
     m = report["memory"]
     lines.append(f"  memory    peak {format_bytes(m['peak_bytes'])} of {format_bytes(m['capacity_bytes'])} "
-                 f"({format_share(m['peak_share'])}), {m['ooms']} out-of-memory errors")
+                 f"({percent(m['peak_share'])}), {m['ooms']} out-of-memory errors")
     e = report["estimate"]
     if e is None:
         lines.append(f"  estimate  {report['device']['backend']} makes no estimate of its target's time")
     else:
-        families = ", ".join(f"{family} {format_share(seconds / e['seconds'] if e['seconds'] else None)}"
+        families = ", ".join(f"{family} {percent(seconds / e['seconds'] if e['seconds'] else None)}"
                              for family, seconds in list(e["by_family"].items())[:5])
         lines.append(f"  estimate  {format_seconds(e['seconds'])} of device time on {e['target']}, estimated: {e['note']}")
         if families:

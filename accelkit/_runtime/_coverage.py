@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
+from accelkit._runtime._schema import functional_of, overload_named, variants_of
+
 PATHS = ("native", "derived", "decomposed", "fallback", "refused")
 
 #: Overload names of layouts the dense strided storage cannot hold.
@@ -37,18 +39,10 @@ def aten_overloads_with_cpu_kernels() -> list[OpOverload]:
     found = []
     for name in sorted(torch._C._dispatch_get_all_op_names()):
         if name.startswith("aten::") and torch._C._dispatch_has_kernel_for_dispatch_key(name, "CPU"):
-            op = _overload(name)
+            op = overload_named(name)
             if op is not None:
                 found.append(op)
     return found
-
-
-def _overload(name: str) -> OpOverload | None:
-    base, _, overload = name.removeprefix("aten::").partition(".")
-    try:
-        return getattr(getattr(torch.ops.aten, base), overload or "default")
-    except (AttributeError, RuntimeError):
-        return None
 
 
 def op_paths() -> dict[str, dict[str, str]]:
@@ -75,7 +69,6 @@ def op_paths() -> dict[str, dict[str, str]]:
 def _classify(ctx: Any, pipeline: Any, op: OpOverload, path_of: Any) -> tuple[str, str]:
     from accelkit import _runtime
     from accelkit._runtime._dispatch import _run_meta
-    from accelkit._runtime._schema import functional_of, variants_of
 
     kind = _runtime.registered.get(op)
     if kind == "runtime":
@@ -111,8 +104,6 @@ def _has_kernel(op: OpOverload, key: str) -> bool:
 
 
 def _decomposition_detail(ctx: Any, op: OpOverload) -> str:
-    from accelkit._runtime._schema import functional_of
-
     if op in ctx.decompositions:
         return "a decomposition"
     functional, variant = functional_of(op)

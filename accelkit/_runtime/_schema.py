@@ -14,6 +14,21 @@ from torch._ops import OpOverload
 from accelkit._runtime._context import BackendContext
 
 
+def overload_named(name: str) -> OpOverload | None:
+    """The overload called ``name``, as the dispatcher (``aten::mm.default``, ``aten::mm``) or
+    ``str(op)`` (``aten.mm.default``) writes it; None when there is no such op."""
+    namespace, sep, rest = name.partition("::")
+    if sep:
+        base, _, overload = rest.partition(".")
+    else:
+        namespace, _, rest = name.partition(".")
+        base, _, overload = rest.rpartition(".")
+    try:
+        return getattr(getattr(getattr(torch.ops, namespace), base), overload or "default")
+    except (AttributeError, RuntimeError):
+        return None
+
+
 def is_write(arg: Any) -> bool:
     return arg.alias_info is not None and arg.alias_info.is_write
 

@@ -123,7 +123,6 @@ class Ledger:
                                 for k, v in sorted(self.per_program.items())},
             }
 
-
     def estimate(self) -> Estimate:
         """The ledger as the contract's :class:`Estimate`: kernels under their ops' aten names
         (a fused kernel under its label), those of compiled programs included, where they

@@ -120,7 +120,6 @@ class CostLedger:
             "ops": ops,
         }
 
-
     def estimate(self) -> Estimate | None:
         """The summary as the contract's :class:`Estimate` (None before activation)."""
         if self.model is None:

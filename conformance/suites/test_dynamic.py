@@ -71,14 +71,13 @@ def _cases():
             yield pytest.param(case, mode, id=param_id(f"{case}.{mode}", "float32"))
 
 
-def _backend_compiles() -> int | None:
-    value = accelkit.stats().get("compiles")
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _programs_built() -> int:
-    """Programs the backend's compiler has built (``accelkit.stats()["compile"]``)."""
-    return int(accelkit.stats()["compile"]["programs_compiled"])
+def _compile_counts() -> tuple[int | None, int]:
+    """The backend's own compilations (``stats()["compiles"]``, None when it reports none) and
+    the programs its ``torch.compile`` compiler has built, from one ``accelkit.stats()``."""
+    stats = accelkit.stats()
+    value = stats.get("compiles")
+    compiles = value if isinstance(value, int) and not isinstance(value, bool) else None
+    return compiles, int(stats["compile"]["programs_compiled"])
 
 
 def _bucket(n: int) -> int:
@@ -116,8 +115,7 @@ def test_dynamic(case, mode, recorder):
         else:
             padded = dev_inputs
         frames_before = counter.frame_count if counter is not None else None
-        compiles_before = _backend_compiles()
-        programs_before = _programs_built()
+        compiles_before, programs_before = _compile_counts()
         try:
             with recorder.measure():
                 actual = run(*padded)[:n] if padded is not dev_inputs else run(*padded)
@@ -127,12 +125,13 @@ def test_dynamic(case, mode, recorder):
                 assert_same(list(grads), list(expected_grads), where=f"size {n}: gradients", tolerance=tolerance)
         except AssertionError as exc:
             errors.append(str(exc).splitlines()[0])
+        compiles_after, programs_after = _compile_counts()
         if counter is not None:
             per_step.append(counter.frame_count - frames_before)
-            programs.append(_programs_built() - programs_before)
+            programs.append(programs_after - programs_before)
         else:
-            after = _backend_compiles()
-            per_step.append(None if after is None or compiles_before is None else after - compiles_before)
+            per_step.append(None if compiles_after is None or compiles_before is None
+                            else compiles_after - compiles_before)
     if counter is not None:
         recorder.compiles = counter.frame_count
     measured = None not in per_step
