@@ -37,6 +37,10 @@ conformance-quick: $(STAMP)
 # backend's own tests.
 GENERIC_TESTS := -p accelkit.sdk.testing.plugin --pyargs accelkit.sdk.testing.generic
 
+# neuron replays static kernels' recorded instructions; under test every replay is also run in
+# full and must match it bit for bit (backends/neuron/launch.py).
+NEURON_VERIFY := ACCELKIT_NEURON_VERIFY_REPLAY=1
+
 # The HTML report tests drive the system's Chromium (tests/test_report_pages_in_browser.py); the
 # test run installs it when missing and requires it.
 CHROMIUM := $(shell command -v chromium || command -v chromium-browser)
@@ -52,8 +56,8 @@ test: $(STAMP) chromium
 	env -u ACCELKIT_DEVICE ACCELKIT_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests
 	env -u ACCELKIT_DEVICE ACCELKIT_TPU_FLOAT64=emulate $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device tpu
 	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest backends/tpu/tests
-	env -u ACCELKIT_DEVICE ACCELKIT_NEURON_FLOAT64=downcast $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device neuron
-	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest backends/neuron/tests
+	env -u ACCELKIT_DEVICE ACCELKIT_NEURON_FLOAT64=downcast $(NEURON_VERIFY) $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device neuron
+	env -u ACCELKIT_DEVICE $(NEURON_VERIFY) $(BIN)/python -m pytest backends/neuron/tests
 
 bench: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_ops.py

@@ -19,11 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
-from accelkit_backends.neuron import cost, runtime, tiling
+from accelkit_backends.neuron import cost, tiling
 from accelkit_backends.neuron.kernels.matmul import result_blocks_to
-from accelkit_backends.neuron.launch import OutSpec, body_of, hbm_empty
+from accelkit_backends.neuron.launch import OutSpec, body_of, hbm_empty, run_static
 from accelkit_backends.neuron.sim.errors import SbufOverflowError
 
 aten = torch.ops.aten
@@ -72,6 +73,9 @@ class FusedGroup:
         self.fuses = True
         #: The halves the group was split into when its tiles overflowed SBUF.
         self.parts: list[FusedGroup] | None = None
+        members = set(self.computed)
+        #: The nodes outside the group whose values it reads, in order.
+        self._external = list(dict.fromkeys(a for n in self.computed for a in n.all_input_nodes if a not in members))
 
     def run(self, env: dict[torch.fx.Node, Any], run_node: Any) -> None:
         """Compute the group's nodes into ``env`` (``run_node(node)`` runs one node alone).
@@ -111,41 +115,59 @@ class FusedGroup:
         return halves
 
     def _run_fused(self, env: dict[torch.fx.Node, Any]) -> None:
+        # The program is static (fusable ops read no values): it runs as a recorded program,
+        # replayed once its schedule is known (launch.run_static). Its arguments are the values
+        # of the nodes it reads from outside.
+        values = [env[n] for n in self._external]
+        arrays = [v for v in values if isinstance(v, np.ndarray)]
+        key = _external_key(self.computed, env)
+
+        def program(k: Any, given: list[np.ndarray]) -> tuple:
+            replacements = iter(given)
+            outside = {n: next(replacements) if isinstance(v, np.ndarray) else v
+                       for n, v in zip(self._external, values)}
+            return self._program(k, outside)
+
+        head_out, stored = run_static(self.name, (self, key), arrays, (), program)
+        cost.LEDGER.note_instance(self.name, key)
+        if self.head is not None and self.head_stored:
+            env[self.head] = head_out
+        for node, value in zip([n for n, keep in zip(self.nodes, self.stored) if keep], stored):
+            env[node] = value
+
+    def _program(self, k: Any, outside: dict[torch.fx.Node, Any]) -> tuple:
+        """The chain as one tile program on kernel ``k``, reading ``outside`` values; returns the
+        head's result (when stored) and the stored nodes' values."""
         internal: dict[torch.fx.Node, Any] = {}
 
         def value(node: torch.fx.Node) -> Any:
-            return internal[node] if node in internal else env[node]
+            return internal[node] if node in internal else outside[node]
 
         head = self.head
         chain = zip(self.computed, self._bodies, self._specs)
-        key = _external_key(self.computed, env)
-        with runtime.core().kernel(self.name, (self, key)) as k:
-            if head is not None:  # the chain reads the matmul's blocks, never this array
-                _, head_body, head_spec = next(chain)
-                internal[head] = placeholder = hbm_empty(head_spec[0])
-            with tiling.recording_flat_maps() as maps:
-                for node, body, spec in chain:
-                    args = torch.fx.node.map_arg(node.args, value)
-                    kwargs = dict(torch.fx.node.map_arg(node.kwargs, value))
-                    count = len(maps)
-                    internal[node] = body(k, spec, *args, **kwargs)
-                    if len(maps) != count + 1 or maps[-1].out is not internal[node]:
-                        raise tiling.NotFusable(f"{node.target} did not run as one elementwise map")
-            if head is None:
-                tiling.map_flat_fused(k, maps, self.stored, self.columns)
-            else:
-                def tail(k: Any, block: Any, m0: int, m1: int, n0: int, n1: int) -> None:
-                    tiling.map_block_fused(k, maps, self.stored, placeholder, block, m0, m1, n0, n1)
+        head_out = None
+        if head is not None:  # the chain reads the matmul's blocks, never this array
+            _, head_body, head_spec = next(chain)
+            internal[head] = placeholder = hbm_empty(head_spec[0])
+        with tiling.recording_flat_maps() as maps:
+            for node, body, spec in chain:
+                args = torch.fx.node.map_arg(node.args, value)
+                kwargs = dict(torch.fx.node.map_arg(node.kwargs, value))
+                count = len(maps)
+                internal[node] = body(k, spec, *args, **kwargs)
+                if len(maps) != count + 1 or maps[-1].out is not internal[node]:
+                    raise tiling.NotFusable(f"{node.target} did not run as one elementwise map")
+        if head is None:
+            tiling.map_flat_fused(k, maps, self.stored, self.columns)
+        else:
+            def tail(k: Any, block: Any, m0: int, m1: int, n0: int, n1: int) -> None:
+                tiling.map_block_fused(k, maps, self.stored, placeholder, block, m0, m1, n0, n1)
 
-                with result_blocks_to(tail, store=self.head_stored):
-                    head_out = head_body(k, head_spec, *torch.fx.node.map_arg(head.args, env.__getitem__),
-                                         **dict(torch.fx.node.map_arg(head.kwargs, env.__getitem__)))
-        cost.LEDGER.note_instance(self.name, key)
-        if head is not None and self.head_stored:
-            env[head] = head_out
-        for node, keep in zip(self.nodes, self.stored):
-            if keep:
-                env[node] = internal[node]
+            with result_blocks_to(tail, store=self.head_stored):
+                head_out = head_body(k, head_spec, *torch.fx.node.map_arg(head.args, outside.__getitem__),
+                                     **dict(torch.fx.node.map_arg(head.kwargs, outside.__getitem__)))
+        stored = [internal[n] for n, keep in zip(self.nodes, self.stored) if keep]
+        return (head_out if head is not None and self.head_stored else None), stored
 
 
 def plan(body: Sequence[torch.fx.Node], outputs: Sequence[Any], partitions: int,

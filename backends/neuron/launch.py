@@ -8,11 +8,20 @@ its HBM results with :func:`hbm_empty` and returns them.
 
 Each distinct (op, shapes, dtypes, static arguments) is one compiled kernel instance: counted
 per op, and a source of the shape-churn warning (see ``cost.py``).
+
+A body registered ``static=True`` promises that its instructions depend on shapes, dtypes and
+static arguments only: it reads no values in Python (a check of values goes through
+``Kernel.check``) and writes HBM only through instructions. Its instance is then recorded once
+and replayed (:mod:`.sim.replay`): a later run recomputes the numerics only, as a loaded NEFF
+does. ``ACCELKIT_NEURON_VERIFY_REPLAY=1`` also runs the body for every replay and raises if the
+two differ in a single bit (the tests run with it); ``ACCELKIT_NEURON_REPLAY=0`` runs every
+body in full.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -23,6 +32,7 @@ from torch._ops import OpOverload
 from accelkit.sdk import KernelTable, meta_call, meta_tensor
 from accelkit_backends.neuron import cost, runtime
 from accelkit_backends.neuron.sim import numerics as nx
+from accelkit_backends.neuron.sim import replay
 
 kernels = KernelTable("neuron")
 #: Each op's tile-program body, as registered (the graph compiler's fusion calls bodies itself).
@@ -34,12 +44,12 @@ class OutSpec(NamedTuple):
     dtype: torch.dtype
 
 
-def tile_kernel(*ops: OpOverload, derive_variants: bool = True) -> Callable[[Callable], Callable]:
+def tile_kernel(*ops: OpOverload, derive_variants: bool = True, static: bool = False) -> Callable[[Callable], Callable]:
     """Register ``body`` as the neuron kernel of each op (see the module docstring)."""
 
     def register(body: Callable) -> Callable:
         for op in ops:
-            kernels.add(op, _launcher(op, body), derive_variants=derive_variants)
+            kernels.add(op, _launcher(op, body, static), derive_variants=derive_variants)
             _BODIES[op] = body
         return body
 
@@ -51,7 +61,7 @@ def body_of(op: OpOverload) -> Callable | None:
     return _BODIES.get(op)
 
 
-def _launcher(op: OpOverload, body: Callable) -> Callable:
+def _launcher(op: OpOverload, body: Callable, static: bool = False) -> Callable:
     name = str(op).removeprefix("aten.")
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -60,11 +70,105 @@ def _launcher(op: OpOverload, body: Callable) -> Callable:
         cost.LEDGER.note_instance(name, key)
         # The instance (with its result geometry, which a float argument can change) fixes the
         # program: its schedule is computed once (NeuronCore.kernel).
-        with runtime.core().kernel(name, (op, key, tuple(out))) as k:
+        instance = (op, key, tuple(out))
+        if static:
+            arrays = replay.array_arguments(args, kwargs)
+
+            def program(k: Any, given: list[np.ndarray]) -> Any:
+                if given is arrays:
+                    return body(k, out, *args, **kwargs)
+                given_args, given_kwargs = replay.with_arrays(args, kwargs, given)
+                return body(k, out, *given_args, **given_kwargs)
+
+            return run_static(name, instance, arrays, _float_values(args, kwargs), program)
+        with runtime.core().kernel(name, instance) as k:
             return body(k, out, *args, **kwargs)
 
     run.__name__ = run.__qualname__ = f"neuron_{body.__name__}"
     return run
+
+
+# ---------------------------------------------------------------------------------------------
+# Static instances: recorded once, then replayed (see the module docstring)
+# ---------------------------------------------------------------------------------------------
+
+VERIFY_ENV = "ACCELKIT_NEURON_VERIFY_REPLAY"
+REPLAY_ENV = "ACCELKIT_NEURON_REPLAY"
+_REFUSED = object()
+#: Per static instance (with its float arguments and its arguments' aliasing): its recording,
+#: or _REFUSED when it cannot replay.
+_RECORDINGS: dict[tuple, Any] = {}
+#: Replays, recordings and refusals (with the reason per op), for stats.
+REPLAY_COUNTS = {"replayed": 0, "recorded": 0, "refused": {}}
+
+
+class ReplayMismatch(AssertionError):
+    """A replay's results differ from the body's (``ACCELKIT_NEURON_VERIFY_REPLAY=1``): the
+    body is not static as declared."""
+
+
+def run_static(name: str, instance: tuple, arrays: list[np.ndarray], statics: tuple,
+               body: Callable[[Any, list[np.ndarray]], Any]) -> Any:
+    """Run a static program: ``body(k, arrays)`` on its array arguments ``arrays``, or a replay of
+    its recording. ``instance`` fixes its instructions with ``statics`` (values it bakes in, such
+    as float arguments) and the arrays' aliasing. The tile-kernel launcher and the graph
+    compiler's fused programs run through here."""
+    core = runtime.core()
+    # Empty operands take shortcuts outside instructions.
+    if any(a.size == 0 for a in arrays) or os.environ.get(REPLAY_ENV) == "0":
+        with core.kernel(name, instance) as k:
+            return body(k, arrays)
+    key = (instance, statics, replay.aliasing(arrays))
+    recording = _RECORDINGS.get(key)
+    if recording is None and not core.record_instructions:
+        return _record(core, name, instance, key, body, arrays)
+    if recording is not _REFUSED and recording is not None and core.can_replay(instance) \
+            and recording.lock.acquire(blocking=False):
+        verify = os.environ.get(VERIFY_ENV) == "1"
+        before = [a.copy() for a in arrays] if verify else None
+        try:
+            result = recording.replay(arrays)
+        finally:
+            recording.lock.release()
+        core.replayed(name, instance, recording)
+        REPLAY_COUNTS["replayed"] += 1
+        if verify:
+            _verify(core, name, body, arrays, before, result)
+        return result
+    with core.kernel(name, instance) as k:
+        return body(k, arrays)
+
+
+def _record(core: Any, name: str, instance: tuple, key: tuple, body: Callable, arrays: list[np.ndarray]) -> Any:
+    recording = replay.Recording(arrays)
+    with core.kernel(name, instance) as k, replay.recording_into(recording):
+        k.recording = recording
+        result = body(k, arrays)
+        recording.finish(result)
+    if len(_RECORDINGS) > 4096:
+        _RECORDINGS.clear()
+    if recording.refused is None:
+        _RECORDINGS[key] = recording
+        REPLAY_COUNTS["recorded"] += 1
+    else:
+        _RECORDINGS[key] = _REFUSED
+        REPLAY_COUNTS["refused"][name] = recording.refused
+    return result
+
+
+def _verify(core: Any, name: str, body: Callable, arrays: list[np.ndarray], before: list[np.ndarray],
+            result: Any) -> None:
+    """Run the body on copies of the arguments as they were, on a scratch core; its results and
+    the arguments it writes must equal the replay's bit for bit."""
+    if any(a is not None for a in replay.aliasing(arrays)) or nx.stochastic_rounding_enabled():
+        return  # copies would not alias as the arguments do; stochastic rounding draws anew
+    from accelkit_backends.neuron.sim.core import NeuronCore
+
+    with NeuronCore(core.spec).kernel(name) as k:
+        expected = body(k, before)
+    if not replay.same_bits(result, expected) or not all(replay.same_bits(a, b) for a, b in zip(arrays, before)):
+        raise ReplayMismatch(f"neuron kernel {name}: a replay of its recorded instructions differs from "
+                             "running its body; it is registered static but is not")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,7 +235,11 @@ def _float_values(args: tuple, kwargs: dict) -> tuple:
 def hbm_empty(spec: OutSpec | tuple, dtype: torch.dtype | None = None) -> np.ndarray:
     """A fresh HBM array for a result (adopted by the allocator without a copy)."""
     shape, dtype = (spec.shape, spec.dtype) if isinstance(spec, OutSpec) else (tuple(spec), dtype)
-    return np.empty(shape, dtype=nx.numpy_dtype(dtype))
+    array = np.empty(shape, dtype=nx.numpy_dtype(dtype))
+    recording = replay.active()
+    if recording is not None:
+        recording.allocated(array)
+    return array
 
 
 @functools.lru_cache(maxsize=None)

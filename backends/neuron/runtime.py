@@ -101,20 +101,27 @@ def accelkit_backend_activated() -> None:
 @hookimpl
 def accelkit_stats() -> dict[str, Any]:
     from accelkit_backends.neuron.cost import LEDGER
+    from accelkit_backends.neuron.launch import REPLAY_COUNTS
 
     instances = {op: len(keys) for op, keys in sorted(LEDGER.instances.items())}
     return {
         "compiles": sum(instances.values()),
         "neuron": {"instances": instances, "instances_total": sum(instances.values()),
-                   "estimate": LEDGER.summary()},
+                   "estimate": LEDGER.summary(),
+                   # Static kernel runs the simulator replayed (numerics only) or recorded, and
+                   # the kernels that cannot replay, with the reason.
+                   "replay": {"replayed": REPLAY_COUNTS["replayed"], "recorded": REPLAY_COUNTS["recorded"],
+                              "refused": dict(REPLAY_COUNTS["refused"])}},
     }
 
 
 @hookimpl
 def accelkit_reset_stats() -> None:
     from accelkit_backends.neuron.cost import LEDGER
+    from accelkit_backends.neuron.launch import REPLAY_COUNTS
 
     LEDGER.reset()
+    REPLAY_COUNTS.update(replayed=0, recorded=0)
 
 
 @hookimpl

@@ -12,6 +12,7 @@ import numpy as np
 
 from accelkit_backends.neuron.launch import chip_dtype
 from accelkit_backends.neuron.sim.core import Kernel, TilePool
+from accelkit_backends.neuron.sim import replay
 from accelkit_backends.neuron.sim.memory import Tile
 
 #: Free elements per partition in one elementwise tile: 8 KiB of fp32, so a handful of
@@ -42,7 +43,11 @@ class FlatOperand:
         self.scalar = array.size == 1
         view = np.broadcast_to(array, shape)
         self.pattern = view
-        self.flat = view.reshape(-1) if view.flags.c_contiguous else np.ascontiguousarray(view).reshape(-1)
+        if view.flags.c_contiguous:
+            self.flat = view.reshape(-1)
+        else:  # the values, densely, for the simulator to read (made again at each replay)
+            recording = replay.active()
+            self.flat = _dense(view) if recording is None else recording.derived(_dense, view)
         self.tile_dtype = chip_dtype(array.dtype)
 
     def load(self, pool: TilePool, start: int, rows: int, cols: int, name: str) -> Tile:
@@ -58,6 +63,10 @@ class FlatOperand:
         # has the same run structure), not by the dense copy the simulator reads values from.
         k.dma(tile, part, pattern=None if contiguous else self.pattern)
         return tile
+
+
+def _dense(view: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(view).reshape(-1)
 
 
 class FlatMap(NamedTuple):

@@ -115,7 +115,7 @@ def _invstd(k: Kernel, var: Tile, eps: float) -> Tile:
     return invstd
 
 
-@tile_kernel(aten.native_batch_norm.default)
+@tile_kernel(aten.native_batch_norm.default, static=True)
 def native_batch_norm(k: Kernel, out: list[OutSpec], x: np.ndarray, weight: np.ndarray | None,
                       bias: np.ndarray | None, running_mean: np.ndarray | None,
                       running_var: np.ndarray | None, training: bool, momentum: float, eps: float) -> tuple:
@@ -165,7 +165,7 @@ def _blend(k: Kernel, old: np.ndarray, batch: Tile, c0: int, c1: int, momentum: 
     return blended
 
 
-@tile_kernel(aten.native_batch_norm_backward.default)
+@tile_kernel(aten.native_batch_norm_backward.default, static=True)
 def native_batch_norm_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, x: np.ndarray,
                                weight: np.ndarray | None, running_mean: np.ndarray | None,
                                running_var: np.ndarray | None, save_mean: np.ndarray | None,

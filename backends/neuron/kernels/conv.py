@@ -358,7 +358,7 @@ def _geometry(w: np.ndarray, stride: Any, padding: Any, dilation: Any, groups: i
     return Geometry(pair(stride, 1), pair(padding, 0), pair(dilation, 1), tuple(w.shape[2:4]), groups)
 
 
-@tile_kernel(aten.convolution_overrideable.default)
+@tile_kernel(aten.convolution_overrideable.default, static=True)
 def convolution(k: Kernel, out: list[OutSpec], x: np.ndarray, w: np.ndarray, bias: np.ndarray | None,
                 stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any,
                 groups: int) -> np.ndarray:
@@ -384,7 +384,7 @@ def _bias_only(k: Kernel, result: np.ndarray, bias: np.ndarray) -> np.ndarray:
     return result
 
 
-@tile_kernel(aten.convolution_backward_overrideable.default)
+@tile_kernel(aten.convolution_backward_overrideable.default, static=True)
 def convolution_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, x: np.ndarray, w: np.ndarray,
                          stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any,
                          groups: int, output_mask: list[bool]) -> tuple:

@@ -31,23 +31,23 @@ def fill(k: Kernel, out: OutSpec, value: Any) -> np.ndarray:
     return result
 
 
-@tile_kernel(aten.fill.Scalar)
+@tile_kernel(aten.fill.Scalar, static=True)
 def fill_scalar(k: Kernel, out: list[OutSpec], x: np.ndarray, value: Any) -> np.ndarray:
     return fill(k, out[0], value)
 
 
-@tile_kernel(aten.fill.Tensor)
+@tile_kernel(aten.fill.Tensor, static=True)
 def fill_tensor(k: Kernel, out: list[OutSpec], x: np.ndarray, value: np.ndarray) -> np.ndarray:
     result = hbm_empty(out[0])
     return map_flat(k, result, [value], lambda dst, srcs: copy_into(k, dst, srcs[0]))
 
 
-@tile_kernel(aten.zero.default)
+@tile_kernel(aten.zero.default, static=True)
 def zero(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
     return fill(k, out[0], 0)
 
 
-@tile_kernel(aten.arange.start_step)
+@tile_kernel(aten.arange.start_step, static=True)
 def arange(k: Kernel, out: list[OutSpec], start: Any, end: Any, step: Any = 1, **_options: Any) -> np.ndarray:
     """``start + i * step`` for each position ``i``: indices from GpSimd's iota, scaled and
     offset on the Vector engine (fp32 for floating results, exact integers otherwise)."""

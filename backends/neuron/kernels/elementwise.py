@@ -82,8 +82,8 @@ def _add_like(sign: int):
     return body
 
 
-tile_kernel(aten.add.Tensor, aten.add.Scalar)(_add_like(+1))
-tile_kernel(aten.sub.Tensor, aten.sub.Scalar)(_add_like(-1))
+tile_kernel(aten.add.Tensor, aten.add.Scalar, static=True)(_add_like(+1))
+tile_kernel(aten.sub.Tensor, aten.sub.Scalar, static=True)(_add_like(-1))
 
 
 _BINARY = {
@@ -115,39 +115,46 @@ def _register_binary(op_name: str, ops: tuple) -> None:
         return binary(k, out[0], x, y, op_name)
 
     body.__name__ = op_name
-    tile_kernel(*ops)(body)
+    tile_kernel(*ops, static=True)(body)
 
 
 for _name, _ops in _BINARY.items():
     _register_binary(_name, _ops)
 
 
-@tile_kernel(aten.pow.Scalar)
+@tile_kernel(aten.pow.Scalar, static=True)
 def pow_scalar_base(k: Kernel, out: list[OutSpec], base: Any, exponent: np.ndarray) -> np.ndarray:
     return binary(k, out[0], base, exponent, "pow")
 
 
-@tile_kernel(aten.div.Tensor, aten.div.Scalar)
+@tile_kernel(aten.div.Tensor, aten.div.Scalar, static=True)
 def div(k: Kernel, out: list[OutSpec], x: Any, y: Any) -> np.ndarray:
     return binary(k, out[0], x, y, "divide")
 
 
-def check_divisor(out: OutSpec, divisor: Any) -> None:
+def check_divisor(k: Kernel, out: OutSpec, divisor: Any) -> None:
     """PyTorch's error for an integer division or remainder by zero, raised before the program
     runs, so an in-place or ``out=`` form leaves its tensor unchanged (the CPU checks each
     element as it goes). Float results divide by zero as IEEE says (inf, nan)."""
     if out.dtype.is_floating_point or out.dtype.is_complex or 0 in out.shape:
         return
-    if np.any(np.asarray(divisor) == 0):
-        raise RuntimeError("ZeroDivisionError")
+
+    def check(values: Any) -> None:
+        if np.any(np.asarray(values) == 0):
+            raise RuntimeError("ZeroDivisionError")
+
+    if _is_array(divisor):
+        k.check(check, divisor)
+    else:
+        check(divisor)
 
 
-@tile_kernel(aten.div.Tensor_mode, aten.div.Scalar_mode)
+@tile_kernel(aten.div.Tensor_mode, aten.div.Scalar_mode, static=True)
 def div_mode(k: Kernel, out: list[OutSpec], x: Any, y: Any, *, rounding_mode: str | None) -> np.ndarray:
     if rounding_mode is None:
         return binary(k, out[0], x, y, "divide")
     if not out[0].dtype.is_floating_point:
-        check_divisor(out[0], y)
+        check_divisor(k, out[0], y)
         return binary(k, out[0], x, y, "floor_divide" if rounding_mode == "floor" else "trunc_divide")
     result = hbm_empty(out[0])
     arrays = [v for v in (x, y) if _is_array(v)]
@@ -163,7 +170,7 @@ def div_mode(k: Kernel, out: list[OutSpec], x: Any, y: Any, *, rounding_mode: st
     return map_flat(k, result, arrays, compute)
 
 
-@tile_kernel(aten.floor_divide.default, aten.floor_divide_.Tensor)
+@tile_kernel(aten.floor_divide.default, aten.floor_divide_.Tensor, static=True)
 def floor_divide(k: Kernel, out: list[OutSpec], x: Any, y: Any) -> np.ndarray:
     """``x // y``: ``div(rounding_mode="floor")``. Registered for the in-place overload too
     (``floor_divide_.Tensor`` has no functional twin of its name), so ``a // b`` and
@@ -173,15 +180,15 @@ def floor_divide(k: Kernel, out: list[OutSpec], x: Any, y: Any) -> np.ndarray:
 
 def _remainder_like(op: str):
     def body(k: Kernel, out: list[OutSpec], x: Any, y: Any) -> np.ndarray:
-        check_divisor(out[0], y)
+        check_divisor(k, out[0], y)
         return binary(k, out[0], x, y, op)
 
     body.__name__ = op
     return body
 
 
-tile_kernel(aten.fmod.Tensor, aten.fmod.Scalar)(_remainder_like("fmod"))
-tile_kernel(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(
+tile_kernel(aten.fmod.Tensor, aten.fmod.Scalar, static=True)(_remainder_like("fmod"))
+tile_kernel(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor, static=True)(
     _remainder_like("remainder"))
 
 
@@ -228,7 +235,7 @@ def _register_unary(func: str, op: Any) -> None:
         return unary(k, out[0], x, func)
 
     body.__name__ = func
-    tile_kernel(op)(body)
+    tile_kernel(op, static=True)(body)
 
 
 for _func, _op in _UNARY.items():
@@ -247,11 +254,11 @@ def _integer_or_activation(func: str):
     return body
 
 
-tile_kernel(aten.neg.default)(_integer_or_activation("neg"))
-tile_kernel(aten.relu.default)(_integer_or_activation("relu"))
+tile_kernel(aten.neg.default, static=True)(_integer_or_activation("neg"))
+tile_kernel(aten.relu.default, static=True)(_integer_or_activation("relu"))
 
 
-@tile_kernel(aten.abs.default)
+@tile_kernel(aten.abs.default, static=True)
 def abs_(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
     if x.dtype.kind in "iu":
         result = hbm_empty(out[0])
@@ -266,7 +273,7 @@ def abs_(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
     return unary(k, out[0], x, "abs")
 
 
-@tile_kernel(aten.gelu.default)
+@tile_kernel(aten.gelu.default, static=True)
 def gelu(k: Kernel, out: list[OutSpec], x: np.ndarray, *, approximate: str = "none") -> np.ndarray:
     return unary(k, out[0], x, "gelu_tanh" if approximate == "tanh" else "gelu")
 
@@ -276,7 +283,7 @@ def gelu(k: Kernel, out: list[OutSpec], x: np.ndarray, *, approximate: str = "no
 # ---------------------------------------------------------------------------------------------
 
 
-@tile_kernel(aten.where.self)
+@tile_kernel(aten.where.self, static=True)
 def where(k: Kernel, out: list[OutSpec], cond: np.ndarray, x: Any, y: Any) -> np.ndarray:
     result = hbm_empty(out[0])
     arrays = [cond] + [v for v in (x, y) if _is_array(v)]
@@ -294,7 +301,7 @@ def where(k: Kernel, out: list[OutSpec], cond: np.ndarray, x: Any, y: Any) -> np
     return map_flat(k, result, arrays, compute)
 
 
-@tile_kernel(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+@tile_kernel(aten.masked_fill.Scalar, aten.masked_fill.Tensor, static=True)
 def masked_fill(k: Kernel, out: list[OutSpec], x: np.ndarray, mask: np.ndarray, value: Any) -> np.ndarray:
     """``where(mask, value, x)`` (VectorE select); the in-place form is derived from it."""
     return where(k, out, mask, value, x)
@@ -315,7 +322,7 @@ def _zeros_like(k: Kernel, tile: Tile) -> Tile:
     return zeros
 
 
-@tile_kernel(aten.clamp.default)
+@tile_kernel(aten.clamp.default, static=True)
 def clamp(k: Kernel, out: list[OutSpec], x: np.ndarray, min: Any = None, max: Any = None) -> np.ndarray:
     """The bounds are converted to the result's type first, as PyTorch does (a uint8 tensor's
     bound -1 is 255)."""
@@ -333,7 +340,7 @@ def clamp(k: Kernel, out: list[OutSpec], x: np.ndarray, min: Any = None, max: An
     return map_flat(k, result, [x], compute)
 
 
-@tile_kernel(aten.clamp.Tensor)
+@tile_kernel(aten.clamp.Tensor, static=True)
 def clamp_tensor(k: Kernel, out: list[OutSpec], x: np.ndarray, min: Any = None, max: Any = None) -> np.ndarray:
     result = hbm_empty(out[0])
     arrays = [x] + [v for v in (min, max) if v is not None]

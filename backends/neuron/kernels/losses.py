@@ -70,13 +70,13 @@ def _picked(k: Kernel, values: Tile, mask: Tile) -> Tile:
     return total
 
 
-@tile_kernel(aten.nll_loss_forward.default)
+@tile_kernel(aten.nll_loss_forward.default, static=True)
 def nll_loss_forward(k: Kernel, out: list[OutSpec], x: np.ndarray, target: np.ndarray,
                      weight: np.ndarray | None, reduction: int, ignore_index: int) -> tuple:
     output, total_weight = hbm_empty(out[0]), hbm_empty(out[1])
     rows_view, targets = _as_rows(x, target)
     samples, classes = rows_view.shape
-    check_targets(targets, classes, ignore_index)
+    k.check(lambda t: check_targets(t, classes, ignore_index), targets)
     p = k.spec.partitions
     # As on CPU, a single 1-d sample with reduction "none" is summed (and reports its weight).
     per_sample = reduction == REDUCTION_NONE and x.ndim == 2
@@ -131,7 +131,7 @@ def _accumulate_picks(k: Kernel, rows_view: np.ndarray, weight: np.ndarray | Non
     k.tensor_tensor(pair[:, 1:2], pair[:, 1:2], picked_weight, "add")
 
 
-@tile_kernel(aten.nll_loss_backward.default)
+@tile_kernel(aten.nll_loss_backward.default, static=True)
 def nll_loss_backward(k: Kernel, out: list[OutSpec], grad_output: np.ndarray, x: np.ndarray,
                       target: np.ndarray, weight: np.ndarray | None, reduction: int,
                       ignore_index: int, total_weight: np.ndarray) -> np.ndarray:
@@ -140,7 +140,7 @@ def nll_loss_backward(k: Kernel, out: list[OutSpec], grad_output: np.ndarray, x:
     rows_view, targets = _as_rows(x, target)
     grad_rows = grad_input.reshape(rows_view.shape)
     samples, classes = rows_view.shape
-    check_targets(targets, classes, ignore_index)
+    k.check(lambda t: check_targets(t, classes, ignore_index), targets)
     p = k.spec.partitions
     for r0 in range(0, samples, p):
         r1 = min(samples, r0 + p)

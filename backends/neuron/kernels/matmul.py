@@ -223,19 +223,19 @@ def _bias_epilogue(bias: np.ndarray, shape: tuple[int, int], beta: Any, alpha: A
     return epilogue
 
 
-@tile_kernel(aten.mm.default)
+@tile_kernel(aten.mm.default, static=True)
 def mm(k: Kernel, out: list[OutSpec], a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return matmul_2d(k, a, b, hbm_empty(out[0]))
 
 
-@tile_kernel(aten.addmm.default)
+@tile_kernel(aten.addmm.default, static=True)
 def addmm(k: Kernel, out: list[OutSpec], bias: np.ndarray, a: np.ndarray, b: np.ndarray, *,
           beta: Any = 1, alpha: Any = 1) -> np.ndarray:
     result = hbm_empty(out[0])
     return matmul_2d(k, a, b, result, _bias_epilogue(bias, result.shape, beta, alpha))
 
 
-@tile_kernel(aten.bmm.default)
+@tile_kernel(aten.bmm.default, static=True)
 def bmm(k: Kernel, out: list[OutSpec], a: np.ndarray, b: np.ndarray) -> np.ndarray:
     result = hbm_empty(out[0])
     for i in range(a.shape[0]):

@@ -57,7 +57,7 @@ def normalize(k: Kernel, chunk: Tile, mean: Tile, rstd: Tile) -> Tile:
     return normalized
 
 
-@tile_kernel(aten.native_layer_norm.default)
+@tile_kernel(aten.native_layer_norm.default, static=True)
 def native_layer_norm(k: Kernel, out: list[OutSpec], x: np.ndarray, normalized_shape: Any,
                       weight: np.ndarray | None, bias: np.ndarray | None, eps: float) -> tuple:
     result, mean_out, rstd_out = (hbm_empty(spec) for spec in out)
@@ -133,7 +133,7 @@ class _ColumnSums:
         store_rows(self.k, target.reshape(-1), 0, self.total)
 
 
-@tile_kernel(aten.native_layer_norm_backward.default)
+@tile_kernel(aten.native_layer_norm_backward.default, static=True)
 def native_layer_norm_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, x: np.ndarray,
                                normalized_shape: Any, mean: np.ndarray, rstd: np.ndarray,
                                weight: np.ndarray | None, bias: np.ndarray | None,

@@ -138,7 +138,7 @@ def _ones_inside(k: Kernel, rows: int, pool: Pool, region: tuple[int, int, int, 
 # ---------------------------------------------------------------------------------------------
 
 
-@tile_kernel(aten.max_pool2d_with_indices.default)
+@tile_kernel(aten.max_pool2d_with_indices.default, static=True)
 def max_pool2d_with_indices(k: Kernel, out: list[OutSpec], x: np.ndarray, kernel_size: Any,
                             stride: Any = (), padding: Any = 0, dilation: Any = 1,
                             ceil_mode: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -190,7 +190,7 @@ def _max_tap(k: Kernel, window: Tile, valid: Tile, base: Tile, offset: int, best
     k.tensor_tensor(chosen, chosen, first, "logical_or")
 
 
-@tile_kernel(aten.max_pool2d_with_indices_backward.default)
+@tile_kernel(aten.max_pool2d_with_indices_backward.default, static=True)
 def max_pool2d_with_indices_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, x: np.ndarray,
                                      kernel_size: Any, stride: Any, padding: Any, dilation: Any,
                                      ceil_mode: bool, indices: np.ndarray) -> np.ndarray:
@@ -257,7 +257,7 @@ def _divisor(k: Kernel, rows: int, pool: Pool, count_include_pad: bool, divisor_
     return divisor
 
 
-@tile_kernel(aten.avg_pool2d.default)
+@tile_kernel(aten.avg_pool2d.default, static=True)
 def avg_pool2d(k: Kernel, out: list[OutSpec], x: np.ndarray, kernel_size: Any, stride: Any = (),
                padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True,
                divisor_override: Any = None) -> np.ndarray:
@@ -281,7 +281,7 @@ def avg_pool2d(k: Kernel, out: list[OutSpec], x: np.ndarray, kernel_size: Any, s
     return result
 
 
-@tile_kernel(aten.avg_pool2d_backward.default)
+@tile_kernel(aten.avg_pool2d_backward.default, static=True)
 def avg_pool2d_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, x: np.ndarray, kernel_size: Any,
                         stride: Any, padding: Any, ceil_mode: bool, count_include_pad: bool,
                         divisor_override: Any) -> np.ndarray:
@@ -315,7 +315,7 @@ def _adaptive_windows(size: int, outputs: int) -> list[tuple[int, int]]:
     return [((o * size) // outputs, -(-((o + 1) * size) // outputs)) for o in range(outputs)]
 
 
-@tile_kernel(aten._adaptive_avg_pool2d.default)
+@tile_kernel(aten._adaptive_avg_pool2d.default, static=True)
 def adaptive_avg_pool2d(k: Kernel, out: list[OutSpec], x: np.ndarray, output_size: Any) -> np.ndarray:
     """Each output is the mean of its window: a Vector-engine reduction over the window's
     sub-tile, then a multiply by the reciprocal of its size."""
@@ -340,7 +340,7 @@ def adaptive_avg_pool2d(k: Kernel, out: list[OutSpec], x: np.ndarray, output_siz
     return result
 
 
-@tile_kernel(aten._adaptive_avg_pool2d_backward.default)
+@tile_kernel(aten._adaptive_avg_pool2d_backward.default, static=True)
 def adaptive_avg_pool2d_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Each output's gradient, divided by its window's size, added over the window."""
     result = hbm_empty(out[0])
@@ -371,7 +371,7 @@ def adaptive_avg_pool2d_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray
 # ---------------------------------------------------------------------------------------------
 
 
-@tile_kernel(aten.adaptive_max_pool2d.default)
+@tile_kernel(aten.adaptive_max_pool2d.default, static=True)
 def adaptive_max_pool2d(k: Kernel, out: list[OutSpec], x: np.ndarray, output_size: Any) -> tuple:
     """Each output's window maximum (VectorE ``max``) and the flat input index of its first
     occurrence (``argmax`` within the window, turned into ``h * W + w`` on GpSimd). A window
@@ -405,7 +405,7 @@ def adaptive_max_pool2d(k: Kernel, out: list[OutSpec], x: np.ndarray, output_siz
     return values, indices
 
 
-@tile_kernel(aten.adaptive_max_pool2d_backward.default)
+@tile_kernel(aten.adaptive_max_pool2d_backward.default, static=True)
 def adaptive_max_pool2d_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, x: np.ndarray,
                                  indices: np.ndarray) -> np.ndarray:
     """A zeroed result, then every output gradient added at its saved input position by the

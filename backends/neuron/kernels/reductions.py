@@ -337,26 +337,26 @@ def truth(k: Kernel, chunk: Tile) -> Tile:
 # ---------------------------------------------------------------------------------------------
 
 
-@tile_kernel(aten.sum.dim_IntList, aten.sum.default)
+@tile_kernel(aten.sum.dim_IntList, aten.sum.default, static=True)
 def sum_(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: Any = None, keepdim: bool = False, *,
          dtype: Any = None) -> np.ndarray:
     return reduce_into(k, x, reduce_dims(x.ndim, dim), hbm_empty(out[0]), "add")
 
 
-@tile_kernel(aten.mean.dim, aten.mean.default)
+@tile_kernel(aten.mean.dim, aten.mean.default, static=True)
 def mean(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: Any = None, keepdim: bool = False, *,
          dtype: Any = None) -> np.ndarray:
     return reduce_into(k, x, reduce_dims(x.ndim, dim), hbm_empty(out[0]), "add",
                        finish=divide_by_count)
 
 
-@tile_kernel(aten.prod.dim_int)
+@tile_kernel(aten.prod.dim_int, static=True)
 def prod_dim(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, keepdim: bool = False, *,
              dtype: Any = None) -> np.ndarray:
     return reduce_into(k, x, reduce_dims(x.ndim, dim), hbm_empty(out[0]), "multiply")
 
 
-@tile_kernel(aten.prod.default)
+@tile_kernel(aten.prod.default, static=True)
 def prod_all(k: Kernel, out: list[OutSpec], x: np.ndarray, *, dtype: Any = None) -> np.ndarray:
     return reduce_into(k, x, reduce_dims(x.ndim, None), hbm_empty(out[0]), "multiply")
 
@@ -369,16 +369,16 @@ def _extreme(op: str):
     return body
 
 
-tile_kernel(aten.amax.default)(_extreme("max"))
-tile_kernel(aten.amin.default)(_extreme("min"))
+tile_kernel(aten.amax.default, static=True)(_extreme("max"))
+tile_kernel(aten.amin.default, static=True)(_extreme("min"))
 
 
-@tile_kernel(aten.max.default)
+@tile_kernel(aten.max.default, static=True)
 def max_all(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
     return reduce_into(k, x, reduce_dims(x.ndim, None), hbm_empty(out[0]), "max")
 
 
-@tile_kernel(aten.min.default)
+@tile_kernel(aten.min.default, static=True)
 def min_all(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
     return reduce_into(k, x, reduce_dims(x.ndim, None), hbm_empty(out[0]), "min")
 
@@ -392,8 +392,8 @@ def _truth_reduction(op: str):
     return body
 
 
-tile_kernel(aten.any.default, aten.any.dim, aten.any.dims)(_truth_reduction("max"))
-tile_kernel(aten.all.default, aten.all.dim, aten.all.dims)(_truth_reduction("min"))
+tile_kernel(aten.any.default, aten.any.dim, aten.any.dims, static=True)(_truth_reduction("max"))
+tile_kernel(aten.all.default, aten.all.dim, aten.all.dims, static=True)(_truth_reduction("min"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,8 +454,8 @@ def _arg(op: str):
     return body
 
 
-tile_kernel(aten.argmax.default)(_arg("max"))
-tile_kernel(aten.argmin.default)(_arg("min"))
+tile_kernel(aten.argmax.default, static=True)(_arg("max"))
+tile_kernel(aten.argmin.default, static=True)(_arg("min"))
 
 
 def _extreme_with_index(op: str):
@@ -468,8 +468,8 @@ def _extreme_with_index(op: str):
     return body
 
 
-tile_kernel(aten.max.dim)(_extreme_with_index("max"))
-tile_kernel(aten.min.dim)(_extreme_with_index("min"))
+tile_kernel(aten.max.dim, static=True)(_extreme_with_index("max"))
+tile_kernel(aten.min.dim, static=True)(_extreme_with_index("min"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -504,7 +504,7 @@ def _root(order: float) -> Finish:
     return finish
 
 
-@tile_kernel(aten.linalg_vector_norm.default)
+@tile_kernel(aten.linalg_vector_norm.default, static=True)
 def linalg_vector_norm(k: Kernel, out: list[OutSpec], x: np.ndarray, ord: Any = 2, dim: Any = None,
                        keepdim: bool = False, *, dtype: Any = None) -> np.ndarray:
     """``(Σ |x|^ord)^(1/ord)``; ord ±inf is the max/min of ``|x|``, ord 0 counts non-zeros."""
@@ -577,7 +577,7 @@ def _correction(correction: Any) -> float:
     return 1.0 if correction is None else float(correction)
 
 
-@tile_kernel(aten.var.correction)
+@tile_kernel(aten.var.correction, static=True)
 def var(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: Any = None, *, correction: Any = None,
         keepdim: bool = False) -> np.ndarray:
     result = hbm_empty(out[0])
@@ -585,7 +585,7 @@ def var(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: Any = None, *, correc
     return result
 
 
-@tile_kernel(aten.var_mean.correction)
+@tile_kernel(aten.var_mean.correction, static=True)
 def var_mean(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: Any = None, *, correction: Any = None,
              keepdim: bool = False) -> tuple:
     variance, average = hbm_empty(out[0]), hbm_empty(out[1])
@@ -635,11 +635,11 @@ def cumulative(k: Kernel, x: np.ndarray, dim: int, result: np.ndarray, op: str) 
     return result
 
 
-@tile_kernel(aten.cumsum.default)
+@tile_kernel(aten.cumsum.default, static=True)
 def cumsum(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, *, dtype: Any = None) -> np.ndarray:
     return cumulative(k, x, dim, hbm_empty(out[0]), "add")
 
 
-@tile_kernel(aten.cumprod.default)
+@tile_kernel(aten.cumprod.default, static=True)
 def cumprod(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, *, dtype: Any = None) -> np.ndarray:
     return cumulative(k, x, dim, hbm_empty(out[0]), "multiply")

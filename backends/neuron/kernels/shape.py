@@ -155,7 +155,7 @@ def _copy_nd(k: Kernel, dst: np.ndarray, src: np.ndarray) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-@tile_kernel(aten.cat.default)
+@tile_kernel(aten.cat.default, static=True)
 def cat(k: Kernel, out: list[OutSpec], tensors: list[np.ndarray], dim: int = 0) -> np.ndarray:
     """Each input DMA-copied into its slice of the output (legacy empty 1-d inputs skipped)."""
     result = hbm_empty(out[0])
@@ -173,7 +173,7 @@ def cat(k: Kernel, out: list[OutSpec], tensors: list[np.ndarray], dim: int = 0) 
     return result
 
 
-@tile_kernel(aten.constant_pad_nd.default)
+@tile_kernel(aten.constant_pad_nd.default, static=True)
 def constant_pad_nd(k: Kernel, out: list[OutSpec], x: np.ndarray, pad: list[int], value: Any = 0) -> np.ndarray:
     """The output filled with ``value`` (memset tiles stored by DMA), then the kept part of
     ``x`` copied into its interior; negative pads crop."""
@@ -191,7 +191,7 @@ def constant_pad_nd(k: Kernel, out: list[OutSpec], x: np.ndarray, pad: list[int]
     return result
 
 
-@tile_kernel(aten.flip.default)
+@tile_kernel(aten.flip.default, static=True)
 def flip(k: Kernel, out: list[OutSpec], x: np.ndarray, dims: list[int]) -> np.ndarray:
     """A DMA copy through SBUF that walks ``x`` backwards along ``dims`` (a negative-stride
     access pattern: element-sized descriptors along a flipped innermost dim)."""

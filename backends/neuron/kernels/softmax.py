@@ -98,17 +98,17 @@ def softmax_rows(k: Kernel, x: np.ndarray, dim: int, out: np.ndarray, log: bool,
     return out
 
 
-@tile_kernel(aten._softmax.default)
+@tile_kernel(aten._softmax.default, static=True)
 def softmax(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, half_to_float: bool) -> np.ndarray:
     return softmax_rows(k, x, dim, hbm_empty(out[0]), log=False, safe=False)
 
 
-@tile_kernel(aten._log_softmax.default)
+@tile_kernel(aten._log_softmax.default, static=True)
 def log_softmax(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, half_to_float: bool) -> np.ndarray:
     return softmax_rows(k, x, dim, hbm_empty(out[0]), log=True, safe=False)
 
 
-@tile_kernel(aten._safe_softmax.default)
+@tile_kernel(aten._safe_softmax.default, static=True)
 def safe_softmax(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: int, dtype: Any = None) -> np.ndarray:
     return softmax_rows(k, x, dim, hbm_empty(out[0]), log=False, safe=True)
 
@@ -119,7 +119,7 @@ def _product(k: Kernel, tiles: list[Tile], f0: int, f1: int) -> Tile:
     return product
 
 
-@tile_kernel(aten._softmax_backward_data.default)
+@tile_kernel(aten._softmax_backward_data.default, static=True)
 def softmax_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, output: np.ndarray, dim: int,
                      input_dtype: Any) -> np.ndarray:
     """``grad_input = y * (g - Σ g·y)`` per row."""
@@ -139,7 +139,7 @@ def softmax_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, output: np
     return result
 
 
-@tile_kernel(aten._log_softmax_backward_data.default)
+@tile_kernel(aten._log_softmax_backward_data.default, static=True)
 def log_softmax_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, output: np.ndarray, dim: int,
                          input_dtype: Any) -> np.ndarray:
     """``grad_input = g - exp(y) * Σ g`` per row."""
@@ -160,7 +160,7 @@ def log_softmax_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, output
     return result
 
 
-@tile_kernel(aten.logsumexp.default)
+@tile_kernel(aten.logsumexp.default, static=True)
 def logsumexp(k: Kernel, out: list[OutSpec], x: np.ndarray, dim: Any, keepdim: bool = False) -> np.ndarray:
     """``log(Σ exp(x - m)) + m`` per row with ``m`` the row max, or 0 where the max is
     infinite (so an all ``-inf`` row gives ``-inf`` and a ``+inf`` one ``inf``, as on CPU)."""

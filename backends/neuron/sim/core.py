@@ -38,6 +38,7 @@ from accelkit_backends.neuron.sim.alu import (
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.errors import NeuronDtypeError, NeuronKernelError, TileShapeError
 from accelkit_backends.neuron.sim.memory import OnChipMemory, Tile
+from accelkit_backends.neuron.sim.replay import Recording
 
 ENGINES = ("tensor", "vector", "scalar", "gpsimd", "dma")
 _ON_CHIP_DTYPES = frozenset(np.dtype(d) for d in (
@@ -97,7 +98,23 @@ class _Program:
     engine_free: dict[str, float]
     dma_queues: list[list[tuple[float, float]]]
     hbm_writes: dict[int, list[tuple[int, int, float]]]
-    kernels: list[Kernel] = field(default_factory=list)
+    #: The program instance's schedule is known (a replayed kernel needs no timing of its own).
+    timing_known: bool = False
+    kernels: list[Kernel | _Replayed] = field(default_factory=list)
+
+
+@dataclass
+class _Replayed:
+    """A kernel of a program that ran as a replay (:mod:`.replay`): no instructions of its own
+    to time, its recording's flops and timing instead."""
+
+    name: str
+    recording: Recording
+    log: list = field(default_factory=list)
+
+    @property
+    def flops(self) -> int:
+        return self.recording.flops
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,9 +177,32 @@ class NeuronCore:
         record = kernel.finish(timing)
         if instance is not None and timing is None and not self.record_instructions:
             self._timings[instance] = (kernel.timed_steps, record.moved(-record.start))
+        if kernel.recording is not None:
+            kernel.recording.finished(kernel.timed_steps, record.flops, record.moved(-record.start))
         self.clock = record.end
         for listener in self.listeners:
             listener(record, kernel.log)
+
+    def can_replay(self, instance: Any) -> bool:
+        """Whether a run of a kernel instance may be a replay of its numerics (see
+        :mod:`.replay`): its timing is known — from an earlier run, or as part of a program
+        whose schedule is known — and no profile records instructions."""
+        if self.record_instructions:
+            return False
+        program = self._program
+        return program.timing_known if program is not None else instance in self._timings
+
+    def replayed(self, name: str, instance: Any, recording: Recording) -> None:
+        """Account for a replayed run of a kernel instance (its numerics are computed): its known
+        timing on the clock, and its record to the listeners, as :meth:`kernel` does."""
+        program = self._program
+        if program is not None:
+            program.kernels.append(_Replayed(name, recording))
+            return
+        record = self._timings[instance][1].moved(self.clock, recording.flops)
+        self.clock = record.end
+        for listener in self.listeners:
+            listener(record, [])
 
     @contextlib.contextmanager
     def program(self, instance: Any = None, label: str = "program") -> Iterator[None]:
@@ -181,7 +221,8 @@ class NeuronCore:
             yield
             return
         program = _Program(self.clock, dict.fromkeys(ENGINES, self.clock),
-                           [[] for _ in range(self.spec.dma_queues)], {})
+                           [[] for _ in range(self.spec.dma_queues)], {},
+                           instance is not None and not self.record_instructions and instance in self._program_timings)
         self._program = program
         try:
             yield
@@ -191,19 +232,34 @@ class NeuronCore:
 
     def _finish_program(self, program: _Program, instance: Any, label: str) -> None:
         kernels = program.kernels
-        steps = sum(k.timed_steps for k in kernels)
+        # Per kernel, its timing steps; a replayed kernel is static and issued what it did then.
+        steps = [None if isinstance(k, _Replayed) else k.timed_steps for k in kernels]
         cacheable = instance is not None and not self.record_instructions
         known = self._program_timings.get(instance) if cacheable else None
-        if known is not None and known[0] == steps and len(known[1]) == len(kernels):
+        if known is not None and len(known[0]) == len(steps) and all(
+                mine is None or mine == then for mine, then in zip(steps, known[0])):
             records = [rel.moved(program.start, k.flops) for rel, k in zip(known[1], kernels)]
+            for kernel, relative in zip(kernels, known[1]):
+                if isinstance(kernel, Kernel) and kernel.recording is not None:
+                    kernel.recording.finished(kernel.timed_steps, kernel.flops, relative.moved(-relative.start))
         else:
-            records = [k.finish() for k in kernels]
-            frontier = program.start
-            for record in records:
+            records, frontier = [], program.start
+            for kernel in kernels:
+                if isinstance(kernel, _Replayed):
+                    # Rare: another kernel's instruction count changed, so the program is timed
+                    # afresh, and a replayed kernel has only its recorded timing: it runs after
+                    # the kernels before it, overlapping none (a conservative estimate).
+                    record = kernel.recording.timing.moved(frontier, kernel.flops)
+                else:
+                    record = kernel.finish()
+                    if kernel.recording is not None:
+                        kernel.recording.finished(kernel.timed_steps, record.flops, record.moved(-record.start))
                 record.advance = max(0.0, record.end - frontier)
                 frontier = max(frontier, record.end)
+                records.append(record)
             if cacheable:
-                self._program_timings[instance] = (steps, [r.moved(-program.start) for r in records])
+                self._program_timings[instance] = ([k.timed_steps if isinstance(k, Kernel) else None for k in kernels],
+                                                   [r.moved(-program.start) for r in records])
         self.sbuf.forget_released()
         self.psum.forget_released()
         self.clock = max([self.clock, *(r.end for r in records)])
@@ -241,6 +297,8 @@ class Kernel:
             self._dma_queues = [[] for _ in range(core.spec.dma_queues)]  # busy intervals, sorted
             self._hbm_writes: dict[int, list[tuple[int, int, float]]] = {}  # base -> written byte ranges
         self._tensor_used = False
+        #: The replay recording this run fills (see :mod:`.replay`), or None.
+        self.recording: Recording | None = None
 
     @property
     def flops(self) -> int:
@@ -270,6 +328,8 @@ class Kernel:
         tile = memory.allocate(tuple(shape), self._on_chip(np.int32 if checked else dtype, name), name, self.name)
         tile.checked = checked
         self._timed(lambda: memory.make_available(tile))
+        if self.recording is not None:
+            self.recording.tile(tile.data)
         return tile
 
     def free(self, *tiles: Tile) -> None:
@@ -320,6 +380,13 @@ class Kernel:
             step()
         else:
             self._untimed.append(step)
+
+    def _run(self, compute: Callable[..., None], *hbm: np.ndarray) -> None:
+        """Execute an instruction's numerics, ``compute(*hbm)`` (``hbm``: its HBM operands), now;
+        a recording keeps them to replay on new memory (see :mod:`.replay`)."""
+        compute(*hbm)
+        if self.recording is not None:
+            self.recording.step(compute, hbm)
 
     def _schedule(self, *args: Any, **kwargs: Any) -> None:
         self._timed(lambda: self._place(*args, **kwargs))
@@ -393,6 +460,12 @@ class Kernel:
             self._record.start = self._record.end
         return self._record
 
+    def check(self, check: Callable[..., None], *hbm: np.ndarray) -> None:
+        """``check(*hbm)``: a check of HBM values that the simulator makes and the hardware
+        cannot (a target or index out of range), before the instructions that read them. Not an
+        instruction (nothing is timed); a replay makes the check again on its new values."""
+        self._run(check, *hbm)
+
     # -- DMA ------------------------------------------------------------------------------
 
     def dma(self, dst: Tile | np.ndarray, src: Tile | np.ndarray, transpose: bool = False,
@@ -419,7 +492,15 @@ class Kernel:
         target = dst.data if isinstance(dst, Tile) else dst
         if values.shape != target.shape:
             raise TileShapeError(f"{self.name}: DMA of shape {values.shape} into {target.shape}")
-        target[...] = self._dma_convert(values, target.dtype)
+        hbm = tuple(a for a in (src, dst) if not isinstance(a, Tile))
+        from_hbm, to_hbm = not isinstance(src, Tile), not isinstance(dst, Tile)
+
+        def copy(*hbm: np.ndarray) -> None:
+            source = hbm[0] if from_hbm else src.data
+            target = hbm[-1] if to_hbm else dst.data
+            target[...] = self._dma_convert(source.T if transpose else source, target.dtype)
+
+        self._run(copy, *hbm)
         nbytes = values.size * max(values.dtype.itemsize, target.dtype.itemsize)
         hbm_side = src if not isinstance(src, Tile) else dst if not isinstance(dst, Tile) else None
         walked = pattern if pattern is not None else hbm_side if hbm_side is not None else values
@@ -432,13 +513,14 @@ class Kernel:
 
         An index outside the table raises (the simulator can check what the hardware cannot).
         """
-        rows = indices.data.reshape(indices.partitions, -1)[:, 0].astype(np.int64)
-        if dst.partitions != rows.shape[0] or dst.shape[1:] != table.shape[1:]:
+        if dst.partitions != indices.partitions or dst.shape[1:] != table.shape[1:]:
             raise TileShapeError(f"{self.name}: gather of {table.shape[1:]} rows into {dst.shape}")
-        if rows.size and (rows.min() < 0 or rows.max() >= table.shape[0]):
-            bad = rows[(rows < 0) | (rows >= table.shape[0])][0]
-            raise IndexError(f"{self.name}: index {int(bad)} is out of range for {table.shape[0]} rows")
-        dst.data[...] = self._dma_convert(table[rows], dst.dtype)
+
+        def gather(table: np.ndarray) -> None:
+            rows = self._rows(indices, table)
+            dst.data[...] = self._dma_convert(table[rows], dst.dtype)
+
+        self._run(gather, table)
         nbytes = dst.data.size * dst.dtype.itemsize
         run = math.prod(table.shape[1:]) * table.dtype.itemsize
         self._dma_schedule("dma_gather", nbytes, run, False, reads=(indices, table), writes=(dst,),
@@ -451,27 +533,36 @@ class Kernel:
         Partitions naming the same row are applied in partition order (the last write wins;
         every add lands). An index outside the table raises, as in :meth:`gather_rows`.
         """
-        rows = indices.data.reshape(indices.partitions, -1)[:, 0].astype(np.int64)
-        if src.partitions != rows.shape[0] or src.shape[1:] != table.shape[1:]:
+        if src.partitions != indices.partitions or src.shape[1:] != table.shape[1:]:
             raise TileShapeError(f"{self.name}: scatter of {src.shape} into {table.shape[1:]} rows")
-        if rows.size and (rows.min() < 0 or rows.max() >= table.shape[0]):
-            bad = rows[(rows < 0) | (rows >= table.shape[0])][0]
-            raise IndexError(f"{self.name}: index {int(bad)} is out of range for {table.shape[0]} rows")
-        if accumulate:
-            work = nx.compute_dtype(table.dtype, src.dtype)
-            touched, slot = np.unique(rows, return_inverse=True)
-            updated = table[touched].astype(work)
-            np.add.at(updated, slot.reshape(-1), src.data.astype(work))
-            check_int32(updated, self.name)
-            table[touched] = nx.round_to(updated, table.dtype)
-        else:
-            values = self._dma_convert(src.data, table.dtype)
-            for p in range(rows.shape[0]):
-                table[rows[p]] = values[p]
+
+        def scatter(table: np.ndarray) -> None:
+            rows = self._rows(indices, table)
+            if accumulate:
+                work = nx.compute_dtype(table.dtype, src.dtype)
+                touched, slot = np.unique(rows, return_inverse=True)
+                updated = table[touched].astype(work)
+                np.add.at(updated, slot.reshape(-1), src.data.astype(work))
+                check_int32(updated, self.name)
+                table[touched] = nx.round_to(updated, table.dtype)
+            else:
+                values = self._dma_convert(src.data, table.dtype)
+                for p in range(rows.shape[0]):
+                    table[rows[p]] = values[p]
+
+        self._run(scatter, table)
         nbytes = src.data.size * src.dtype.itemsize * (2 if accumulate else 1)
         run = math.prod(table.shape[1:]) * table.dtype.itemsize
         self._dma_schedule("dma_scatter_add" if accumulate else "dma_scatter", nbytes, run, False,
                            reads=(indices, src), writes=(table,), via_hbm=True)
+
+    def _rows(self, indices: Tile, table: np.ndarray) -> np.ndarray:
+        """The row numbers an indirect DMA reads from ``indices``; one outside the table raises."""
+        rows = indices.data.reshape(indices.partitions, -1)[:, 0].astype(np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= table.shape[0]):
+            bad = rows[(rows < 0) | (rows >= table.shape[0])][0]
+            raise IndexError(f"{self.name}: index {int(bad)} is out of range for {table.shape[0]} rows")
+        return rows
 
     def _dma_convert(self, values: np.ndarray, dtype: np.dtype) -> np.ndarray:
         if values.dtype == dtype:
@@ -542,11 +633,15 @@ class Kernel:
         fp32_inputs = (stationary.dtype == np.float32) + (moving.dtype == np.float32)
         if fp32_inputs == 1:
             raise NeuronKernelError(f"{self.name}: matmul with one fp32 input needs both in fp32 (N-mm)")
-        product = fp32(stationary.data.reshape(k, m)).T @ fp32(moving.data.reshape(k, n))
-        if accumulate:
-            dst.data += product
-        else:
-            dst.data[...] = product
+
+        def multiply() -> None:
+            product = fp32(stationary.data.reshape(k, m)).T @ fp32(moving.data.reshape(k, n))
+            if accumulate:
+                dst.data += product
+            else:
+                dst.data[...] = product
+
+        self._run(multiply)
         dtype = nx.torch_dtype(moving.dtype)
         self._record.flops += 2 * k * m * n
         reads = (stationary, moving, dst) if accumulate else (stationary, moving)
@@ -569,7 +664,7 @@ class Kernel:
             raise TileShapeError(f"{self.name}: transpose of free size {f} > {self.spec.partitions}")
         if dst.shape != (f, p):
             raise TileShapeError(f"{self.name}: transpose of [{p}, {f}] into {dst.shape}")
-        dst.data[...] = nx.round_to(fp32(src.data.reshape(p, f)).T.copy(), dst.dtype)
+        self._run(lambda: dst.data.__setitem__(..., nx.round_to(fp32(src.data.reshape(p, f)).T.copy(), dst.dtype)))
 
         def place() -> None:
             idle = not self._tensor_used or self._engine_free["tensor"] < self._ready(src)
@@ -586,9 +681,13 @@ class Kernel:
         fn = _lookup(BINARY_OPS, op, "binary op")
         self._same_partitions(dst, a, b)
         work = nx.compute_dtype(a.dtype, b.dtype)
-        with np.errstate(all="ignore"):
-            values = fn(a.data.astype(work, copy=False), b.data.astype(work, copy=False))
-        self._store(dst, values)
+
+        def compute() -> None:
+            with np.errstate(all="ignore"):
+                values = fn(a.data.astype(work, copy=False), b.data.astype(work, copy=False))
+            self._store(dst, values)
+
+        self._run(compute)
         self._elementwise(f"tensor_tensor.{op}", dst, (a, b), work)
 
     def tensor_scalar(self, dst: Tile, a: Tile, op: str, scalar: float | Tile, reverse: bool = False) -> None:
@@ -599,15 +698,22 @@ class Kernel:
         if isinstance(scalar, Tile):
             self._same_partitions(dst, scalar)
             work = nx.compute_dtype(a.dtype, scalar.dtype)
-            other = scalar.data.reshape((scalar.partitions,) + (1,) * (a.data.ndim - 1)).astype(work)
             operands = (a, scalar)
         else:
             work = nx.compute_dtype(a.dtype, np.asarray(scalar).dtype)
-            other = np.asarray(scalar, dtype=work)
-        x = a.data.astype(work, copy=False)
-        with np.errstate(all="ignore"):
-            values = fn(other, x) if reverse else fn(x, other)
-        self._store(dst, values)
+            number = np.asarray(scalar, dtype=work)
+
+        def compute() -> None:
+            if isinstance(scalar, Tile):
+                other = scalar.data.reshape((scalar.partitions,) + (1,) * (a.data.ndim - 1)).astype(work)
+            else:
+                other = number
+            x = a.data.astype(work, copy=False)
+            with np.errstate(all="ignore"):
+                values = fn(other, x) if reverse else fn(x, other)
+            self._store(dst, values)
+
+        self._run(compute)
         self._elementwise(f"tensor_scalar.{op}", dst, operands[:1], work)
 
     def activation(self, dst: Tile, src: Tile, func: str, scale: float | Tile = 1.0,
@@ -619,20 +725,23 @@ class Kernel:
         """
         fn = _lookup(ACTIVATIONS, func, "activation")
         self._same_partitions(dst, src)
-        x = fp32(src.data)
-        with np.errstate(all="ignore"):  # inf and NaN propagate as IEEE says, silently
-            if not (isinstance(scale, (int, float)) and scale == 1.0):
-                x = x * self._per_partition(scale, x.ndim)
-            if bias is not None:
-                x = x + self._per_partition(bias, x.ndim)
-        result = evaluate_activation(fn, x)
-        self._store(dst, result)
+
+        def compute() -> None:
+            x = fp32(src.data)
+            with np.errstate(all="ignore"):  # inf and NaN propagate as IEEE says, silently
+                if not (isinstance(scale, (int, float)) and scale == 1.0):
+                    x = x * self._per_partition(scale, x.ndim)
+                if bias is not None:
+                    x = x + self._per_partition(bias, x.ndim)
+            result = evaluate_activation(fn, x)
+            self._store(dst, result)
+            if reduce_into is not None:
+                total = result.astype(np.float32).reshape(dst.partitions, -1).sum(axis=1, dtype=np.float32)
+                reduce_into.data[...] = nx.round_to(total.reshape(reduce_into.shape), reduce_into.dtype)
+
+        self._run(compute)
         reads: tuple = (src,) + tuple(t for t in (scale, bias) if isinstance(t, Tile))
-        writes: tuple = (dst,)
-        if reduce_into is not None:
-            total = result.astype(np.float32).reshape(dst.partitions, -1).sum(axis=1, dtype=np.float32)
-            reduce_into.data[...] = nx.round_to(total.reshape(reduce_into.shape), reduce_into.dtype)
-            writes = (dst, reduce_into)
+        writes: tuple = (dst,) if reduce_into is None else (dst, reduce_into)
         seconds = cost.scalar_seconds(self.spec, src.free_size)
         self._schedule(f"activation.{func}", "scalar", seconds, reads, writes, f"[{src.partitions}, {src.free_size}]")
 
@@ -642,24 +751,27 @@ class Kernel:
         ``op`` is one of :data:`REDUCE_OPS` or ``argmax``/``argmin`` (the first index, as int32).
         """
         self._same_partitions(dst, src)
-        flat = src.data.reshape(src.partitions, -1)
         work = nx.compute_dtype(src.dtype)
-        values = flat.astype(work, copy=False)
-        if op in ("argmax", "argmin"):
-            with np.errstate(invalid="ignore"):
-                pick = np.argmax if op == "argmax" else np.argmin
-                result = pick(values, axis=1)
-                nan_rows = np.isnan(values).any(axis=1) if work.kind == "f" else np.zeros(len(values), bool)
-                result = np.where(nan_rows, np.argmax(np.isnan(values), axis=1), result)
-        else:
-            fn = _lookup(REDUCE_OPS, op, "reduction")
-            result = fn.reduce(values, axis=1, dtype=work) if values.shape[1] else np.full(
-                values.shape[0], fn.identity if fn.identity is not None else 0, dtype=work)
-            if op in ("max", "min") and work.kind == "f" and values.shape[1]:
-                result = np.where(np.isnan(values).any(axis=1), np.nan, result)
-        if negate:
-            result = -result
-        self._store(dst, result.reshape(dst.shape))
+        fn = None if op in ("argmax", "argmin") else _lookup(REDUCE_OPS, op, "reduction")
+
+        def compute() -> None:
+            values = src.data.reshape(src.partitions, -1).astype(work, copy=False)
+            if fn is None:
+                with np.errstate(invalid="ignore"):
+                    pick = np.argmax if op == "argmax" else np.argmin
+                    result = pick(values, axis=1)
+                    nan_rows = np.isnan(values).any(axis=1) if work.kind == "f" else np.zeros(len(values), bool)
+                    result = np.where(nan_rows, np.argmax(np.isnan(values), axis=1), result)
+            else:
+                result = fn.reduce(values, axis=1, dtype=work) if values.shape[1] else np.full(
+                    values.shape[0], fn.identity if fn.identity is not None else 0, dtype=work)
+                if op in ("max", "min") and work.kind == "f" and values.shape[1]:
+                    result = np.where(np.isnan(values).any(axis=1), np.nan, result)
+            if negate:
+                result = -result
+            self._store(dst, result.reshape(dst.shape))
+
+        self._run(compute)
         self._elementwise(f"tensor_reduce.{op}", src, (src,), work, writes=(dst,))
 
     def tensor_copy(self, dst: Tile, src: Tile, engine: str = "vector") -> None:
@@ -668,8 +780,8 @@ class Kernel:
         if dst.shape != src.shape:
             raise TileShapeError(f"{self.name}: tensor_copy of {src.shape} into {dst.shape}")
         work = nx.compute_dtype(src.dtype)
-        values = src.data if src.dtype.kind == "b" else src.data.astype(work, copy=False)
-        self._store(dst, values)
+        boolean = src.dtype.kind == "b"
+        self._run(lambda: self._store(dst, src.data if boolean else src.data.astype(work, copy=False)))
         if engine == "scalar":
             self._schedule("tensor_copy", "scalar", cost.scalar_seconds(self.spec, src.free_size),
                            (src,), (dst,))
@@ -683,22 +795,27 @@ class Kernel:
         work = nx.compute_dtype(*(t.dtype for t in operands[1:])) if len(operands) > 1 else np.dtype(np.float32)
         if dst.dtype.kind in "iub" and all(not isinstance(t, Tile) or t.dtype.kind in "iub" for t in (on_true, on_false)):
             work = np.dtype(np.int64)
-        pick = [t.data.astype(work) if isinstance(t, Tile) else np.asarray(nx.element(t, dst.dtype)).astype(work)
-                for t in (on_true, on_false)]
-        self._store(dst, np.where(mask.data.astype(bool), pick[0], pick[1]))
+
+        def compute() -> None:
+            pick = [t.data.astype(work) if isinstance(t, Tile) else np.asarray(nx.element(t, dst.dtype)).astype(work)
+                    for t in (on_true, on_false)]
+            self._store(dst, np.where(mask.data.astype(bool), pick[0], pick[1]))
+
+        self._run(compute)
         self._elementwise("select", dst, tuple(operands), work)
 
     def iota(self, dst: Tile, base: int = 0, partition_step: int = 0, free_step: int = 1) -> None:
         """``dst[p, f] = base + p * partition_step + f * free_step`` (GpSimd)."""
         p = np.arange(dst.partitions, dtype=np.int64).reshape((-1,) + (1,) * (dst.data.ndim - 1))
         f = np.arange(dst.free_size, dtype=np.int64).reshape((1,) + dst.shape[1:])
-        self._store(dst, base + p * partition_step + f * free_step)
+        self._run(lambda: self._store(dst, base + p * partition_step + f * free_step))
         self._schedule("iota", "gpsimd", cost.gpsimd_seconds(self.spec, dst.free_size), (), (dst,))
 
     def set_rng_seed(self, seed: int) -> None:
         """Seed the engines' pseudo-random generator (nki.isa.set_rng_seed). The state persists
         on the core across kernels, as the hardware's does within a loaded program."""
-        self.core.rng = np.random.Generator(np.random.PCG64(int(seed) & 0xFFFFFFFF))
+        core = self.core
+        self._run(lambda: setattr(core, "rng", np.random.Generator(np.random.PCG64(int(seed) & 0xFFFFFFFF))))
         self._schedule("set_rng_seed", "vector", cost.vector_seconds(self.spec, 1, 0, False))
 
     def rng(self, dst: Tile) -> None:
@@ -707,17 +824,22 @@ class Kernel:
         numpy's PCG64, not the hardware's XORWOW: the bits are statistically, not bitwise, alike."""
         if dst.dtype.kind not in "iu":
             raise NeuronDtypeError(f"{self.name}: rng writes an integer tile, not {dst.dtype}")
-        if self.core.rng is None:
-            self.core.rng = np.random.Generator(np.random.PCG64(0))
-        bits = self.core.rng.integers(0, 1 << 32, size=dst.shape, dtype=np.uint64).astype(np.uint32)
-        width = np.dtype(f"u{dst.dtype.itemsize}")
-        dst.data[...] = bits.astype(width).view(dst.dtype)  # keeps the low bits
+        core, width = self.core, np.dtype(f"u{dst.dtype.itemsize}")
+
+        def draw() -> None:
+            if core.rng is None:
+                core.rng = np.random.Generator(np.random.PCG64(0))
+            bits = core.rng.integers(0, 1 << 32, size=dst.shape, dtype=np.uint64).astype(np.uint32)
+            dst.data[...] = bits.astype(width).view(dst.dtype)  # keeps the low bits
+
+        self._run(draw)
         self._elementwise("rng", dst, (), np.dtype(np.int64), engine="vector")
 
     def memset(self, dst: Tile, value: float) -> None:
         """``dst = value``, the number converted to ``dst``'s type as PyTorch converts it."""
         work = nx.compute_dtype(dst.dtype)
-        self._store(dst, np.full(dst.shape, nx.element(value, dst.dtype)))
+        element = nx.element(value, dst.dtype)
+        self._run(lambda: self._store(dst, np.full(dst.shape, element)))
         self._elementwise("memset", dst, (), work)
 
     def partition_reduce(self, dst: Tile, src: Tile, op: str) -> None:
@@ -727,10 +849,14 @@ class Kernel:
         if dst.partitions != 1 or dst.free_size != src.free_size:
             raise TileShapeError(f"{self.name}: partition_reduce of {src.shape} into {dst.shape}")
         work = nx.compute_dtype(src.dtype)
-        values = fn.reduce(src.data.astype(work, copy=False), axis=0, keepdims=True)
-        if op in ("max", "min") and work.kind == "f":
-            values = np.where(np.isnan(src.data.astype(work)).any(axis=0, keepdims=True), np.nan, values)
-        self._store(dst, values)
+
+        def compute() -> None:
+            values = fn.reduce(src.data.astype(work, copy=False), axis=0, keepdims=True)
+            if op in ("max", "min") and work.kind == "f":
+                values = np.where(np.isnan(src.data.astype(work)).any(axis=0, keepdims=True), np.nan, values)
+            self._store(dst, values)
+
+        self._run(compute)
         seconds = cost.gpsimd_seconds(self.spec, src.free_size, inputs=src.partitions // 16 + 1)
         self._schedule(f"partition_reduce.{op}", "gpsimd", seconds, (src,), (dst,))
 

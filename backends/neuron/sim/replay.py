@@ -1,0 +1,260 @@
+"""Numerics-only replay of a static kernel instance.
+
+A kernel instance whose instructions depend on shapes, dtypes and static arguments only (never
+on values) issues the same instructions every run, as a compiled NEFF does. Its first run is
+recorded: each instruction's numerics as a step, with every HBM operand bound to where it lies
+in one of the kernel's *roots* (its array arguments, the results it allocates, and host copies
+it stages). A later run of the instance replays the steps on the new roots: no kernel Python,
+no tile allocation, no scheduling (the instance's timing is already known). The numerics are
+the recorded instructions' own, so results are bit-for-bit those of running the body.
+
+A recording refuses to replay (and the kernel then always runs in full) when an instruction
+touches HBM memory that is none of its roots, or when the tiles it would keep exceed
+:data:`TILE_BYTES`; :attr:`Recording.refused` says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.lib.array_utils import byte_bounds
+
+
+def _owner(array: np.ndarray) -> Any:
+    base = array
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    return base
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
+
+
+class _At:
+    """An ``__array_interface__`` at an address, keeping the memory's owner alive."""
+
+    __slots__ = ("__array_interface__", "owner")
+
+    def __init__(self, interface: dict, owner: Any):
+        self.__array_interface__ = interface
+        self.owner = owner
+
+
+def _view(root: np.ndarray, offset: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The array of ``shape``/``strides`` starting ``offset`` bytes from ``root``'s first element."""
+    interface = {"data": (_address(root) + offset, False), "shape": shape, "strides": strides,
+                 "typestr": dtype.str, "descr": dtype.descr, "version": 3}
+    view = np.asarray(_At(interface, root))
+    return view if view.dtype == dtype else view.view(dtype)  # descr round trips lose ml_dtypes
+
+
+#: The most tile memory one recording keeps (its tiles are reused by every replay).
+TILE_BYTES = 16 << 20
+
+_active = threading.local()
+
+
+def active() -> Recording | None:
+    """The recording the current thread's kernel body fills, if any."""
+    return getattr(_active, "recording", None)
+
+
+@contextlib.contextmanager
+def recording_into(recording: Recording) -> Iterator[None]:
+    """Within the block, results the body allocates (``hbm_empty``) become the recording's roots."""
+    previous = active()
+    _active.recording = recording
+    try:
+        yield
+    finally:
+        _active.recording = previous
+
+
+class Recording:
+    """The steps of one static kernel instance's run (see the module docstring)."""
+
+    def __init__(self, arguments: Sequence[np.ndarray]):
+        self.arguments = len(arguments)
+        self._roots: list[np.ndarray] = list(arguments)
+        #: In order: ("run", compute, bindings) for an instruction's numerics, and for each root
+        #: after the arguments ("empty", shape, dtype) or ("derived", fn, binding).
+        self._steps: list[tuple] = []
+        self._result: Any = None
+        #: Why the instance cannot replay (None: it can).
+        self.refused: str | None = None
+        #: The instance's flops, timing steps and timing (relative to its start), as recorded.
+        self.flops = 0
+        self.timed_steps = 0
+        self.timing: Any = None
+        self._tile_bytes = 0
+        #: Replays reuse the recorded tiles' memory: one at a time.
+        self.lock = threading.Lock()
+
+    # -- recording ------------------------------------------------------------------------
+
+    def allocated(self, array: np.ndarray) -> None:
+        """``array`` is a fresh HBM result of the kernel."""
+        self._roots.append(array)
+        self._steps.append(("empty", array.shape, array.dtype))
+
+    def tile(self, data: np.ndarray) -> None:
+        """A new tile, zeroed now and at each replay (a fresh tile reads as zeros)."""
+        self._tile_bytes += data.nbytes
+        if self._tile_bytes > TILE_BYTES:
+            self._refuse(f"its tiles take more than {TILE_BYTES >> 20} MiB to keep")
+        self.step(lambda: data.fill(0))
+
+    def finished(self, timed_steps: int, flops: int, timing: Any) -> None:
+        """What the recorded run cost, once it is timed."""
+        self.timed_steps, self.flops, self.timing = timed_steps, flops, timing
+
+    def derived(self, fn: Callable[[np.ndarray], np.ndarray], source: np.ndarray) -> np.ndarray:
+        """``fn(source)``: a host array the simulator derives from HBM memory (a dense staging
+        copy of a strided input), made again from the new memory at replay."""
+        made = fn(source)
+        binding = self.bind(source)
+        if binding is not None:
+            self._roots.append(made)
+            self._steps.append(("derived", fn, binding))
+        return made
+
+    def step(self, compute: Callable[..., None], hbm: tuple[np.ndarray, ...] = ()) -> None:
+        """An instruction's numerics, ``compute(*hbm)``, already run once by the caller."""
+        if self.refused is not None:
+            return
+        bindings = tuple(self.bind(a) for a in hbm)
+        if self.refused is None:
+            self._steps.append(("run", compute, bindings))
+
+    def finish(self, result: Any) -> None:
+        """The body's return value: arrays among the roots (or views of them), or plain data."""
+        if self.refused is None:
+            self._result = self._structure(result)
+        self._roots = []  # bindings are made: the first run's memory is not kept
+
+    def bind(self, array: np.ndarray) -> tuple | None:
+        """Where ``array`` lies: ``(root, )`` for a root itself, else ``(root, offset, shape,
+        strides, dtype)``; None (and the recording refuses) when it lies in no root."""
+        for index, root in enumerate(self._roots):
+            if array is root:
+                return (index,)
+        owner, (low, high) = _owner(array), byte_bounds(array)
+        for index, root in enumerate(self._roots):
+            if _owner(root) is not owner:
+                continue
+            root_low, root_high = byte_bounds(root)
+            if root_low <= low and high <= root_high:
+                if array.shape == root.shape and array.strides == root.strides and _address(array) == _address(root) \
+                        and array.dtype == root.dtype:
+                    return (index,)
+                return (index, _address(array) - _address(root), array.shape, array.strides, array.dtype)
+        self._refuse(f"an instruction touched HBM memory of shape {array.shape} that is no argument or result")
+        return None
+
+    def _structure(self, value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            binding = self.bind(value)
+            return ("array", binding)
+        if isinstance(value, (list, tuple)):
+            return (type(value), [self._structure(v) for v in value])
+        if value is None or isinstance(value, (bool, int, str)):
+            return ("value", value)
+        self._refuse(f"the body returned a {type(value).__name__}")
+        return None
+
+    def _refuse(self, reason: str) -> None:
+        if self.refused is None:
+            self.refused = reason
+        self._steps.clear()  # nor keep the tiles alive
+
+    # -- replay ---------------------------------------------------------------------------
+
+    def replay(self, arguments: Sequence[np.ndarray]) -> Any:
+        """Run the recorded steps on new argument arrays (laid out as the recorded ones);
+        returns the body's result on the new memory."""
+        roots = list(arguments)
+        for kind, first, second in self._steps:
+            if kind == "run":
+                first(*[_resolve(roots, b) for b in second])
+            elif kind == "empty":
+                roots.append(np.empty(first, dtype=second))
+            else:
+                roots.append(first(_resolve(roots, second)))
+        return _rebuild(roots, self._result)
+
+
+def _resolve(roots: list[np.ndarray], binding: tuple) -> np.ndarray:
+    if len(binding) == 1:
+        return roots[binding[0]]
+    index, offset, shape, strides, dtype = binding
+    return _view(roots[index], offset, shape, strides, dtype)
+
+
+def _rebuild(roots: list[np.ndarray], structure: Any) -> Any:
+    kind, content = structure
+    if kind == "array":
+        return _resolve(roots, content)
+    if kind == "value":
+        return content
+    return kind(_rebuild(roots, s) for s in content)
+
+
+def array_arguments(args: tuple, kwargs: dict) -> list[np.ndarray]:
+    """The arrays among a call's arguments, in order (lists and tuples walked)."""
+    found: list[np.ndarray] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, np.ndarray):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                walk(v)
+
+    for value in args:
+        walk(value)
+    for value in kwargs.values():
+        walk(value)
+    return found
+
+
+def with_arrays(args: tuple, kwargs: dict, arrays: Sequence[np.ndarray]) -> tuple[tuple, dict]:
+    """``args`` and ``kwargs`` with their arrays replaced by ``arrays``, in the order
+    :func:`array_arguments` lists them."""
+    replacements = iter(arrays)
+
+    def swap(value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return next(replacements)
+        if isinstance(value, (list, tuple)):
+            return type(value)(swap(v) for v in value)
+        return value
+
+    return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+
+
+def aliasing(arrays: Sequence[np.ndarray]) -> tuple:
+    """Which arguments share memory, and at what distance: part of what fixes a recording
+    (``add(x, x)`` and ``add(x, y)`` bind their operands differently)."""
+    if len(arrays) < 2:
+        return ()
+    owners = [_owner(a) for a in arrays]
+    pattern = []
+    for i, owner in enumerate(owners):
+        first = next(j for j in range(i + 1) if owners[j] is owner)
+        pattern.append((first, _address(arrays[i]) - _address(arrays[first])) if first != i else None)
+    return tuple(pattern)
+
+
+def same_bits(a: Any, b: Any) -> bool:
+    """Bitwise equality of two results (arrays compared byte for byte)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return a.shape == b.shape and a.dtype == b.dtype and \
+            np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(same_bits(x, y) for x, y in zip(a, b))
+    return a == b
