@@ -284,5 +284,6 @@ def _external_key(nodes: Sequence[torch.fx.Node], env: dict[torch.fx.Node, Any])
         for a in node.all_input_nodes:
             if a not in members:
                 v = env[a]
-                key.append(("array", v.shape, v.dtype.str, v.strides) if hasattr(v, "strides") else ("value", v))
+                key.append(("array", v.shape, v.dtype.str, v.strides) if hasattr(v, "strides")
+                           else ("value", v.hex() if isinstance(v, float) else v))
     return tuple(key)

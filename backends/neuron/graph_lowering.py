@@ -17,6 +17,7 @@ round it (``accelkit.bucketed``); every new input shape is a new program, counte
 from __future__ import annotations
 
 import operator
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -25,11 +26,12 @@ import numpy as np
 import torch
 
 from accelkit.sdk import GraphLowering, graph_parts
-from accelkit_backends.neuron import fusion, runtime
+from accelkit_backends.neuron import fusion, launch, runtime
 from accelkit_backends.neuron.conversion import convert
 from accelkit_backends.neuron.kernels.shape import copy_view
 from accelkit_backends.neuron.launch import kernels
 from accelkit_backends.neuron.sim import numerics as nx
+from accelkit_backends.neuron.sim import replay
 
 
 class NeuronStaticShapeError(RuntimeError):
@@ -107,6 +109,8 @@ class GraphProgram:
         spec = runtime.core().spec
         self._units = fusion.plan(self._body, self._outputs, spec.partitions, spec.sbuf_partition_bytes)
         self._structures: set[tuple] = set()
+        #: Per input structure (and aliasing), the program's recording (see :meth:`_record`).
+        self._recordings: dict[tuple, replay.Recording] = {}
 
     def __call__(self, inputs: list, seed: int) -> list:
         structure = tuple(_structure_of(value) for value in inputs)
@@ -114,6 +118,57 @@ class GraphProgram:
             self._structures.add(structure)
             with _count_lock:
                 GraphProgram.compiled_total += 1
+        core = runtime.core()
+        instance = (self, structure)
+        arrays = [v for v in inputs if isinstance(v, np.ndarray)]
+        if self._random or os.environ.get(launch.REPLAY_ENV) == "0":
+            return self._run(inputs, seed, instance)
+        key = (structure, replay.aliasing(arrays))
+        recording = self._recordings.get(key)
+        if recording is None and not core.record_instructions:
+            return self._record(inputs, seed, instance, key, arrays)
+        if recording is not None and recording.refused is None and core.can_replay_program(instance) \
+                and recording.lock.acquire(blocking=False):
+            verify = os.environ.get(launch.VERIFY_ENV) == "1"
+            before = [replay.twin(a) for a in arrays] if verify else None
+            try:
+                outputs = recording.replay(arrays)
+            finally:
+                recording.lock.release()
+            core.replayed_program(instance, self.label)
+            if verify:
+                self._verify(inputs, seed, instance, arrays, before, outputs)
+            return outputs
+        return self._run(inputs, seed, instance)
+
+    def _record(self, inputs: list, seed: int, instance: tuple, key: tuple, arrays: list[np.ndarray]) -> list:
+        """Run the program, recording it as the calls of its kernels' recordings: a later call
+        with the same structure replays those (numerics only) once the schedule is known. A
+        program with a kernel that cannot replay, or work outside kernels (a dtype conversion
+        or a constant made on the host), refuses."""
+        core = runtime.core()
+        recording = replay.Recording(arrays)
+        before = core.kernels_run
+        with replay.program_into(recording):
+            outputs = self._run(inputs, seed, instance)
+        if recording.calls != core.kernels_run - before:
+            recording.refuse("a kernel of the program is not static")
+        recording.finish(list(outputs))
+        self._recordings[key] = recording
+        return outputs
+
+    def _verify(self, inputs: list, seed: int, instance: tuple, arrays: list[np.ndarray],
+                before: list[np.ndarray], outputs: list) -> None:
+        """Run the program in full on copies of its inputs as they were (leaving no trace on the
+        clock or the estimates); its outputs must equal the replay's bit for bit."""
+        copies = iter(before)
+        fresh = [next(copies) if isinstance(v, np.ndarray) else v for v in inputs]
+        with runtime.core().detached():
+            expected = self._run(fresh, seed, instance)
+        if not replay.same_bits(list(outputs), list(expected)):
+            raise launch.ReplayMismatch(f"neuron {self.label}: a replay of the program differs from running it")
+
+    def _run(self, inputs: list, seed: int, instance: tuple) -> list:
         env: dict[torch.fx.Node, Any] = dict(zip(self._placeholders, inputs))
 
         def run_node(node: torch.fx.Node) -> Any:
@@ -123,7 +178,7 @@ class GraphProgram:
                 kwargs["generator"] = torch.Generator().manual_seed(_stream_seed(seed, self._random[node]))
             return self._steps[node](node, args, kwargs)
 
-        with runtime.core().program((self, structure), self.label):
+        with runtime.core().program(instance, self.label):
             for unit in self._units:
                 if isinstance(unit, fusion.FusedGroup):
                     unit.run(env, run_node)
@@ -148,7 +203,8 @@ def _own(value: Any, inputs: list[np.ndarray]) -> Any:
     """A program output that shares memory with an input becomes a copy: the runtime adopts
     outputs as the memory of new tensors."""
     if isinstance(value, np.ndarray) and any(np.may_share_memory(value, a) for a in inputs):
-        return value.copy()
+        recording = replay.active_program()
+        return value.copy() if recording is None else recording.derived(np.copy, value)
     return value
 
 
@@ -352,7 +408,12 @@ def _constant(node: torch.fx.Node, args: tuple, kwargs: dict) -> np.ndarray:
     (a fresh array per call: outputs become the memory of new tensors)."""
     kwargs = {**kwargs, "device": "cpu"}
     kwargs.pop("pin_memory", None)
-    return nx.from_torch(node.target(*args, **kwargs))
+
+    def make() -> np.ndarray:
+        return nx.from_torch(node.target(*args, **kwargs))
+
+    recording = replay.active_program()
+    return make() if recording is None else recording.made(make)
 
 
 _GRAPH_OPS = {
@@ -370,7 +431,10 @@ def _conform(out: Any, val: Any) -> Any:
     """A kernel's results in PyTorch's result dtypes (``node.meta["val"]``), as eagerly."""
     if isinstance(val, torch.Tensor) and isinstance(out, np.ndarray):
         dtype = nx.numpy_dtype(val.dtype)
-        return out if out.dtype == dtype else out.astype(dtype)
+        if out.dtype == dtype:
+            return out
+        recording = replay.active_program()
+        return out.astype(dtype) if recording is None else recording.derived(lambda a: a.astype(dtype), out)
     if isinstance(val, list | tuple) and isinstance(out, list | tuple):
         cast = [_conform(o, v) for o, v in zip(out, val)]
         return tuple(cast) if isinstance(out, tuple) else cast

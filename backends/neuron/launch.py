@@ -80,7 +80,8 @@ def _launcher(op: OpOverload, body: Callable, static: bool = False) -> Callable:
                 given_args, given_kwargs = replay.with_arrays(args, kwargs, given)
                 return body(k, out, *given_args, **given_kwargs)
 
-            return run_static(name, instance, arrays, _float_values(args, kwargs), program)
+            # Floats by their bits: a program that fills -0.0 is not the one that fills 0.0.
+            return run_static(name, instance, arrays, tuple(v.hex() for v in _float_values(args, kwargs)), program)
         with runtime.core().kernel(name, instance) as k:
             return body(k, out, *args, **kwargs)
 
@@ -121,11 +122,25 @@ def run_static(name: str, instance: tuple, arrays: list[np.ndarray], statics: tu
     key = (instance, statics, replay.aliasing(arrays))
     recording = _RECORDINGS.get(key)
     if recording is None and not core.record_instructions:
-        return _record(core, name, instance, key, body, arrays)
+        result = _record(core, name, instance, key, body, arrays)
+        recording = _RECORDINGS[key]
+    else:
+        result = _replay_or_run(core, name, instance, recording, body, arrays)
+    program = replay.active_program()
+    if program is not None:
+        if recording is None or recording is _REFUSED:
+            program.refuse(f"kernel {name} cannot replay")
+        else:
+            program.called(recording, arrays, result)
+    return result
+
+
+def _replay_or_run(core: Any, name: str, instance: tuple, recording: Any, body: Callable,
+                   arrays: list[np.ndarray]) -> Any:
     if recording is not _REFUSED and recording is not None and core.can_replay(instance) \
             and recording.lock.acquire(blocking=False):
         verify = os.environ.get(VERIFY_ENV) == "1"
-        before = [a.copy() for a in arrays] if verify else None
+        before = [replay.twin(a) for a in arrays] if verify else None
         try:
             result = recording.replay(arrays)
         finally:

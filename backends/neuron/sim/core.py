@@ -144,6 +144,8 @@ class NeuronCore:
         #: Per program instance, its kernels' timings as first computed (see :meth:`program`).
         self._program_timings: dict[Any, tuple[int, list[KernelRecord]]] = {}
         self._program: _Program | None = None
+        #: Kernels run (in full or replayed) since the core was made.
+        self.kernels_run = 0
 
     @contextlib.contextmanager
     def kernel(self, name: str, instance: Any = None) -> Iterator[Kernel]:
@@ -156,6 +158,7 @@ class NeuronCore:
         data-dependent program), which are then timed afresh. Recording instructions for a
         profile times every run. Inside :meth:`program`, the program times its kernels.
         """
+        self.kernels_run += 1
         program = self._program
         if program is not None:
             kernel = Kernel(self, name, program.start, defer_timing=not self.record_instructions, program=program)
@@ -195,6 +198,7 @@ class NeuronCore:
     def replayed(self, name: str, instance: Any, recording: Recording) -> None:
         """Account for a replayed run of a kernel instance (its numerics are computed): its known
         timing on the clock, and its record to the listeners, as :meth:`kernel` does."""
+        self.kernels_run += 1
         program = self._program
         if program is not None:
             program.kernels.append(_Replayed(name, recording))
@@ -203,6 +207,35 @@ class NeuronCore:
         self.clock = record.end
         for listener in self.listeners:
             listener(record, [])
+
+    @contextlib.contextmanager
+    def detached(self) -> Iterator[None]:
+        """Kernels run inside leave no trace: the clock, listeners and program listeners are
+        restored after (a check that runs a program a second time)."""
+        saved = (self.clock, self.listeners, self.program_listeners, self.kernels_run)
+        self.listeners, self.program_listeners = [], []
+        try:
+            yield
+        finally:
+            self.clock, self.listeners, self.program_listeners, self.kernels_run = saved
+
+    def can_replay_program(self, instance: Any) -> bool:
+        """Whether a whole program instance may run as a replay: its schedule is known, it is
+        not inside another program, and no profile records instructions."""
+        return not self.record_instructions and self._program is None and instance in self._program_timings
+
+    def replayed_program(self, instance: Any, label: str) -> None:
+        """Account for a replayed program instance: its known schedule from the clock on, each
+        kernel's record to the listeners, as :meth:`program` does."""
+        relative = self._program_timings[instance][1]
+        records = [r.moved(self.clock) for r in relative]
+        self.kernels_run += len(records)
+        self.clock = max([self.clock, *(r.end for r in records)])
+        for record in records:
+            for listener in self.listeners:
+                listener(record, [])
+        for listener in self.program_listeners:
+            listener(label, records)
 
     @contextlib.contextmanager
     def program(self, instance: Any = None, label: str = "program") -> Iterator[None]:
@@ -865,7 +898,9 @@ class Kernel:
     def _store(self, dst: Tile, values: np.ndarray) -> None:
         if dst.checked and np.asarray(values).dtype.kind in "iu":
             check_int32(np.asarray(values), self.name)
-        dst.data[...] = nx.round_to(np.broadcast_to(values, dst.shape), dst.dtype)
+        if getattr(values, "shape", None) != dst.shape:
+            values = np.broadcast_to(values, dst.shape)
+        dst.data[...] = nx.round_to(values, dst.dtype)
 
     def _elementwise(self, name: str, dst: Tile, inputs: tuple, work: np.dtype, engine: str | None = None,
                      writes: tuple | None = None) -> None:

@@ -24,13 +24,6 @@ import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
 
-def _owner(array: np.ndarray) -> Any:
-    base = array
-    while isinstance(base, np.ndarray) and base.base is not None:
-        base = base.base
-    return base
-
-
 def _address(array: np.ndarray) -> int:
     return array.__array_interface__["data"][0]
 
@@ -64,6 +57,22 @@ def active() -> Recording | None:
     return getattr(_active, "recording", None)
 
 
+def active_program() -> Recording | None:
+    """The recording of the compiled program the current thread runs, if any: each kernel the
+    program runs is a call of its own recording (:meth:`Recording.called`)."""
+    return getattr(_active, "program", None)
+
+
+@contextlib.contextmanager
+def program_into(recording: Recording) -> Iterator[None]:
+    previous = active_program()
+    _active.program = recording
+    try:
+        yield
+    finally:
+        _active.program = previous
+
+
 @contextlib.contextmanager
 def recording_into(recording: Recording) -> Iterator[None]:
     """Within the block, results the body allocates (``hbm_empty``) become the recording's roots."""
@@ -92,6 +101,8 @@ class Recording:
         self.timed_steps = 0
         self.timing: Any = None
         self._tile_bytes = 0
+        #: Kernels a program recording saw called (see :meth:`called`).
+        self.calls = 0
         #: Replays reuse the recorded tiles' memory: one at a time.
         self.lock = threading.Lock()
 
@@ -106,7 +117,7 @@ class Recording:
         """A new tile, zeroed now and at each replay (a fresh tile reads as zeros)."""
         self._tile_bytes += data.nbytes
         if self._tile_bytes > TILE_BYTES:
-            self._refuse(f"its tiles take more than {TILE_BYTES >> 20} MiB to keep")
+            self.refuse(f"its tiles take more than {TILE_BYTES >> 20} MiB to keep")
         self.step(lambda: data.fill(0))
 
     def finished(self, timed_steps: int, flops: int, timing: Any) -> None:
@@ -123,6 +134,14 @@ class Recording:
             self._steps.append(("derived", fn, binding))
         return made
 
+    def made(self, fn: Callable[[], np.ndarray]) -> np.ndarray:
+        """``fn()``: a host array made from static values only (a graph's constant), made anew
+        at replay."""
+        made = fn()
+        self._roots.append(made)
+        self._steps.append(("made", fn, None))
+        return made
+
     def step(self, compute: Callable[..., None], hbm: tuple[np.ndarray, ...] = ()) -> None:
         """An instruction's numerics, ``compute(*hbm)``, already run once by the caller."""
         if self.refused is not None:
@@ -130,6 +149,20 @@ class Recording:
         bindings = tuple(self.bind(a) for a in hbm)
         if self.refused is None:
             self._steps.append(("run", compute, bindings))
+
+    def called(self, kernel: Recording, arguments: Sequence[np.ndarray], result: Any) -> None:
+        """A program's kernel ran as ``kernel`` records it, on ``arguments``, and gave ``result``
+        (whose arrays become roots): at replay, ``kernel`` replays on the same memory."""
+        if self.refused is not None:
+            return
+        if kernel.refused is not None:
+            self.refuse(f"its kernel cannot replay: {kernel.refused}")
+            return
+        bindings = tuple(self.bind(a) for a in arguments)
+        self.calls += 1
+        if self.refused is None:
+            self._steps.append(("call", kernel, bindings))
+            self._roots.extend(array_arguments((result,), {}))
 
     def finish(self, result: Any) -> None:
         """The body's return value: arrays among the roots (or views of them), or plain data."""
@@ -143,17 +176,17 @@ class Recording:
         for index, root in enumerate(self._roots):
             if array is root:
                 return (index,)
-        owner, (low, high) = _owner(array), byte_bounds(array)
+        # By address: roots are alive while recording, so memory inside one belongs to it (a
+        # view made through torch has another owner object, but the same bytes).
+        low, high = byte_bounds(array)
         for index, root in enumerate(self._roots):
-            if _owner(root) is not owner:
-                continue
             root_low, root_high = byte_bounds(root)
             if root_low <= low and high <= root_high:
                 if array.shape == root.shape and array.strides == root.strides and _address(array) == _address(root) \
                         and array.dtype == root.dtype:
                     return (index,)
                 return (index, _address(array) - _address(root), array.shape, array.strides, array.dtype)
-        self._refuse(f"an instruction touched HBM memory of shape {array.shape} that is no argument or result")
+        self.refuse(f"an instruction touched HBM memory of shape {array.shape} that is no argument or result")
         return None
 
     def _structure(self, value: Any) -> Any:
@@ -164,10 +197,10 @@ class Recording:
             return (type(value), [self._structure(v) for v in value])
         if value is None or isinstance(value, (bool, int, str)):
             return ("value", value)
-        self._refuse(f"the body returned a {type(value).__name__}")
+        self.refuse(f"the body returned a {type(value).__name__}")
         return None
 
-    def _refuse(self, reason: str) -> None:
+    def refuse(self, reason: str) -> None:
         if self.refused is None:
             self.refused = reason
         self._steps.clear()  # nor keep the tiles alive
@@ -181,8 +214,14 @@ class Recording:
         for kind, first, second in self._steps:
             if kind == "run":
                 first(*[_resolve(roots, b) for b in second])
+            elif kind == "call":
+                with first.lock:
+                    result = first.replay([_resolve(roots, b) for b in second])
+                roots.extend(array_arguments((result,), {}))
             elif kind == "empty":
                 roots.append(np.empty(first, dtype=second))
+            elif kind == "made":
+                roots.append(first())
             else:
                 roots.append(first(_resolve(roots, second)))
         return _rebuild(roots, self._result)
@@ -192,7 +231,13 @@ def _resolve(roots: list[np.ndarray], binding: tuple) -> np.ndarray:
     if len(binding) == 1:
         return roots[binding[0]]
     index, offset, shape, strides, dtype = binding
-    return _view(roots[index], offset, shape, strides, dtype)
+    root = roots[index]
+    if offset >= 0 and root.flags.c_contiguous:
+        try:  # the fast way, where the root lends its memory as a buffer
+            return np.ndarray(shape, dtype, root, offset, strides)
+        except (TypeError, ValueError):
+            pass
+    return _view(root, offset, shape, strides, dtype)
 
 
 def _rebuild(roots: list[np.ndarray], structure: Any) -> Any:
@@ -238,16 +283,27 @@ def with_arrays(args: tuple, kwargs: dict, arrays: Sequence[np.ndarray]) -> tupl
 
 
 def aliasing(arrays: Sequence[np.ndarray]) -> tuple:
-    """Which arguments share memory, and at what distance: part of what fixes a recording
-    (``add(x, x)`` and ``add(x, y)`` bind their operands differently)."""
+    """Which arguments overlap in memory, and at what distance: part of what fixes a recording
+    (``mul(x, x)`` reads both operands from one root, ``mul(x, y)`` from two). By address, as
+    arrays read through ``as_strided`` share no owner object."""
     if len(arrays) < 2:
         return ()
-    owners = [_owner(a) for a in arrays]
+    bounds = [byte_bounds(a) for a in arrays]
     pattern = []
-    for i, owner in enumerate(owners):
-        first = next(j for j in range(i + 1) if owners[j] is owner)
-        pattern.append((first, _address(arrays[i]) - _address(arrays[first])) if first != i else None)
+    for i, (low, high) in enumerate(bounds):
+        first = next((j for j in range(i) if low < bounds[j][1] and bounds[j][0] < high), None)
+        pattern.append(None if first is None else (first, _address(arrays[i]) - _address(arrays[first])))
     return tuple(pattern)
+
+
+def twin(array: np.ndarray) -> np.ndarray:
+    """A copy of ``array`` in new memory laid out as it is (same strides and gaps): a kernel
+    takes the same path over it, which a compacted copy need not."""
+    low, high = byte_bounds(array)
+    memory = np.empty(max(high - low, 1), np.uint8)
+    copy = _view(memory, _address(array) - low, array.shape, array.strides, array.dtype)
+    copy[...] = array
+    return copy
 
 
 def same_bits(a: Any, b: Any) -> bool:

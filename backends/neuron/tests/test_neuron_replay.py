@@ -52,11 +52,17 @@ def test_float_arguments_are_part_of_what_a_replay_repeats(dev):
     for scale in (2.5, 3.5, -1.25, 2.5):
         assert torch.equal((x.to(dev) * scale).cpu(), x * scale)
         assert torch.equal(torch.add(x.to(dev), 1.0, alpha=scale).cpu(), torch.add(x, 1.0, alpha=scale))
+    for zero in (0.0, -0.0, 0.0, -0.0):  # equal as numbers, not as bits
+        filled = torch.empty(5).to(dev).fill_(zero).cpu()
+        assert torch.equal(torch.signbit(filled), torch.full((5,), str(zero).startswith("-")))
 
 
 def test_arguments_that_share_memory_are_not_replayed_as_separate_ones(dev):
     a, b = torch.randn(2, 128), torch.randn(2, 128)
     da, db = a.to(dev), b.to(dev)
+    for _ in range(2):  # recorded with one tensor on both sides, then two
+        assert torch.equal(torch.mul(da, da).cpu(), a * a)
+        assert torch.equal(torch.mul(da, db).cpu(), a * b)
     for _ in range(2):
         assert torch.equal(torch.sub(da, db).cpu(), a - b)
     # The same instance (shapes, strides, dtypes) with one tensor on both sides ...
@@ -176,3 +182,43 @@ def test_a_profile_runs_every_instruction_and_records_its_timeline(dev):
     names = {i.name for i in result.instructions}
     assert any(n.startswith("activation") for n in names) and "dma" in names
     assert len(result.kernels) == 1 and result.kernels[0].instructions == len(result.instructions)
+
+
+def test_verification_runs_the_body_on_arguments_laid_out_as_the_replayed_ones(dev, monkeypatch):
+    # A transposed input takes another path through layer norm's backward (another summation
+    # order) than a compacted copy would: the check must not mistake that for a broken replay.
+    monkeypatch.setenv(launch.VERIFY_ENV, "1")
+    norm = torch.nn.LayerNorm(8)
+    on_device = torch.nn.LayerNorm(8).to(dev)
+    for _ in range(3):
+        x, grad = torch.randn(2, 3, 8), torch.randn(3, 2, 8)
+        xd = x.to(dev).requires_grad_(True)
+        on_device(xd.transpose(0, 1)).backward(grad.to(dev))
+        xc = x.clone().requires_grad_(True)
+        norm(xc.transpose(0, 1)).backward(grad)
+        torch.testing.assert_close(xd.grad.cpu(), xc.grad)
+        torch.testing.assert_close(on_device.weight.grad.cpu(), norm.weight.grad)
+
+
+def test_a_compiled_program_replays_as_one_once_its_schedule_is_known(dev, monkeypatch):
+    from accelkit_backends.neuron.runtime import core
+
+    monkeypatch.delenv(launch.VERIFY_ENV, raising=False)  # verifying runs the kernels one by one
+
+    def block(x, w):
+        return torch.relu(x @ w).sum(dim=0) * 0.5
+
+    compiled = torch.compile(block, backend="neuron")
+    w = torch.randn(32, 16)
+    runs = []
+    for _ in range(4):
+        x = torch.randn(8, 32)
+        accelkit.reset_stats()
+        before = _replay_counts()["replayed"]
+        got = compiled(x.to(dev), w.to(dev))
+        estimate = accelkit.stats()["neuron"]["estimate"]
+        runs.append((estimate["device_seconds"], estimate["kernels"], _replay_counts()["replayed"] - before))
+        torch.testing.assert_close(got.cpu(), block(x, w))
+    # The last runs replay the whole program: no kernel replays one by one, same estimate.
+    assert runs[-1][2] == 0 and runs[-1][:2] == runs[1][:2]
+    assert any(key for key in core()._program_timings)
