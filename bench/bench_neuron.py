@@ -3,11 +3,14 @@
     python bench/bench_neuron.py
 
 1. **Simulator wall time** per op — what a user waits on this machine: a small elementwise add
-   (16 elements) and a 64×64 matmul on ``neuron`` (the tile program executed and timed by the
-   simulator) against native CPU torch, measured in the same run, median of several repeats.
-2. **Eager vs compiled**: simulator wall time, estimated device time, HBM bytes and kernels of a
-   small-MLP SGD step (loss and optimizer step under ``torch.compile(backend="neuron")``), and the estimates of
-   an elementwise-heavy block, where fusion keeps intermediates in SBUF.
+   (16 elements) and a 64×64 matmul on ``neuron`` against native CPU torch, measured in the same
+   run, median of several repeats; each with static kernels replayed (the default: a recorded
+   instance recomputes its numerics only) and with every kernel run in full
+   (``ACCELKIT_NEURON_REPLAY=0``, the baseline).
+2. **Eager vs compiled**: simulator wall time (replayed and in full), estimated device time, HBM
+   bytes and kernels of a small-MLP SGD step (loss and optimizer step under
+   ``torch.compile(backend="neuron")``), and the estimates of an elementwise-heavy block, where
+   fusion keeps intermediates in SBUF.
 3. **Estimated device time and HBM bytes** of one training step (forward, backward, SGD) of a
    small and a large MLP and a transformer encoder layer, eager vs compiled, on each Trainium
    generation, from the simulator's cost model: an estimate from public specifications, not a
@@ -19,10 +22,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -37,6 +43,24 @@ MLPS = {"small": (16, 32, 64, 10), "large": (512, 1024, 4096, 1024)}
 TRANSFORMER = (8, 32, 128, 4, 256, 10)
 
 
+REPLAY_ENV = "ACCELKIT_NEURON_REPLAY"
+
+
+@contextlib.contextmanager
+def _in_full(run: bool) -> Iterator[None]:
+    """Within the block, every neuron kernel runs in full (no replay) when ``run`` is true."""
+    previous = os.environ.get(REPLAY_ENV)
+    if run:
+        os.environ[REPLAY_ENV] = "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(REPLAY_ENV, None)
+        else:
+            os.environ[REPLAY_ENV] = previous
+
+
 def wall_times(number: int, repeat: int) -> dict[str, dict[str, float]]:
     import accelkit
 
@@ -47,17 +71,22 @@ def wall_times(number: int, repeat: int) -> dict[str, dict[str, float]]:
               "matmul 64x64": (torch.randn(64, 64), torch.randn(64, 64), torch.mm)}
     for name, (a, b, fn) in inputs.items():
         da, db = a.to(dev), b.to(dev)
-        figures[name] = {
-            "neuron_us": per_call_us(lambda: fn(da, db), lambda: None, number, repeat),
-            "cpu_us": per_call_us(lambda: fn(a, b), lambda: None, number * 20, repeat),
-        }
+        figures[name] = {"cpu_us": per_call_us(lambda: fn(a, b), lambda: None, number * 20, repeat)}
+        rounds: dict[str, list[float]] = {"neuron_us": [], "in_full_us": []}
+        for _ in range(repeat):  # replayed and in full take turns
+            for key, full in (("neuron_us", False), ("in_full_us", True)):
+                with _in_full(full):
+                    rounds[key].append(per_call_us(lambda: fn(da, db), lambda: None, number, 1))
+        figures[name].update({key: statistics.median(values) for key, values in rounds.items()})
     return figures
 
 
 def step_wall_times(steps: int) -> dict[str, float]:
     """Simulator wall time (ms, median), estimated device time (us), HBM bytes and kernels of
     one small-MLP SGD step, eager and under ``torch.compile(backend="neuron")``: the loss
-    (forward and backward graphs) and the optimizer step compiled, as a training script does."""
+    (forward and backward graphs) and the optimizer step compiled, as a training script does.
+    The four timed variants (eager or compiled, replayed or in full) take turns step by step, so
+    a machine whose speed drifts moves them alike."""
     import copy
     import statistics
     import time
@@ -70,7 +99,7 @@ def step_wall_times(steps: int) -> dict[str, float]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(width_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
     x, y = torch.randn(batch, width_in, device=dev), torch.randint(0, classes, (batch,), device=dev)
-    figures = {}
+    runs = {}
     for mode in ("eager", "compiled"):
         net = copy.deepcopy(model).to(dev)
         optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -81,21 +110,28 @@ def step_wall_times(steps: int) -> dict[str, float]:
         loss = torch.compile(loss_of, backend="neuron") if mode == "compiled" else loss_of
         update = torch.compile(optimizer.step, backend="neuron") if mode == "compiled" else optimizer.step
 
-        def step() -> None:
+        def step(optimizer: torch.optim.Optimizer = optimizer, loss: object = loss, update: object = update) -> None:
             optimizer.zero_grad(set_to_none=True)
             loss(x, y).backward()
             update()
 
         for _ in range(3):
             step()
-        samples = []
+        runs[mode] = step
+    samples: dict[str, list[float]] = {f"{mode}{suffix}": [] for mode in runs for suffix in ("_ms", "_in_full_ms")}
+    for _ in range(steps):
+        for mode, step in runs.items():
+            for suffix, full in (("_ms", False), ("_in_full_ms", True)):
+                with _in_full(full):
+                    start = time.perf_counter()
+                    step()
+                    samples[mode + suffix].append(time.perf_counter() - start)
+    figures = {name: statistics.median(values) * 1e3 for name, values in samples.items()}
+    for mode, step in runs.items():
         accelkit.reset_stats()
         for _ in range(steps):
-            start = time.perf_counter()
             step()
-            samples.append(time.perf_counter() - start)
         estimate = accelkit.stats()["neuron"]["estimate"]
-        figures[f"{mode}_ms"] = statistics.median(samples) * 1e3
         figures[f"{mode}_device_us"] = estimate["device_seconds"] / steps * 1e6
         figures[f"{mode}_hbm_bytes"] = estimate["hbm_bytes"] / steps
         figures[f"{mode}_kernels"] = estimate["kernels"] / steps
@@ -216,16 +252,21 @@ def main() -> None:
         return
 
     print(f"neuron (simulated NeuronCore) vs CPU, load average {os.getloadavg()[0]:.1f}\n")
-    print("Simulator wall time per op (median):")
+    print("Simulator wall time per op (median), static kernels replayed (the default) and every kernel "
+          "run in full (the baseline):")
     for name, row in wall_times(args.number, args.repeat).items():
-        ratio = row["neuron_us"] / row["cpu_us"]
-        print(f"  {name:14s} neuron {row['neuron_us']:9.1f} us   cpu {row['cpu_us']:7.2f} us   ({ratio:.0f}x)")
+        print(f"  {name:14s} neuron {row['neuron_us']:7.1f} us ({row['neuron_us'] / row['cpu_us']:.0f}x cpu) | "
+              f"in full {row['in_full_us']:7.1f} us | replayed / in full {row['neuron_us'] / row['in_full_us']:.2f}x | "
+              f"cpu {row['cpu_us']:6.2f} us")
     step = step_wall_times(30)
     batch, width_in, hidden, classes = MLPS["small"]
     print(f"\nOne small-MLP SGD step ({batch}x{width_in} -> {hidden} -> {classes}, float32), eager vs "
           "torch.compile(backend='neuron'):")
     print(f"  simulator wall time: eager {step['eager_ms']:.2f} ms, compiled {step['compiled_ms']:.2f} ms "
-          f"({step['compiled_ms'] / step['eager_ms']:.2f}x)")
+          f"({step['compiled_ms'] / step['eager_ms']:.2f}x); every kernel in full: eager "
+          f"{step['eager_in_full_ms']:.2f} ms, compiled {step['compiled_in_full_ms']:.2f} ms "
+          f"({step['compiled_in_full_ms'] / step['eager_in_full_ms']:.2f}x); compiled replayed / eager in full "
+          f"{step['compiled_ms'] / step['eager_in_full_ms']:.2f}x")
     print(f"  estimated device time: eager {step['eager_device_us']:.1f} us, compiled "
           f"{step['compiled_device_us']:.1f} us ({step['compiled_device_us'] / step['eager_device_us']:.2f}x)")
     print(f"  HBM bytes: eager {step['eager_hbm_bytes']:.0f}, compiled {step['compiled_hbm_bytes']:.0f} "

@@ -63,25 +63,24 @@ def active_program() -> Recording | None:
     return getattr(_active, "program", None)
 
 
-@contextlib.contextmanager
-def program_into(recording: Recording) -> Iterator[None]:
-    previous = active_program()
-    _active.program = recording
-    try:
-        yield
-    finally:
-        _active.program = previous
+def program_into(recording: Recording) -> contextlib.AbstractContextManager[None]:
+    """Within the block, the kernels the thread runs are calls of ``recording``'s program."""
+    return _bound("program", recording)
 
 
-@contextlib.contextmanager
-def recording_into(recording: Recording) -> Iterator[None]:
+def recording_into(recording: Recording) -> contextlib.AbstractContextManager[None]:
     """Within the block, results the body allocates (``hbm_empty``) become the recording's roots."""
-    previous = active()
-    _active.recording = recording
+    return _bound("recording", recording)
+
+
+@contextlib.contextmanager
+def _bound(slot: str, recording: Recording) -> Iterator[None]:
+    previous = getattr(_active, slot, None)
+    setattr(_active, slot, recording)
     try:
         yield
     finally:
-        _active.recording = previous
+        setattr(_active, slot, previous)
 
 
 class Recording:
