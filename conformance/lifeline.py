@@ -163,6 +163,11 @@ def watch_runner(stop_writing: Callable[[], None]) -> bool:
         _start_sentinel(group)
         if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, lambda signum, frame: os.killpg(group, signal.SIGINT))
+        # The runner stops a run with SIGINT. Started from a background job (``cmd &`` in a script,
+        # nohup, some CI runners), this process inherits SIGINT ignored, and Python then never
+        # raises KeyboardInterrupt: take it back, for this process and the workers it starts.
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def watch() -> None:
         try:

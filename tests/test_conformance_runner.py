@@ -345,16 +345,21 @@ def _left_after_grace(group: int, grace: float = 10.0) -> list[int]:
 
 
 @pytest.fixture
-def hanging_run(hang_site, tmp_path):
+def hanging_run(hang_site, tmp_path, request):
     """Start ``accelkit conformance run`` on ref whose workers each record one test, then hang in
     the next with a child process of their own; yields (runner, results.jsonl, the run's process
-    group, recorded ids) once they all hang. Kills whatever of the group is left at the end."""
+    group, recorded ids) once they all hang. Kills whatever of the group is left at the end.
+    Parametrised indirectly with True, the runner starts with SIGINT ignored, as a background job
+    of a shell script does."""
     hung = tmp_path / "hung"
     hung.mkdir()
     jobs = 2
+    ignoring_sigint = ["-c", "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                             "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])"] \
+        if getattr(request, "param", False) else []
     with open(tmp_path / "stdout", "w") as stdout, open(tmp_path / "stderr", "w") as stderr:
         runner = subprocess.Popen(
-            [sys.executable, "-m", "accelkit", "conformance", "run", "--backend", "ref", "--suite", "contract",
+            [sys.executable, *ignoring_sigint, "-m", "accelkit", "conformance", "run", "--backend", "ref", "--suite", "contract",
              "--jobs", str(jobs), "--timeout", "120", "--out", str(tmp_path / "out"),
              "-k", "accelerator or transfer", "--", "-p", "akhang"],
             env={**_env(hang_site), "AKHANG_DIR": str(hung)}, stdout=stdout, stderr=stderr,
@@ -419,6 +424,7 @@ def test_a_sigkilled_controller_is_swept_and_its_partial_run_reported(hanging_ru
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="finds the run's processes through /proc")
+@pytest.mark.parametrize("hanging_run", [False, True], indirect=True, ids=["sigint-default", "sigint-ignored-inherited"])
 def test_sigterm_stops_the_run_keeps_its_results_and_reports_it_incomplete(hanging_run, tmp_path):
     runner, jsonl, group, recorded = hanging_run
     os.kill(runner.pid, signal.SIGTERM)  # as Ctrl-C: interrupt the group, keep what it recorded
