@@ -8,9 +8,11 @@ CPU tensors through a plain gloo group of the same ranks: the baseline, same run
 transport. The device's group is timed three ways: as created by default (the agreement check
 over the group's own connections), with ``ACCELKIT_COLLECTIVE_CHECKS=gloo`` (the check through
 gloo) and ``=off`` (no check). A sample is a burst of back-to-back calls after a barrier (calls in
-step, as DDP's gradient buckets are), divided by its length; each figure is the median of the
-samples, and the four are timed in turns within every round, so the machine's noise falls on
-all of them alike. Then one DDP training step of an MLP (batch 64, 256→1024→1024→10), at 1 rank
+step, as DDP's gradient buckets are), divided by its length. Every round times the four in
+turns, so the machine's noise falls on all of them alike; a ratio is the median over the rounds
+of the round's ratio, with a 95% interval for that median. Gloo alone on this kind of machine
+(2 shared cores, loopback) varies by up to 10x from one burst to the next, so a ratio from a
+few rounds is a coin toss: read the interval. Then one DDP training step of an MLP (batch 64, 256→1024→1024→10), at 1 rank
 (no DDP) and at 2 ranks. Prints JSON from rank 0, then ratio lines.
 
     python bench/bench_collectives.py [--device tpu] [--repeat N] [--quick]
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -27,28 +30,47 @@ import sys
 import time
 
 SIZES_KIB = (4, 64, 1024, 4096, 16384, 65536)
+#: What is timed, in this order: the device group by default (checks over its sockets), with
+#: ACCELKIT_COLLECTIVE_CHECKS=gloo and =off, and the baseline, gloo on CPU tensors.
+VARIANTS = ("device", "device_gloo_check", "device_unchecked", "gloo_cpu")
 
 
 def timed(fn, repeat: int, barrier) -> float:
-    return interleaved([fn], repeat, barrier)[0]
+    return statistics.median(interleaved([fn], repeat, barrier)[0])
 
 
-def interleaved(fns, repeat: int, barrier, burst: int = 1) -> list[float]:
-    """Median seconds per call of each of ``fns``, timed in turns within every round (so a noisy
-    moment of a shared machine falls on all of them alike); a sample is ``burst`` calls in a
-    row after a barrier."""
+def interleaved(fns, repeat: int, barrier, burst: int = 1) -> list[list[float]]:
+    """Seconds per call of each of ``fns``, one sample per round: every round times each of
+    them once, in turns (round ``r`` starts with ``fns[r % len(fns)]``), so a noisy moment of a
+    shared machine falls on all of them alike and no variant always goes first. A sample is
+    ``burst`` calls in a row after a barrier."""
     for fn in fns:
         fn()
         fn()
     samples = [[] for _ in fns]
-    for _ in range(repeat):
-        for fn, times in zip(fns, samples):
+    for round_ in range(repeat):
+        for i in range(len(fns)):
+            which = (round_ + i) % len(fns)
             barrier()
             start = time.perf_counter()
             for _ in range(burst):
-                fn()
-            times.append((time.perf_counter() - start) / burst)
-    return [statistics.median(times) for times in samples]
+                fns[which]()
+            samples[which].append((time.perf_counter() - start) / burst)
+    return samples
+
+
+def paired_ratio(samples: list[float], baseline: list[float]) -> dict:
+    """The median of the per-round ratios ``samples[r] / baseline[r]`` and a 95% interval for
+    it that assumes no distribution (order statistics: the ranks ``j`` and ``n - j + 1`` with
+    P(Binomial(n, 1/2) < j) <= 2.5%). Rounds are the pairing: both were timed moments apart."""
+    ratios = sorted(a / b for a, b in zip(samples, baseline))
+    n = len(ratios)
+    below, j = 0.0, 0
+    while below + math.comb(n, j) / 2 ** n <= 0.025:
+        below += math.comb(n, j) / 2 ** n
+        j += 1
+    low, high = (ratios[j - 1], ratios[n - j]) if j else (ratios[0], ratios[-1])
+    return {"median": statistics.median(ratios), "low95": low, "high95": high, "rounds": n}
 
 
 def rank_main(args: argparse.Namespace) -> None:
@@ -81,15 +103,15 @@ def rank_main(args: argparse.Namespace) -> None:
             burst = max(1, 8 // (1 + kib // 2048))
             repeat = max(6, args.repeat // (1 + kib // 16384))
             sync = torch.get_device_module(device.type).synchronize
-            dev_s, gloo_check_s, unchecked_s, cpu_s = interleaved([
+            samples = dict(zip(VARIANTS, interleaved([
                 lambda: (dist.all_reduce(on_device), sync()),
                 lambda: (dist.all_reduce(on_device, group=variants["gloo"]), sync()),
                 lambda: (dist.all_reduce(on_device, group=variants["off"]), sync()),
                 lambda: dist.all_reduce(on_cpu, group=gloo),
-            ], repeat, barrier, burst)
-            rows.append({"bytes": kib * 1024, "device_s": dev_s, "device_gloo_check_s": gloo_check_s,
-                         "device_unchecked_s": unchecked_s, "gloo_cpu_s": cpu_s, "ratio": dev_s / cpu_s,
-                         "ratio_gloo_check": gloo_check_s / cpu_s, "ratio_unchecked": unchecked_s / cpu_s})
+            ], repeat, barrier, burst)))
+            rows.append({"bytes": kib * 1024,
+                         **{f"{name}_s": statistics.median(samples[name]) for name in VARIANTS},
+                         **{f"{name}_ratio": paired_ratio(samples[name], samples["gloo_cpu"]) for name in VARIANTS[:3]}})
         results["all_reduce"] = rows
         results["estimate"] = accelkit.stats()["distributed"]["collectives"]["all_reduce"]
     results["ddp_step_s"] = ddp_step(device, world, args.repeat, (lambda: dist.barrier(group=gloo)) if world > 1 else (lambda: None))
@@ -142,7 +164,7 @@ def launch(args: argparse.Namespace, world: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="tpu")
-    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=40, help="rounds per size (fewer from 16 MiB on)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -154,11 +176,14 @@ def main() -> None:
     print(json.dumps({"two_ranks": two, "one_rank": one}, indent=1))
     print(f"\nall_reduce float32 on {args.device} tensors vs gloo on CPU tensors, 2 ranks (same run), per call;"
           " default = checks over the group's sockets; ACCELKIT_COLLECTIVE_CHECKS=gloo and =off:")
+    print("  median ms per call (ratio to gloo on CPU: the median of the rounds' ratios [its 95% interval]):")
     for row in two["all_reduce"]:
-        print(f"  {row['bytes'] / 1024:>8.0f} KiB  default {row['device_s'] * 1e3:8.3f} ms ({row['ratio']:.2f}x)  "
-              f"gloo-check {row['device_gloo_check_s'] * 1e3:8.3f} ms ({row['ratio_gloo_check']:.2f}x)  "
-              f"off {row['device_unchecked_s'] * 1e3:8.3f} ms ({row['ratio_unchecked']:.2f}x)  "
-              f"gloo on CPU {row['gloo_cpu_s'] * 1e3:8.3f} ms")
+        cells = [f"{label} {row[name + '_s'] * 1e3:7.3f} ({row[name + '_ratio']['median']:.2f}x "
+                 f"[{row[name + '_ratio']['low95']:.2f}-{row[name + '_ratio']['high95']:.2f}])"
+                 for label, name in (("default", "device"), ("gloo-check", "device_gloo_check"),
+                                     ("off", "device_unchecked"))]
+        print(f"  {row['bytes'] / 1024:>6.0f} KiB  " + "  ".join(cells) +
+              f"  gloo on CPU {row['gloo_cpu_s'] * 1e3:7.3f}  ({row['device_ratio']['rounds']} rounds)")
     print(f"DDP step (batch 64 in total): 1 rank {one['ddp_step_s'] * 1e3:.2f} ms, 2 ranks "
           f"{two['ddp_step_s'] * 1e3:.2f} ms ({two['ddp_step_s'] / one['ddp_step_s']:.2f}x)")
 

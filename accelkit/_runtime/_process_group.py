@@ -333,7 +333,8 @@ class HostStagedProcessGroup(dist.ProcessGroup):
             if fingerprint.problem:
                 raise CollectiveMismatchError(f"{kind} on process group {self._name!r}: {fingerprint.problem}")
             return
-        mine = fingerprint.packed(self.size())
+        world = self.size()
+        mine = fingerprint.packed(world)
 
         def fill() -> None:
             for staged in meanwhile:
@@ -341,18 +342,22 @@ class HostStagedProcessGroup(dist.ProcessGroup):
 
         if self._channel is not None:
             with self.failure(kind):
-                rows = self._channel.swap(mine.numpy().tobytes(), fill)
-            table = torch.frombuffer(bytearray(b"".join(rows)), dtype=torch.int64)
+                rows = self._channel.swap(mine, fill)
         else:
-            table = torch.empty(self.size() * mine.numel(), dtype=torch.int64)
+            table = torch.empty(world * len(mine) // 8, dtype=torch.int64)
             with self.failure(kind):
-                pending = self._gloo._allgather_base(table, mine)
+                pending = self._gloo._allgather_base(table, torch.frombuffer(bytearray(mine), dtype=torch.int64))
             try:
                 fill()
             finally:
                 with self.failure(kind):
                     pending.wait()
-        found = disagreement(table.view(self.size(), -1))
+            whole = table.numpy().tobytes()
+            rows = [whole[r * len(mine):(r + 1) * len(mine)] for r in range(world)]
+        if fingerprint.agrees_with(rows, mine):
+            return
+        table = torch.frombuffer(bytearray(b"".join(rows)), dtype=torch.int64)
+        found = disagreement(table.view(world, -1))
         if found:
             with self.failure(kind):
                 summaries = exchange_summaries(self._checks, str(self._sequence), self.rank(), self.size(), fingerprint)

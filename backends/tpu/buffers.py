@@ -221,8 +221,10 @@ def _host_transfer(device: Any) -> Any:
 
         sharding, devices = jax.sharding.SingleDeviceSharding(device), [device]
 
+        aval = functools.lru_cache(maxsize=256)(ShapedArray)
+
         def direct(host: np.ndarray) -> jax.Array:
-            return batched_device_put(ShapedArray(host.shape, host.dtype), sharding, [host], devices, True)
+            return batched_device_put(aval(host.shape, host.dtype), sharding, [host], devices, True)
 
         probe = np.arange(6, dtype=np.int32).reshape(2, 3)
         got, want = direct(probe), public(probe)
