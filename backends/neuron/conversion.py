@@ -7,7 +7,7 @@ import torch
 
 from accelkit_backends.neuron import cost, runtime
 from accelkit_backends.neuron.sim import numerics as nx
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.isa import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 from accelkit_backends.neuron.tiling import map_flat
 

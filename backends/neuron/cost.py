@@ -19,7 +19,7 @@ from typing import Any
 
 from accelkit.sdk import Estimate
 from accelkit_backends.neuron.device import target_name
-from accelkit_backends.neuron.sim.core import ENGINES, Instruction, KernelRecord
+from accelkit_backends.neuron.sim.timeline import ENGINES, Instruction, KernelRecord
 
 #: Distinct shapes an op may meet before the churn warning (a handful of buckets is normal).
 SHAPE_CHURN_LIMIT = 8

@@ -1,7 +1,7 @@
 """How an aten op becomes a tile program on the simulated NeuronCore.
 
 ``@tile_kernel(aten.add.Tensor)`` registers a *body* ``body(k, out, *args, **kwargs)`` where ``k``
-is the :class:`~accelkit_backends.neuron.sim.core.Kernel` (the instruction set), ``out`` the
+is the :class:`~accelkit_backends.neuron.sim.isa.Kernel` (the instruction set), ``out`` the
 result geometry PyTorch's Meta kernel gives for these arguments (a list of :class:`OutSpec`),
 and the arguments are numpy views of HBM (device tensors) or Python values. The body allocates
 its HBM results with :func:`hbm_empty` and returns them.

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from accelkit_backends.neuron.launch import chip_dtype
-from accelkit_backends.neuron.sim.core import Kernel, TilePool
+from accelkit_backends.neuron.sim.isa import Kernel, TilePool
 from accelkit_backends.neuron.sim import replay
 from accelkit_backends.neuron.sim.memory import Tile
 

@@ -24,7 +24,7 @@ from accelkit_backends.neuron.kernels.matmul import matmul_2d
 from accelkit_backends.neuron.kernels.normalization import layer_norm_into, load_broadcast
 from accelkit_backends.neuron.kernels.softmax import softmax_rows
 from accelkit_backends.neuron.sim import numerics as nx
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.isa import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
 aten = torch.ops.aten

@@ -32,7 +32,7 @@ import torch
 from accelkit.sdk import KernelDeclined
 from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels.convert import fill
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.isa import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
 aten = torch.ops.aten

@@ -13,7 +13,7 @@ from accelkit_backends.neuron.conversion import copy_into
 from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.tiling import flat_chunks, map_flat
 from accelkit_backends.neuron.sim import numerics as nx
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.isa import Kernel
 
 aten = torch.ops.aten
 

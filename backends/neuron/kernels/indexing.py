@@ -31,7 +31,7 @@ from accelkit_backends.neuron.launch import OutSpec, _launcher, chip_dtype, hbm_
 from accelkit_backends.neuron.kernels.convert import fill
 from accelkit_backends.neuron.kernels.shape import copy_view, free_blocks
 from accelkit_backends.neuron.sim import numerics as nx
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.isa import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
 aten = torch.ops.aten

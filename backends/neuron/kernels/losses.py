@@ -17,7 +17,7 @@ from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile
 from accelkit_backends.neuron.tiling import FMAX
 from accelkit_backends.neuron.kernels.normalization import load_broadcast
 from accelkit_backends.neuron.kernels.reductions import store_rows
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.isa import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
 aten = torch.ops.aten

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
-from accelkit_backends.neuron.sim.core import Kernel, TilePool
+from accelkit_backends.neuron.sim.isa import Kernel, TilePool
 from accelkit_backends.neuron.sim.memory import Tile
 
 aten = torch.ops.aten

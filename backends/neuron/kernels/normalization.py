@@ -22,7 +22,7 @@ from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile
 from accelkit_backends.neuron.kernels.reductions import (
     Block, chunks, row_blocks, row_mean, row_tiles, store_rows, sum_of_squares,
 )
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.isa import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
 aten = torch.ops.aten

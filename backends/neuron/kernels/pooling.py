@@ -27,7 +27,7 @@ from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile
 from accelkit_backends.neuron.kernels.convert import fill
 from accelkit_backends.neuron.kernels.indexing import _chunks, _element_span, _flat_values, _load_index, _offsets
 from accelkit_backends.neuron.sim import numerics as nx
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.isa import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
 aten = torch.ops.aten

@@ -26,7 +26,7 @@ import torch
 from accelkit.sdk import device_generator
 from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.tiling import flat_chunks
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.isa import Kernel
 from accelkit_backends.neuron.sim.errors import NeuronDtypeError
 from accelkit_backends.neuron.sim.memory import Tile
 

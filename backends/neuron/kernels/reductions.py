@@ -38,7 +38,7 @@ from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile
 from accelkit_backends.neuron.tiling import FMAX, flat_chunks
 from accelkit_backends.neuron.kernels.matmul import load_k_major
 from accelkit_backends.neuron.sim import numerics as nx
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.isa import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
 aten = torch.ops.aten

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.kernels.convert import fill
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.isa import Kernel
 
 aten = torch.ops.aten
 

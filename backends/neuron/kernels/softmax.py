@@ -20,7 +20,7 @@ from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile
 from accelkit_backends.neuron.kernels.reductions import (
     Block, chunks, reduce_dims, row_blocks, row_tiles, store_rows,
 )
-from accelkit_backends.neuron.sim.core import Kernel
+from accelkit_backends.neuron.sim.isa import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 
 aten = torch.ops.aten
