@@ -81,7 +81,7 @@ class NeuronCore:
         if instance is not None and timing is None and not self.record_instructions:
             self._timings[instance] = (kernel.timed_steps, record.moved(-record.start))
         if kernel.recording is not None:
-            kernel.recording.finished(kernel.timed_steps, record.flops, record.moved(-record.start))
+            kernel.recording.finished(record.flops, record.moved(-record.start))
         self.clock = record.end
         for listener in self.listeners:
             listener(record, kernel.log)
@@ -174,7 +174,7 @@ class NeuronCore:
             records = [rel.moved(program.start, k.flops) for rel, k in zip(known[1], kernels)]
             for kernel, relative in zip(kernels, known[1]):
                 if isinstance(kernel, Kernel) and kernel.recording is not None:
-                    kernel.recording.finished(kernel.timed_steps, kernel.flops, relative.moved(-relative.start))
+                    kernel.recording.finished(kernel.flops, relative.moved(-relative.start))
         else:
             records, frontier = [], program.start
             for kernel in kernels:
@@ -186,7 +186,7 @@ class NeuronCore:
                 else:
                     record = kernel.finish()
                     if kernel.recording is not None:
-                        kernel.recording.finished(kernel.timed_steps, record.flops, record.moved(-record.start))
+                        kernel.recording.finished(record.flops, record.moved(-record.start))
                 record.advance = max(0.0, record.end - frontier)
                 frontier = max(frontier, record.end)
                 records.append(record)

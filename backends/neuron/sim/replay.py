@@ -8,6 +8,10 @@ it stages). A later run of the instance replays the steps on the new roots: no k
 no tile allocation, no scheduling (the instance's timing is already known). The numerics are
 the recorded instructions' own, so results are bit-for-bit those of running the body.
 
+A compiled program is recorded the same way, as the calls of its kernels' recordings
+(:meth:`Recording.called`), with the arrays it makes on the host between them (a graph's
+constants, dtype conversions) made again at each replay.
+
 A recording refuses to replay (and the kernel then always runs in full) when an instruction
 touches HBM memory that is none of its roots, or when the tiles it would keep exceed
 :data:`TILE_BYTES`; :attr:`Recording.refused` says why.
@@ -95,9 +99,8 @@ class Recording:
         self._result: Any = None
         #: Why the instance cannot replay (None: it can).
         self.refused: str | None = None
-        #: The instance's flops, timing steps and timing (relative to its start), as recorded.
+        #: The instance's flops and timing (relative to its start), as recorded.
         self.flops = 0
-        self.timed_steps = 0
         self.timing: Any = None
         self._tile_bytes = 0
         #: Kernels a program recording saw called (see :meth:`called`).
@@ -119,9 +122,9 @@ class Recording:
             self.refuse(f"its tiles take more than {TILE_BYTES >> 20} MiB to keep")
         self.step(lambda: data.fill(0))
 
-    def finished(self, timed_steps: int, flops: int, timing: Any) -> None:
+    def finished(self, flops: int, timing: Any) -> None:
         """What the recorded run cost, once it is timed."""
-        self.timed_steps, self.flops, self.timing = timed_steps, flops, timing
+        self.flops, self.timing = flops, timing
 
     def derived(self, fn: Callable[[np.ndarray], np.ndarray], source: np.ndarray) -> np.ndarray:
         """``fn(source)``: a host array the simulator derives from HBM memory (a dense staging
