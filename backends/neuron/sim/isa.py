@@ -75,7 +75,7 @@ class Kernel:
         else:
             self._engine_free = dict.fromkeys(ENGINES, start)
             self._dma_queues = [[] for _ in range(core.spec.dma_queues)]  # busy intervals, sorted
-            self._hbm_writes: dict[int, list[tuple[int, int, float]]] = {}  # base -> written byte ranges
+            self._hbm_writes: dict[int, list[tuple[int, int, float]]] = {}  # see _hbm_buckets
         self._tensor_used = False
         #: The replay recording this run fills (see :mod:`.replay`), or None.
         self.recording: Recording | None = None
@@ -202,8 +202,12 @@ class Kernel:
         if isinstance(operand, Tile):
             return operand.base.ready_at if operand.base.ready_at else self.start
         low, high = byte_bounds(operand)
-        writes = self._hbm_writes.get(_hbm_key(operand), ())
-        return max((end for lo, hi, end in writes if lo < high and low < hi), default=self.start)
+        ready = self.start
+        for bucket in _hbm_buckets(low, high):
+            for lo, hi, end in self._hbm_writes.get(bucket, ()):
+                if lo < high and low < hi and end > ready:
+                    ready = end
+        return ready
 
     def _write_ready(self, operand: Any) -> float:
         """When ``operand`` may be overwritten: after its last write and read. Writes to HBM do
@@ -221,7 +225,8 @@ class Kernel:
             operand.base.ready_at = end
         else:
             low, high = byte_bounds(operand)
-            self._hbm_writes.setdefault(_hbm_key(operand), []).append((low, high, end))
+            for bucket in _hbm_buckets(low, high):
+                self._hbm_writes.setdefault(bucket, []).append((low, high, end))
 
     def finish(self, known: tuple[int, KernelRecord] | None = None) -> KernelRecord:
         """The kernel's record: ``known`` (the instance's timing) when the kernel took as many
@@ -737,11 +742,15 @@ def _occupy(intervals: list[tuple[float, float]], begin: float, end: float) -> N
     bisect.insort(intervals, (begin, end))
 
 
-def _hbm_key(array: np.ndarray) -> int:
-    base = array
-    while isinstance(base, np.ndarray) and base.base is not None:
-        base = base.base
-    return id(base)
+#: HBM writes are filed by the address buckets they touch, so a read scans only the writes near it.
+_HBM_BUCKET_BITS = 20
+
+
+def _hbm_buckets(low: int, high: int) -> range:
+    """The buckets of the byte range ``[low, high)``. Writes are found by address, not by the
+    array object: views of one buffer made by ``as_strided`` share no owner object, and a read
+    through one must still wait for a write through another."""
+    return range(low >> _HBM_BUCKET_BITS, ((max(high, low + 1) - 1) >> _HBM_BUCKET_BITS) + 1)
 
 
 def _contiguous_run_bytes(array: np.ndarray) -> int:

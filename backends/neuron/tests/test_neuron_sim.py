@@ -282,6 +282,26 @@ def test_kernels_of_a_program_overlap_where_their_data_allows_and_device_time_co
     assert program_core.clock == pytest.approx(max(r.end for r in in_program))
 
 
+def test_a_kernel_reading_memory_through_another_view_waits_for_its_write():
+    """Writes are found by address: ``as_strided`` views of one buffer share no owner object,
+    and the runtime reads device memory through them."""
+    x = np.ones((64, 64), np.float32)
+    buffer = np.empty(64 * 64, np.float32)
+    written = np.lib.stride_tricks.as_strided(buffer, (64, 64), (256, 4))
+    read_back = np.lib.stride_tricks.as_strided(buffer, (64, 64), (256, 4))
+    out = np.empty_like(x)
+    core = NeuronCore(core_spec("trn2"))
+    records = _collecting(core)
+    with core.program():
+        with core.kernel("write") as k:
+            _add_program(k, x, written, passes=1)
+        with core.kernel("read") as k:
+            _add_program(k, read_back, out, passes=1)
+    np.testing.assert_array_equal(out, x + 2)
+    write, read = records
+    assert read.start >= write.end - 1e-12  # its load waited for the store
+
+
 def test_a_program_instance_is_timed_once_and_later_runs_reuse_that_schedule():
     x, y = np.ones((64, 64), np.float32), np.full((64, 64), 2.0, np.float32)
     core, fresh = NeuronCore(core_spec("trn2")), NeuronCore(core_spec("trn2"))
