@@ -156,3 +156,23 @@ print("child status", status)
     assert "backward refused: Unable to handle autograd's threading in combination with fork" in proc.stdout
     assert "child status 0" in proc.stdout
     assert "INTERNAL ASSERT" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["ref", "tpu", "neuron"])
+def test_backward_runs_on_the_thread_that_calls_it(backend):
+    # PyTorch's engine would hand a device's backward to a thread of its own and wait for it.
+    proc = run_python(
+        "import threading, torch, accelkit\n"
+        f"device = accelkit.select_device({backend!r})\n"
+        "seen = []\n"
+        "b = torch.arange(3., device=device, requires_grad=True)\n"
+        "b.register_hook(lambda grad: seen.append(threading.get_ident()))\n"
+        "(b * b).sum().backward()\n"
+        "print('grad', b.grad.cpu().tolist(), 'same thread', seen == [threading.get_ident()])\n"
+        "with torch.autograd.set_multithreading_enabled(True):  # PyTorch's device threads, on request\n"
+        "    (b * b).sum().backward()\n"
+        "print('device thread', seen[-1] != threading.get_ident())\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "grad [0.0, 2.0, 4.0] same thread True" in proc.stdout
+    assert "device thread True" in proc.stdout
