@@ -30,10 +30,13 @@ class NeuronAllocator(DeviceAllocator):
 
     def read(self, block: np.ndarray, view: ViewSpec) -> np.ndarray:
         dtype = nx.numpy_dtype(view.dtype)
-        usable = block.shape[0] - block.shape[0] % dtype.itemsize
-        typed = block[:usable].view(dtype)
         strides = tuple(s * dtype.itemsize for s in view.stride)
-        return np.lib.stride_tricks.as_strided(typed[view.offset:], view.size, strides, writeable=True)
+        try:  # numpy checks that the view lies inside the block
+            return np.ndarray(view.size, dtype, block, view.offset * dtype.itemsize, strides)
+        except (TypeError, ValueError):  # a view numpy's buffer check cannot place (e.g. an empty one past the end)
+            usable = block.shape[0] - block.shape[0] % dtype.itemsize
+            typed = block[:usable].view(dtype)
+            return np.lib.stride_tricks.as_strided(typed[view.offset:], view.size, strides, writeable=True)
 
     def write(self, block: np.ndarray, view: ViewSpec, array: Any) -> None:
         target = self.read(block, view)
