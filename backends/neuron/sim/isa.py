@@ -163,8 +163,10 @@ class Kernel:
 
     def _run(self, compute: Callable[..., None], *hbm: np.ndarray) -> None:
         """Execute an instruction's numerics, ``compute(*hbm)`` (``hbm``: its HBM operands), now;
-        a recording keeps them to replay on new memory (see :mod:`.replay`)."""
-        compute(*hbm)
+        a recording keeps them to replay on new memory (see :mod:`.replay`). Engines compute
+        as IEEE says, silently: inf and NaN propagate without numpy's warnings."""
+        with np.errstate(all="ignore"):
+            compute(*hbm)
         if self.recording is not None:
             self.recording.step(compute, hbm)
 
@@ -468,8 +470,7 @@ class Kernel:
         work = nx.compute_dtype(a.dtype, b.dtype)
 
         def compute() -> None:
-            with np.errstate(all="ignore"):
-                values = fn(a.data.astype(work, copy=False), b.data.astype(work, copy=False))
+            values = fn(a.data.astype(work, copy=False), b.data.astype(work, copy=False))
             self._store(dst, values)
 
         self._run(compute)
@@ -494,8 +495,7 @@ class Kernel:
             else:
                 other = number
             x = a.data.astype(work, copy=False)
-            with np.errstate(all="ignore"):
-                values = fn(other, x) if reverse else fn(x, other)
+            values = fn(other, x) if reverse else fn(x, other)
             self._store(dst, values)
 
         self._run(compute)
@@ -513,11 +513,10 @@ class Kernel:
 
         def compute() -> None:
             x = fp32(src.data)
-            with np.errstate(all="ignore"):  # inf and NaN propagate as IEEE says, silently
-                if not (isinstance(scale, (int, float)) and scale == 1.0):
-                    x = x * self._per_partition(scale, x.ndim)
-                if bias is not None:
-                    x = x + self._per_partition(bias, x.ndim)
+            if not (isinstance(scale, (int, float)) and scale == 1.0):
+                x = x * self._per_partition(scale, x.ndim)
+            if bias is not None:
+                x = x + self._per_partition(bias, x.ndim)
             result = evaluate_activation(fn, x)
             self._store(dst, result)
             if reduce_into is not None:

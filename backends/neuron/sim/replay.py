@@ -93,8 +93,11 @@ class Recording:
     def __init__(self, arguments: Sequence[np.ndarray]):
         self.arguments = len(arguments)
         self._roots: list[np.ndarray] = list(arguments)
-        #: In order: ("run", compute, bindings) for an instruction's numerics, and for each root
-        #: after the arguments ("empty", shape, dtype) or ("derived", fn, binding).
+        #: In order: (_RUN, compute, bindings) for an instruction's numerics, (_ZERO, tiles, None)
+        #: for fresh tiles, (_CALL, recording, bindings) for a program's kernel, and for each root
+        #: after the arguments (_EMPTY, shape, dtype), (_MADE, fn, None) or (_DERIVED, fn, binding).
+        #: A binding is a root's index, or ``(index, offset, shape, strides, dtype)`` for memory
+        #: inside it.
         self._steps: list[tuple] = []
         self._result: Any = None
         #: Why the instance cannot replay (None: it can).
@@ -113,14 +116,19 @@ class Recording:
     def allocated(self, array: np.ndarray) -> None:
         """``array`` is a fresh HBM result of the kernel."""
         self._roots.append(array)
-        self._steps.append(("empty", array.shape, array.dtype))
+        self._steps.append((_EMPTY, array.shape, array.dtype))
 
     def tile(self, data: np.ndarray) -> None:
         """A new tile, zeroed now and at each replay (a fresh tile reads as zeros)."""
         self._tile_bytes += data.nbytes
         if self._tile_bytes > TILE_BYTES:
             self.refuse(f"its tiles take more than {TILE_BYTES >> 20} MiB to keep")
-        self.step(lambda: data.fill(0))
+        if self.refused is not None:
+            return
+        if self._steps and self._steps[-1][0] is _ZERO:  # tiles taken one after another: one step
+            self._steps[-1][1].append(data)
+        else:
+            self._steps.append((_ZERO, [data], None))
 
     def finished(self, flops: int, timing: Any) -> None:
         """What the recorded run cost, once it is timed."""
@@ -133,7 +141,7 @@ class Recording:
         binding = self.bind(source)
         if binding is not None:
             self._roots.append(made)
-            self._steps.append(("derived", fn, binding))
+            self._steps.append((_DERIVED, fn, binding))
         return made
 
     def made(self, fn: Callable[[], np.ndarray]) -> np.ndarray:
@@ -141,7 +149,7 @@ class Recording:
         at replay."""
         made = fn()
         self._roots.append(made)
-        self._steps.append(("made", fn, None))
+        self._steps.append((_MADE, fn, None))
         return made
 
     def step(self, compute: Callable[..., None], hbm: tuple[np.ndarray, ...] = ()) -> None:
@@ -150,7 +158,7 @@ class Recording:
             return
         bindings = tuple(self.bind(a) for a in hbm)
         if self.refused is None:
-            self._steps.append(("run", compute, bindings))
+            self._steps.append((_RUN, compute, bindings))
 
     def called(self, kernel: Recording, arguments: Sequence[np.ndarray], result: Any) -> None:
         """A program's kernel ran as ``kernel`` records it, on ``arguments``, and gave ``result``
@@ -163,7 +171,7 @@ class Recording:
         bindings = tuple(self.bind(a) for a in arguments)
         self.calls += 1
         if self.refused is None:
-            self._steps.append(("call", kernel, bindings))
+            self._steps.append((_CALL, kernel, bindings))
             self._roots.extend(array_arguments((result,), {}))
 
     def finish(self, result: Any) -> None:
@@ -172,12 +180,12 @@ class Recording:
             self._result = self._structure(result)
         self._roots = []  # bindings are made: the first run's memory is not kept
 
-    def bind(self, array: np.ndarray) -> tuple | None:
-        """Where ``array`` lies: ``(root, )`` for a root itself, else ``(root, offset, shape,
-        strides, dtype)``; None (and the recording refuses) when it lies in no root."""
+    def bind(self, array: np.ndarray) -> int | tuple | None:
+        """Where ``array`` lies: a root's index for the root itself, else ``(root, offset,
+        shape, strides, dtype)``; None (and the recording refuses) when it lies in no root."""
         for index, root in enumerate(self._roots):
             if array is root:
-                return (index,)
+                return index
         # By address: roots are alive while recording, so memory inside one belongs to it (a
         # view made through torch has another owner object, but the same bytes).
         low, high = byte_bounds(array)
@@ -186,7 +194,7 @@ class Recording:
             if root_low <= low and high <= root_high:
                 if array.shape == root.shape and array.strides == root.strides and _address(array) == _address(root) \
                         and array.dtype == root.dtype:
-                    return (index,)
+                    return index
                 return (index, _address(array) - _address(root), array.shape, array.strides, array.dtype)
         self.refuse(f"an instruction touched HBM memory of shape {array.shape} that is no argument or result")
         return None
@@ -212,26 +220,36 @@ class Recording:
     def replay(self, arguments: Sequence[np.ndarray]) -> Any:
         """Run the recorded steps on new argument arrays (laid out as the recorded ones);
         returns the body's result on the new memory."""
-        roots = list(arguments)
+        with np.errstate(all="ignore"):  # as instructions compute (Kernel._run)
+            return self._replay(list(arguments))
+
+    def _replay(self, roots: list[np.ndarray]) -> Any:
         for kind, first, second in self._steps:
-            if kind == "run":
-                first(*[_resolve(roots, b) for b in second])
-            elif kind == "call":
+            if kind is _RUN:
+                first(*[roots[b] if b.__class__ is int else _resolve(roots, b) for b in second])
+            elif kind is _ZERO:
+                for tile in first:
+                    tile.fill(0)
+            elif kind is _CALL:
                 with first.lock:
-                    result = first.replay([_resolve(roots, b) for b in second])
+                    result = first._replay([roots[b] if b.__class__ is int else _resolve(roots, b) for b in second])
                 roots.extend(array_arguments((result,), {}))
-            elif kind == "empty":
+            elif kind is _EMPTY:
                 roots.append(np.empty(first, dtype=second))
-            elif kind == "made":
+            elif kind is _MADE:
                 roots.append(first())
             else:
                 roots.append(first(_resolve(roots, second)))
         return _rebuild(roots, self._result)
 
 
-def _resolve(roots: list[np.ndarray], binding: tuple) -> np.ndarray:
-    if len(binding) == 1:
-        return roots[binding[0]]
+# Step kinds (see Recording._steps).
+_RUN, _ZERO, _CALL, _EMPTY, _MADE, _DERIVED = "run", "zero", "call", "empty", "made", "derived"
+
+
+def _resolve(roots: list[np.ndarray], binding: int | tuple) -> np.ndarray:
+    if binding.__class__ is int:
+        return roots[binding]
     index, offset, shape, strides, dtype = binding
     root = roots[index]
     if offset >= 0 and root.flags.c_contiguous:
