@@ -107,6 +107,10 @@ def pytest_configure(config: pytest.Config) -> None:
             # Fatal signals and the hang watchdog write here; the controller reads it on a crash.
             config._accelkit_crash_file = open(workers_dir / f"{name}.log", "w")  # noqa: SIM115
     session.install(session.Settings(backend, profile, dtypes, declared, device))
+    if runs_tests and not config.getoption("accelkit_upstream_files", None):
+        from accelkit_conformance.sample_draws import draw_on_the_cpu
+
+        draw_on_the_cpu(device.type)
     if runs_tests and config.getoption("accelkit_bypass_device_restrictions"):
         from accelkit_conformance.upstream_files import bypass_device_restrictions
 
