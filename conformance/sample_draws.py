@@ -2,8 +2,8 @@
 
 PyTorch's OpInfo and ModuleInfo samples come from ``torch.testing.make_tensor(..., device=D)``,
 which fills a fresh device tensor with ``uniform_``. On a compiling backend every new shape of
-that fill is a program of its own: on tpu it was about 30 % of a cold quick run (1,038 fills,
-29 ms each, almost all of it XLA compiling one ``uniform`` per sample shape), while the suites
+that fill is a program of its own (on tpu, XLA compiling one ``uniform`` per sample shape, about
+29 ms each; drawing on the CPU took a cold quick tpu run from 3:54 to 3:21), while the suites
 test the op that reads the sample, not the fill that made it. So within our own suites the fill
 draws on the CPU (same bounds, PyTorch's CPU generator, seeded per op as before) and copies the
 values into the device tensor, which keeps its shape, dtype, layout and ``requires_grad``. The
