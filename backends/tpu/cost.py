@@ -49,27 +49,31 @@ class ProgramCost:
 
 
 class Tally:
-    """Executions of one compiled program (of one op) since the ledger was last reset."""
+    """One compiled program (of one op): its cost, and the row of its op's totals that each of
+    its executions adds to."""
 
-    __slots__ = ("op", "cost", "calls")
+    __slots__ = ("op", "cost", "row")
 
-    def __init__(self, op: str, cost: ProgramCost):
+    def __init__(self, op: str, cost: ProgramCost, row: list):
         self.op = op
         self.cost = cost
-        self.calls = 0
+        self.row = row
 
 
 @dataclass
 class CostLedger:
     """Per-op totals of executed programs and their estimated device time.
 
-    Each compiled program gets a :class:`Tally` once (:meth:`tally`); running it only counts a
-    call (:meth:`record`), and the totals are multiplied out when read (:meth:`summary`).
+    Each compiled program gets a :class:`Tally` once (:meth:`tally`); running it adds its cost
+    to its op's totals (:meth:`record`), so reading them (:meth:`summary`) takes one step per
+    op, however many programs the process has compiled (a conformance run compiles thousands
+    and reads the totals twice per test).
     """
 
     model: DeviceModel | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _tallies: list[Tally] = field(default_factory=list)
+    #: op -> [calls, flops, bytes accessed, estimated seconds] since the last reset.
+    _totals: dict[str, list] = field(default_factory=dict)
 
     def seconds(self, cost: ProgramCost) -> float:
         if self.model is None:
@@ -81,35 +85,31 @@ class CostLedger:
         return max(compute, memory)
 
     def tally(self, op: str, cost: ProgramCost) -> Tally:
-        """A new counter for one compiled program of ``op``, included in every summary."""
-        tally = Tally(op, cost)
+        """The counter of one compiled program of ``op``, included in every summary."""
         with self._lock:
-            self._tallies.append(tally)
-        return tally
+            row = self._totals.setdefault(op, [0, 0.0, 0.0, 0.0])
+        return Tally(op, cost, row)
 
     def record(self, tally: Tally) -> None:
         """Count one execution of ``tally``'s program."""
+        cost = tally.cost
+        seconds = cost.seconds if cost.seconds is not None else self.seconds(cost)
         with self._lock:
-            tally.calls += 1
+            row = tally.row
+            row[0] += 1
+            row[1] += cost.flops
+            row[2] += cost.bytes_accessed
+            row[3] += seconds
 
     def reset(self) -> None:
         with self._lock:
-            for tally in self._tallies:
-                tally.calls = 0
+            for row in self._totals.values():
+                row[:] = [0, 0.0, 0.0, 0.0]
 
     def summary(self) -> dict[str, Any]:
         with self._lock:
-            ran = [(t.op, t.calls, t.cost) for t in self._tallies if t.calls]
-        totals: dict[str, list[float]] = {}  # op -> [calls, flops, bytes, seconds]
-        for op, calls, cost in ran:
-            seconds = cost.seconds if cost.seconds is not None else self.seconds(cost)
-            row = totals.setdefault(op, [0, 0.0, 0.0, 0.0])
-            row[0] += calls
-            row[1] += calls * cost.flops
-            row[2] += calls * cost.bytes_accessed
-            row[3] += calls * seconds
-        ops = {op: {"calls": int(c), "flops": f, "bytes": b, "estimated_seconds": s}
-               for op, (c, f, b, s) in sorted(totals.items())}
+            ran = sorted((op, tuple(row)) for op, row in self._totals.items() if row[0])
+        ops = {op: {"calls": int(c), "flops": f, "bytes": b, "estimated_seconds": s} for op, (c, f, b, s) in ran}
         return {
             "note": "estimate: XLA cost analysis (flops, bytes accessed) against the target's "
                     "published peak FLOP/s and HBM bandwidth; not a measurement",
