@@ -28,7 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -84,8 +84,9 @@ def wall_times(number: int, repeat: int) -> dict[str, dict[str, float]]:
 def step_wall_times(steps: int, block: int = 10) -> dict[str, float]:
     """Simulator wall time (ms, median), estimated device time (us), HBM bytes and kernels of
     one small-MLP SGD step, eager and under ``torch.compile(backend="neuron")``: the loss
-    (forward and backward graphs) and the optimizer step compiled, as a training script does.
-    The four timed variants (eager or compiled, replayed or in full) take turns in blocks of
+    (forward and backward graphs) and the optimizer step compiled, as a training script does;
+    and ``whole_step``, the same step as one compiled graph (:func:`_whole_step`). The timed
+    variants (each mode replayed or in full) take turns in blocks of
     ``block`` steps, so a machine whose speed drifts moves them alike; the first step of a block
     is not counted. (Turns of single steps measured each variant with the other's data in the
     caches, which a training loop never does: it made compiled steps 15% slower than in a run of
@@ -102,7 +103,7 @@ def step_wall_times(steps: int, block: int = 10) -> dict[str, float]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(width_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
     x, y = torch.randn(batch, width_in, device=dev), torch.randint(0, classes, (batch,), device=dev)
-    runs = {}
+    runs = {"whole_step": _whole_step(copy.deepcopy(model).to(dev), x, y)}
     for mode in ("eager", "compiled"):
         net = copy.deepcopy(model).to(dev)
         optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -118,9 +119,10 @@ def step_wall_times(steps: int, block: int = 10) -> dict[str, float]:
             loss(x, y).backward()
             update()
 
+        runs[mode] = step
+    for step in runs.values():
         for _ in range(3):
             step()
-        runs[mode] = step
     samples: dict[str, list[float]] = {f"{mode}{suffix}": [] for mode in runs for suffix in ("_ms", "_in_full_ms")}
     for _ in range(max(1, steps // block)):
         for mode, step in runs.items():
@@ -141,6 +143,28 @@ def step_wall_times(steps: int, block: int = 10) -> dict[str, float]:
         figures[f"{mode}_hbm_bytes"] = estimate["hbm_bytes"] / steps
         figures[f"{mode}_kernels"] = estimate["kernels"] / steps
     return figures
+
+
+def _whole_step(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    """The same SGD step as one compiled graph: the loss's gradients taken with ``torch.func``
+    inside the compiled function, the update applied there too, so forward, backward and
+    update are one program (as a JAX train step is one jitted function)."""
+    from torch.func import functional_call, grad_and_value
+
+    params = {name: p.detach() for name, p in net.named_parameters()}
+
+    def loss_of(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(functional_call(net, p, (x,)), y)
+
+    def step(p: dict, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        grads, loss = grad_and_value(loss_of)(p, x, y)
+        with torch.no_grad():
+            for name in p:
+                p[name].sub_(grads[name], alpha=0.1)
+        return loss
+
+    compiled = torch.compile(step, backend="neuron")
+    return lambda: compiled(params, x, y)
 
 
 def activation_block(x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -277,6 +301,11 @@ def main() -> None:
     print(f"  HBM bytes: eager {step['eager_hbm_bytes']:.0f}, compiled {step['compiled_hbm_bytes']:.0f} "
           f"({step['compiled_hbm_bytes'] / step['eager_hbm_bytes']:.2f}x); kernels: eager "
           f"{step['eager_kernels']:.0f}, compiled {step['compiled_kernels']:.0f})")
+    print(f"  the whole step as one compiled graph (torch.func grad and the update inside): wall "
+          f"{step['whole_step_ms']:.2f} ms ({step['whole_step_ms'] / step['eager_ms']:.2f}x eager), in full "
+          f"{step['whole_step_in_full_ms']:.2f} ms; device {step['whole_step_device_us']:.1f} us "
+          f"({step['whole_step_device_us'] / step['eager_device_us']:.2f}x); HBM {step['whole_step_hbm_bytes']:.0f} "
+          f"({step['whole_step_hbm_bytes'] / step['eager_hbm_bytes']:.2f}x); kernels {step['whole_step_kernels']:.0f}")
     block = block_estimates()
     print("\nAn elementwise block x + silu(g) * tanh(0.5 x + 1) - 0.1 g on 512x1024 float32, eager vs compiled:")
     print(f"  estimated device time: eager {block['eager_device_us']:.1f} us, compiled {block['compiled_device_us']:.1f} us "

@@ -32,6 +32,7 @@ from accelkit_backends.neuron.kernels.shape import copy_view
 from accelkit_backends.neuron.launch import kernels
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim import replay
+from accelkit_backends.neuron.sim.straight_line import straight_line
 
 
 class NeuronStaticShapeError(RuntimeError):
@@ -111,6 +112,8 @@ class GraphProgram:
         self._structures: set[tuple] = set()
         #: Per input structure (and aliasing), the program's recording (see :meth:`_record`).
         self._recordings: dict[tuple, replay.Recording] = {}
+        #: Per recording that calls kernels: its replay written out as one function.
+        self._straight: dict[tuple, Any] = {}
 
     def __call__(self, inputs: list, seed: int) -> list:
         structure = tuple(_structure_of(value) for value in inputs)
@@ -132,7 +135,8 @@ class GraphProgram:
             verify = os.environ.get(launch.VERIFY_ENV) == "1"
             before = [replay.twin(a) for a in arrays] if verify else None
             try:
-                outputs = recording.replay(arrays)
+                ran = self._straight[key](arrays) if self._straight.get(key) is not None else None
+                outputs = ran[0] if ran is not None else recording.replay(arrays)
             finally:
                 recording.lock.release()
             core.replayed_program(instance, self.label)
@@ -155,6 +159,7 @@ class GraphProgram:
             recording.refuse("a kernel of the program is not static")
         recording.finish(list(outputs))
         self._recordings[key] = recording
+        self._straight[key] = straight_line(recording)
         return outputs
 
     def _verify(self, inputs: list, seed: int, instance: tuple, arrays: list[np.ndarray],
@@ -416,7 +421,32 @@ def _constant(node: torch.fx.Node, args: tuple, kwargs: dict) -> np.ndarray:
     return make() if recording is None else recording.made(make)
 
 
+#: Factories shaped like a tensor argument (``full_like``, ``new_zeros``, ...): the fill value's
+#: position in the arguments, or the value itself.
+_LIKE_FACTORIES = {
+    torch.ops.aten.full_like.default: ("argument", 1), torch.ops.aten.new_full.default: ("argument", 2),
+    torch.ops.aten.zeros_like.default: ("value", 0), torch.ops.aten.new_zeros.default: ("value", 0),
+    torch.ops.aten.ones_like.default: ("value", 1), torch.ops.aten.new_ones.default: ("value", 1),
+    torch.ops.aten.empty_like.default: ("value", 0), torch.ops.aten.new_empty.default: ("value", 0),
+}
+
+
+def _filled_like(node: torch.fx.Node, *args: Any, **kwargs: Any) -> np.ndarray:
+    """A ``*_like``/``new_*`` factory: its result's shape, strides and dtype are the node's
+    (static), its values one number; made as a graph constant is (an empty one reads as zeros)."""
+    val = node.meta["val"]
+    how, fill = _LIKE_FACTORIES[node.target]
+    value = args[fill] if how == "argument" else fill
+
+    def make() -> np.ndarray:
+        return nx.from_torch(torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype).fill_(value))
+
+    recording = replay.active_program()
+    return make() if recording is None else recording.made(make)
+
+
 _GRAPH_OPS = {
+    **dict.fromkeys(_LIKE_FACTORIES, _filled_like),
     torch.ops.aten.convolution.default: _convolution,
     torch.ops.aten.convolution_backward.default: _convolution_backward,
     torch.ops.aten._native_batch_norm_legit_functional.default: _batch_norm_functional,

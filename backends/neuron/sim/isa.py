@@ -287,6 +287,11 @@ class Kernel:
             target = hbm[-1] if to_hbm else dst.data
             target[...] = self._dma_convert(source.T if transpose else source, target.dtype)
 
+        if values.dtype == target.dtype:
+            # A plain copy: replays written out as code (.straight_line) copy directly. None
+            # stands for an HBM operand.
+            copy.plain = (None if from_hbm else src.data, None if to_hbm else dst.data,  # type: ignore[attr-defined]
+                          transpose)
         self._run(copy, *hbm)
         nbytes = values.size * max(values.dtype.itemsize, target.dtype.itemsize)
         hbm_side = src if not isinstance(src, Tile) else dst if not isinstance(dst, Tile) else None

@@ -308,12 +308,30 @@ def aliasing(arrays: Sequence[np.ndarray]) -> tuple:
     arrays read through ``as_strided`` share no owner object."""
     if len(arrays) < 2:
         return ()
+    if _apart(arrays):
+        return (None,) * len(arrays)
     bounds = [byte_bounds(a) for a in arrays]
     pattern = []
     for i, (low, high) in enumerate(bounds):
         first = next((j for j in range(i) if low < bounds[j][1] and bounds[j][0] < high), None)
         pattern.append(None if first is None else (first, _address(arrays[i]) - _address(arrays[first])))
     return tuple(pattern)
+
+
+def _apart(arrays: Sequence[np.ndarray]) -> bool:
+    """Whether the arrays lie in distinct numpy allocations, so none can overlap another: a
+    cheap test (no addresses) that holds for most calls. False says nothing."""
+    owners = set()
+    for array in arrays:
+        owner = array
+        while owner.base is not None:
+            owner = owner.base
+            if owner.__class__ is not np.ndarray:
+                return False  # memory lent by another object: only addresses can tell
+        if not owner.flags.owndata or id(owner) in owners:
+            return False
+        owners.add(id(owner))
+    return True
 
 
 def twin(array: np.ndarray) -> np.ndarray:

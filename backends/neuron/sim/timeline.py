@@ -26,9 +26,10 @@ class Instruction:
     detail: str = ""
 
 
-@dataclass
+@dataclass(slots=True)
 class KernelRecord:
-    """What one kernel execution cost: latency and busy time per engine (estimates)."""
+    """What one kernel execution cost: latency and busy time per engine (estimates). Once the
+    kernel is finished, its record is not changed: records moved from it share its ``busy``."""
 
     name: str
     start: float
@@ -51,7 +52,7 @@ class KernelRecord:
 
     def moved(self, by: float, flops: int | None = None) -> KernelRecord:
         """This record ``by`` seconds later (with a run's own FLOP count, if given)."""
-        return KernelRecord(self.name, self.start + by, self.end + by, dict(self.busy), self.instructions,
+        return KernelRecord(self.name, self.start + by, self.end + by, self.busy, self.instructions,
                             self.flops if flops is None else flops, self.hbm_bytes, self.advance)
 
 

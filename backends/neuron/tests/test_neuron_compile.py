@@ -307,3 +307,65 @@ def test_a_bfloat16_encoder_trains_under_compile_where_a_kernel_hands_over_anoth
     compiled = train(model, x, y, steps=2, compiled=True)
     assert compiled == pytest.approx(eager, rel=2e-2)
     assert "layout_copy" in accelkit.stats()["neuron"]["estimate"]["per_op"]
+
+
+def test_a_whole_training_step_compiles_to_one_program_with_the_eager_results(dev):
+    # torch.func's grad inside the compiled function: forward, backward (seeded by full_like,
+    # a factory shaped like its argument) and the update are one graph, so one program.
+    from torch.func import functional_call, grad_and_value
+
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+
+    def run(device, compiled):
+        torch._dynamo.reset()
+        model = copy.deepcopy(base).to(device)
+        params = {k: v.detach() for k, v in model.named_parameters()}
+
+        def loss_of(p, x, y):
+            return nn.functional.cross_entropy(functional_call(model, p, (x,)), y)
+
+        def step(p, x, y):
+            grads, loss = grad_and_value(loss_of)(p, x, y)
+            with torch.no_grad():
+                for key in p:
+                    p[key].sub_(grads[key], alpha=0.1)
+            return loss
+
+        step = torch.compile(step, backend="neuron") if compiled else step
+        losses = [step(params, x.to(device), y.to(device)).item() for _ in range(3)]
+        return losses, {k: v.cpu() for k, v in params.items()}
+
+    cpu_losses, cpu_params = run("cpu", False)
+    eager_losses, eager_params = run(dev, False)
+    accelkit.reset_stats()
+    losses, params = run(dev, True)
+    assert losses == eager_losses
+    assert losses == pytest.approx(cpu_losses, rel=1e-5, abs=1e-6)
+    for key, want in cpu_params.items():
+        assert torch.equal(params[key], eager_params[key]), key
+        torch.testing.assert_close(params[key], want, rtol=1e-4, atol=1e-5)
+    stats = accelkit.stats()
+    assert stats["compile"]["eager_nodes"] == {} and stats["compile"]["graph_breaks"] == 0, stats["compile"]
+    assert len(stats["neuron"]["estimate"]["per_program"]) == 1, stats["neuron"]["estimate"]["per_program"]
+
+
+@pytest.mark.parametrize("factory", ["full_like", "zeros_like", "ones_like", "new_full", "new_zeros", "new_ones"])
+def test_factories_shaped_like_a_tensor_lower_into_the_program(dev, factory):
+    make = {"full_like": lambda t: torch.full_like(t, 2.5), "zeros_like": torch.zeros_like,
+            "ones_like": torch.ones_like, "new_full": lambda t: t.new_full((3, 2), -1.0),
+            "new_zeros": lambda t: t.new_zeros((2, 5)), "new_ones": lambda t: t.new_ones(4)}[factory]
+
+    def fn(t):
+        made = make(t)
+        return made * 2 + t.sum()
+
+    x = torch.randn(4, 6)[:, ::2]  # strided: a *_like result follows the input's layout
+    compiled = torch.compile(fn, backend="neuron")
+    for _ in range(2):  # recorded, then replayed
+        got = compiled(x.to(dev))
+        want = fn(x)
+        assert got.shape == want.shape and got.dtype == want.dtype and got.stride() == want.stride()
+        torch.testing.assert_close(got.cpu(), want)
+    assert accelkit.stats()["compile"]["eager_nodes"] == {}

@@ -222,3 +222,34 @@ def test_a_compiled_program_replays_as_one_once_its_schedule_is_known(dev, monke
     # The last runs replay the whole program: no kernel replays one by one, same estimate.
     assert runs[-1][2] == 0 and runs[-1][:2] == runs[1][:2]
     assert any(key for key in core()._program_timings)
+
+
+def test_a_replayed_program_runs_as_one_function_whose_results_are_fresh_memory(dev, monkeypatch):
+    from accelkit_backends.neuron import graph_lowering
+
+    monkeypatch.delenv(launch.VERIFY_ENV, raising=False)
+    written = []
+    real = graph_lowering.straight_line
+
+    def spy(recording):
+        function = real(recording)
+        written.append(function)
+        return function
+
+    monkeypatch.setattr(graph_lowering, "straight_line", spy)
+
+    def block(x, w):
+        hidden = torch.relu(x @ w)  # an intermediate the results never reach: kept memory
+        return hidden.sum(dim=0) * 0.5, hidden * 2
+
+    compiled = torch.compile(block, backend="neuron")
+    w = torch.randn(32, 16)
+    inputs = [torch.randn(8, 32) for _ in range(4)]
+    results = [compiled(x.to(dev), w.to(dev)) for x in inputs]  # all held while later runs go on
+    assert [f for f in written if f is not None], "no program was written out as one function"
+    assert "_empty" in next(f for f in written if f is not None).source
+    for x, (total, doubled) in zip(inputs, results):
+        want_total, want_doubled = block(x, w)
+        torch.testing.assert_close(total.cpu(), want_total)
+        torch.testing.assert_close(doubled.cpu(), want_doubled)
+
