@@ -386,11 +386,17 @@ def _clone(node: torch.fx.Node, x: np.ndarray, **kwargs: Any) -> np.ndarray:
         shape, stride = x.shape, tuple(int(np.prod(x.shape[i + 1:])) for i in range(x.ndim))
     itemsize = x.dtype.itemsize
     extent = 1 + sum((size - 1) * step for size, step in zip(shape, stride) if size)
-    memory = np.empty(extent if x.size else 0, dtype=x.dtype)
-    result = np.lib.stride_tricks.as_strided(memory, shape, tuple(s * itemsize for s in stride))
-    with runtime.core().kernel("clone") as k:  # a DMA copy on the core, as eagerly
-        copy_view(k, result, x)
-    return result
+    strides = tuple(s * itemsize for s in stride)
+
+    def body(k: Any, arrays: list[np.ndarray]) -> np.ndarray:  # a DMA copy on the core, as eagerly
+        memory = launch.hbm_empty((extent if x.size else 0,), nx.torch_dtype(x.dtype))
+        result = np.lib.stride_tricks.as_strided(memory, shape, strides)
+        copy_view(k, result, arrays[0])
+        return result
+
+    # Static: the copy's instructions follow from the layouts alone, so a program holding it replays.
+    instance = ("clone", (("array", x.shape, x.dtype.str, x.strides),), (shape, strides))
+    return launch.run_static("clone", instance, [x], (), body)
 
 
 def _to_copy(node: torch.fx.Node, x: np.ndarray, **kwargs: Any) -> np.ndarray:

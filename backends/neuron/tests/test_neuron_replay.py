@@ -253,3 +253,23 @@ def test_a_replayed_program_runs_as_one_function_whose_results_are_fresh_memory(
         torch.testing.assert_close(total.cpu(), want_total)
         torch.testing.assert_close(doubled.cpu(), want_doubled)
 
+
+
+def test_a_program_that_copies_into_another_layout_replays(dev, monkeypatch):
+    # AOTAutograd's clone(memory_format=contiguous) of a transposed view: a static copy kernel,
+    # so the program holding it replays instead of running its kernels in full every call.
+    from accelkit_backends.neuron import graph_lowering
+
+    monkeypatch.delenv(launch.VERIFY_ENV, raising=False)
+    written = []
+    real = graph_lowering.straight_line
+    monkeypatch.setattr(graph_lowering, "straight_line", lambda recording: written.append(real(recording)) or written[-1])
+
+    def fn(x):
+        return torch.exp(x).transpose(0, 1).contiguous().view(-1) * 2
+
+    compiled = torch.compile(fn, backend="neuron")
+    for _ in range(3):
+        x = torch.randn(6, 10)
+        torch.testing.assert_close(compiled(x.to(dev)).cpu(), fn(x))
+    assert written and written[0] is not None, "the program's recording was refused"
