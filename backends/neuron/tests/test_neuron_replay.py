@@ -255,21 +255,30 @@ def test_a_replayed_program_runs_as_one_function_whose_results_are_fresh_memory(
 
 
 
-def test_a_program_that_copies_into_another_layout_replays(dev, monkeypatch):
-    # AOTAutograd's clone(memory_format=contiguous) of a transposed view: a static copy kernel,
-    # so the program holding it replays instead of running its kernels in full every call.
+COPIES = {
+    # AOTAutograd's clone(memory_format=contiguous) of a transposed view.
+    "layout": (lambda x: torch.exp(x).transpose(0, 1).contiguous().view(-1) * 2, torch.float32),
+    # A cast (_to_copy), as a bfloat16 model's loss takes float32 logits.
+    "dtype": (lambda x: torch.exp(x).float() * 2, torch.bfloat16),
+}
+
+
+@pytest.mark.parametrize("copy", COPIES)
+def test_a_program_that_copies_into_another_layout_or_dtype_replays(dev, monkeypatch, copy):
+    # Both copies are static kernels, so the program holding one replays instead of running its
+    # kernels in full every call.
     from accelkit_backends.neuron import graph_lowering
+
+    fn, dtype = COPIES[copy]
 
     monkeypatch.delenv(launch.VERIFY_ENV, raising=False)
     written = []
     real = graph_lowering.straight_line
     monkeypatch.setattr(graph_lowering, "straight_line", lambda recording: written.append(real(recording)) or written[-1])
 
-    def fn(x):
-        return torch.exp(x).transpose(0, 1).contiguous().view(-1) * 2
-
     compiled = torch.compile(fn, backend="neuron")
     for _ in range(3):
-        x = torch.randn(6, 10)
-        torch.testing.assert_close(compiled(x.to(dev)).cpu(), fn(x))
+        x = torch.randn(6, 10, dtype=dtype)
+        torch.testing.assert_close(compiled(x.to(dev)).cpu(), fn(x), rtol=1e-2 if dtype == torch.bfloat16 else None,
+                                   atol=1e-2 if dtype == torch.bfloat16 else None)
     assert written and written[0] is not None, "the program's recording was refused"
