@@ -29,7 +29,9 @@ SCRATCH_BYTES = 16 << 20
 
 def straight_line(recording: R.Recording) -> Callable[[list[np.ndarray]], Any] | None:
     """``recording``'s replay as one function of its argument arrays, or None when it has no
-    kernels to inline (its plain replay is as short)."""
+    kernels to inline (its plain replay is as short). The function returns ``(result,)``, or
+    None without running when a kernel's recording is busy in another thread (the caller then
+    replays step by step, waiting for it)."""
     if recording.refused is not None or not any(step[0] is R._CALL for step in recording._steps):
         return None
     return _Writer(recording).function()
@@ -69,7 +71,6 @@ class _Writer:
         self._base = {name: name for name in arguments}
         result = self._inline(self._recording, arguments, dry=False)
         locks = list(self._locks.values())
-        self._constants["_locks"] = locks
         body = "\n".join("    " + line for line in self._lines if line is not None)
         source = (f"def replay({', '.join(arguments)}):\n{body}\n    return {_expression(result)}\n")
         namespace = dict(self._constants)
