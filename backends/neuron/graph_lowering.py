@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.utils._pytree as pytree
 
 from accelkit.sdk import GraphLowering, graph_parts
 from accelkit_backends.neuron import fusion, launch, runtime
@@ -183,14 +184,18 @@ class GraphProgram:
                 kwargs["generator"] = torch.Generator().manual_seed(_stream_seed(seed, self._random[node]))
             return self._steps[node](node, args, kwargs)
 
-        with runtime.core().program(instance, self.label):
+        arrays = [v for v in inputs if isinstance(v, np.ndarray)]
+        with runtime.core().program(instance, self.label) as program:
             for unit in self._units:
                 if isinstance(unit, fusion.FusedGroup):
                     unit.run(env, run_node)
                 else:
                     env[unit] = run_node(unit)
-        arrays = [v for v in inputs if isinstance(v, np.ndarray)]
-        return [_own(env[o], arrays) if isinstance(o, torch.fx.Node) else o for o in self._outputs]
+            results = [env[o] if isinstance(o, torch.fx.Node) else o for o in self._outputs]
+            if program is not None:
+                # Whatever goes in or out stays in HBM; intermediates may stay in SBUF.
+                program.boundary = [*arrays, *(a for a in pytree.tree_leaves(results) if isinstance(a, np.ndarray))]
+        return [_own(r, arrays) if isinstance(o, torch.fx.Node) else r for o, r in zip(self._outputs, results)]
 
 
 def _structure_of(value: Any) -> Any:

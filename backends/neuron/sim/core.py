@@ -17,6 +17,7 @@ from accelkit_backends.neuron.device import CoreSpec
 from accelkit_backends.neuron.sim.isa import Kernel, TilePool
 from accelkit_backends.neuron.sim.memory import OnChipMemory
 from accelkit_backends.neuron.sim.replay import Recording
+from accelkit_backends.neuron.sim.residency import keep_on_chip
 from accelkit_backends.neuron.sim.timeline import ENGINES, Instruction, KernelRecord, Program, ReplayedKernel
 
 __all__ = ["ENGINES", "Instruction", "Kernel", "KernelRecord", "NeuronCore", "TilePool"]
@@ -61,11 +62,13 @@ class NeuronCore:
         self.kernels_run += 1
         program = self._program
         if program is not None:
-            kernel = Kernel(self, name, program.start, defer_timing=not self.record_instructions, program=program)
+            # Timed when the program ends, once it is known what stays in SBUF (.residency).
+            kernel = Kernel(self, name, program.start, defer_timing=True, program=program)
             try:
                 yield kernel
             finally:
                 kernel.release_all()
+                kernel.sbuf_peak = self.sbuf.peak
                 self.sbuf.reset(keep_released=True)
                 self.psum.reset(keep_released=True)
             program.kernels.append(kernel)
@@ -138,7 +141,7 @@ class NeuronCore:
             listener(label, records)
 
     @contextlib.contextmanager
-    def program(self, instance: Any = None, label: str = "program") -> Iterator[None]:
+    def program(self, instance: Any = None, label: str = "program") -> Iterator[Program | None]:
         """Run the kernels inside as one compiled program, as a NEFF runs a whole graph.
 
         The kernels share the engines' and DMA queues' timelines and the HBM write times: each
@@ -149,16 +152,19 @@ class NeuronCore:
         program once (:attr:`KernelRecord.advance`). A program instance is static: its schedule
         is computed the first time and reused while it issues as many timing steps. Nested
         calls join the outer program. ``label`` names the program in estimates and traces.
+
+        Yields the :class:`Program` (None when nested); a caller that sets its ``boundary`` (the
+        HBM arrays going in and out) lets intermediates stay in SBUF (:mod:`.residency`).
         """
         if self._program is not None:
-            yield
+            yield None
             return
         program = Program(self.clock, dict.fromkeys(ENGINES, self.clock),
                            [[] for _ in range(self.spec.dma_queues)], {},
                            instance is not None and not self.record_instructions and instance in self._program_timings)
         self._program = program
         try:
-            yield
+            yield program
         finally:
             self._program = None
             self._finish_program(program, instance, label)
@@ -176,6 +182,8 @@ class NeuronCore:
                 if isinstance(kernel, Kernel) and kernel.recording is not None:
                     kernel.recording.finished(kernel.flops, relative.moved(-relative.start))
         else:
+            if program.boundary is not None and program.touches and all(isinstance(k, Kernel) for k in kernels):
+                keep_on_chip(program.touches, program.boundary, [k.sbuf_peak for k in kernels], self.spec)
             records, frontier = [], program.start
             for kernel in kernels:
                 if isinstance(kernel, ReplayedKernel):

@@ -38,6 +38,7 @@ from accelkit_backends.neuron.sim.alu import (
 from accelkit_backends.neuron.sim.errors import NeuronDtypeError, NeuronKernelError, TileShapeError
 from accelkit_backends.neuron.sim.memory import OnChipMemory, Tile
 from accelkit_backends.neuron.sim.replay import Recording
+from accelkit_backends.neuron.sim.residency import Touch
 from accelkit_backends.neuron.sim.timeline import ENGINES, Instruction, KernelRecord, Program
 
 if TYPE_CHECKING:
@@ -66,6 +67,9 @@ class Kernel:
         #: How many timing steps (instructions, allocations, frees) the kernel took.
         self.timed_steps = 0
         self._in_program = program is not None
+        self._program = program
+        #: Bytes per partition this kernel's SBUF tiles needed at most (set when it ends).
+        self.sbuf_peak = 0
         # In a program the record spans the kernel's own instructions (see NeuronCore.program).
         self._record = KernelRecord(name, math.inf if self._in_program else start, start)
         if program is not None:
@@ -295,10 +299,13 @@ class Kernel:
         self._run(copy, *hbm)
         nbytes = values.size * max(values.dtype.itemsize, target.dtype.itemsize)
         hbm_side = src if not isinstance(src, Tile) else dst if not isinstance(dst, Tile) else None
+        touches = (self._touch(src, write=False) if from_hbm else None,
+                   self._touch(dst, write=True) if to_hbm else None)
         walked = pattern if pattern is not None else hbm_side if hbm_side is not None else values
         run = _contiguous_run_bytes(walked)
         self._dma_schedule("dma_transpose" if transpose else "dma", nbytes, run, transpose,
-                           reads=(src,), writes=(dst,), via_hbm=hbm_side is not None)
+                           reads=(src,), writes=(dst,), via_hbm=hbm_side is not None,
+                           touches=tuple(t for t in touches if t is not None) if hbm_side is not None else ())
 
     def gather_rows(self, dst: Tile, table: np.ndarray, indices: Tile) -> None:
         """Indirect DMA: ``dst[p] = table[indices[p, 0]]`` for each partition (an embedding lookup).
@@ -313,6 +320,7 @@ class Kernel:
             dst.data[...] = self._dma_convert(table[rows], dst.dtype)
 
         self._run(gather, table)
+        self._touch(table, write=False, indirect=True)
         nbytes = dst.data.size * dst.dtype.itemsize
         run = math.prod(table.shape[1:]) * table.dtype.itemsize
         self._dma_schedule("dma_gather", nbytes, run, False, reads=(indices, table), writes=(dst,),
@@ -343,6 +351,7 @@ class Kernel:
                     table[rows[p]] = values[p]
 
         self._run(scatter, table)
+        self._touch(table, write=True, indirect=True)
         nbytes = src.data.size * src.dtype.itemsize * (2 if accumulate else 1)
         run = math.prod(table.shape[1:]) * table.dtype.itemsize
         self._dma_schedule("dma_scatter_add" if accumulate else "dma_scatter", nbytes, run, False,
@@ -369,16 +378,29 @@ class Kernel:
             "tensor_copy into a tile of the new dtype"
         )
 
+    def _touch(self, array: np.ndarray, write: bool, indirect: bool = False) -> Touch | None:
+        """Note an HBM access for the program's choice of what stays on chip (.residency);
+        a program whose schedule is known already needs none."""
+        program = self._program
+        if program is None or program.timing_known:
+            return None
+        touch = Touch(len(program.kernels), array, write, indirect)
+        program.touches.append(touch)
+        return touch
+
     def _dma_schedule(self, *args: Any, **kwargs: Any) -> None:
         self._timed(lambda: self._place_dma(*args, **kwargs))
 
     def _place_dma(self, name: str, nbytes: int, run: int, transpose: bool, reads: tuple,
-                   writes: tuple, via_hbm: bool) -> None:
+                   writes: tuple, via_hbm: bool, touches: tuple = ()) -> None:
         """Split a transfer over DMA queues (at least 2 KiB each, N-dma) and place each part in
         the earliest gap of a queue after its operands are ready, as the compiler's scheduler
         does (a store waiting for its data does not hold back later, independent loads). A
-        transfer touching HBM moves at most the core's HBM bandwidth shared by all queues."""
+        transfer touching HBM moves at most the core's HBM bandwidth shared by all queues; one
+        whose HBM accesses all stay on chip in its program (:mod:`.residency`) does not."""
         spec = self.spec
+        if via_hbm and touches and all(t.on_chip for t in touches):
+            via_hbm = False
         ready = self.start
         for operand in reads:
             ready = max(ready, self._ready(operand))

@@ -84,6 +84,9 @@ class OnChipMemory:
         self._live: dict[int, Tile] = {}         # offset -> live base tile
         self._released: list[tuple[int, int, float]] = []  # (offset, end, free time)
         self.high_water = 0
+        #: Bytes per partition of the live tiles, and their most since the last reset.
+        self._in_use = 0
+        self.peak = 0
         self._floor = 0  # where allocation looks first (see reset)
 
     def reset(self, keep_released: bool = False) -> None:
@@ -98,12 +101,13 @@ class OnChipMemory:
             self._released.clear()
             self._floor = 0
         self.high_water = 0
+        self._in_use = self.peak = 0
 
     def forget_released(self) -> None:
         self._released.clear()
 
     def in_use(self) -> int:
-        return sum(t.nbytes for t in self._live.values())
+        return self._in_use
 
     def allocate(self, shape: tuple[int, ...], dtype: np.dtype, name: str, kernel: str) -> Tile:
         if not shape or shape[0] < 1:
@@ -124,6 +128,8 @@ class OnChipMemory:
         tile = Tile(self, data, offset, nbytes, name)
         self._live[offset] = tile
         self.high_water = max(self.high_water, end)
+        self._in_use += nbytes
+        self.peak = max(self.peak, self._in_use)
         return tile
 
     def make_available(self, tile: Tile) -> None:
@@ -141,7 +147,8 @@ class OnChipMemory:
         if base.freed:
             return None
         base.freed = True
-        self._live.pop(base.offset, None)
+        if self._live.pop(base.offset, None) is not None:
+            self._in_use -= base.nbytes
         return base
 
     def note_release(self, base: Tile) -> None:

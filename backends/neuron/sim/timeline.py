@@ -68,6 +68,11 @@ class Program:
     #: The program instance's schedule is known (a replayed kernel needs no timing of its own).
     timing_known: bool = False
     kernels: list[Kernel | ReplayedKernel] = field(default_factory=list)
+    #: The HBM arrays that cross the program's boundary (its inputs and results), when its
+    #: caller names them: then what it writes and reads only inside may stay in SBUF.
+    boundary: list | None = None
+    #: The HBM accesses of its DMAs, in order (see :mod:`.residency`).
+    touches: list = field(default_factory=list)
 
 
 @dataclass

@@ -1,0 +1,117 @@
+"""What a compiled program keeps on chip (``sim/residency.py``): intermediates and reloads stay in
+SBUF while they fit, whatever crosses the program's boundary still moves through HBM, and the
+numerics are the same either way. Programs here are built on the core directly, as the graph
+lowering builds them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import accelkit
+from accelkit_backends.neuron.device import core_spec
+from accelkit_backends.neuron.sim import NeuronCore
+from accelkit_backends.neuron.tiling import map_flat
+
+
+def _copy(k, out, x):
+    map_flat(k, out, [x], lambda dst, srcs: k.tensor_copy(dst, srcs[0]))
+
+
+def _hbm_bytes(core, body, boundary) -> int:
+    """Run ``body(core)`` as one program (naming its boundary or not); its HBM bytes."""
+    records = []
+    core.program_listeners.append(lambda label, rs: records.extend(rs))
+    with core.program("p") as program:
+        named = body(core)
+        if boundary:
+            program.boundary = named
+    return sum(r.hbm_bytes for r in records)
+
+
+def _through_an_intermediate(core, peaks=None):
+    x = np.arange(128 * 64, dtype=np.float32).reshape(128, 64)
+    mid, out = np.empty_like(x), np.empty_like(x)
+    for name, src, dst in (("first", x, mid), ("second", mid, out)):
+        with core.kernel(name) as k:
+            _copy(k, dst, src)
+        if peaks is not None:
+            peaks.append(k.sbuf_peak)
+    np.testing.assert_array_equal(out, x)  # the numerics run against HBM either way
+    return [x, out]
+
+
+def test_an_intermediate_of_a_program_stays_in_sbuf():
+    nbytes = 128 * 64 * 4
+    assert _hbm_bytes(NeuronCore(core_spec("trn2")), _through_an_intermediate, boundary=False) == 4 * nbytes
+    # x in and out out; the intermediate is neither stored nor loaded.
+    assert _hbm_bytes(NeuronCore(core_spec("trn2")), _through_an_intermediate, boundary=True) == 2 * nbytes
+
+
+def test_an_intermediate_that_does_not_fit_sbuf_goes_through_hbm():
+    spec = core_spec("trn2")
+    peaks = []
+    _hbm_bytes(NeuronCore(spec), lambda core: _through_an_intermediate(core, peaks), boundary=True)
+    # The intermediate takes 256 B in each partition next to the copies' own tiles.
+    fits = dataclasses.replace(spec, sbuf_partition_bytes=max(peaks) + 256)
+    short = dataclasses.replace(spec, sbuf_partition_bytes=max(peaks) + 255)
+    nbytes = 128 * 64 * 4
+    assert _hbm_bytes(NeuronCore(fits), _through_an_intermediate, boundary=True) == 2 * nbytes
+    assert _hbm_bytes(NeuronCore(short), _through_an_intermediate, boundary=True) == 4 * nbytes
+
+
+def test_an_input_read_again_is_loaded_once_and_results_are_all_stored():
+    def body(core):
+        x = np.ones((128, 32), np.float32)
+        a, b = np.empty_like(x), np.empty_like(x)
+        with core.kernel("first") as k:
+            _copy(k, a, x)
+        with core.kernel("second") as k:
+            _copy(k, b, x)
+        return [x, a, b]
+
+    nbytes = 128 * 32 * 4
+    assert _hbm_bytes(NeuronCore(core_spec("trn2")), body, boundary=True) == 3 * nbytes
+
+
+def test_a_strided_read_does_not_stand_for_the_bytes_it_skipped():
+    def body(core):
+        x = np.ones((128, 64), np.float32)
+        half, whole = np.empty((128, 32), np.float32), np.empty_like(x)
+        with core.kernel("every other column") as k:
+            _copy(k, half, x[:, ::2])
+        with core.kernel("all of it") as k:
+            _copy(k, whole, x)
+        return [x, half, whole]
+
+    # Both reads of x come from HBM (the strided one walks half its bytes).
+    moved = _hbm_bytes(NeuronCore(core_spec("trn2")), body, boundary=True)
+    assert moved == (128 * 32 + 128 * 64) * 4 + (128 * 32 + 128 * 64) * 4
+
+
+# -- through torch.compile ----------------------------------------------------------------------
+
+
+def _two_matmuls(a, b, c):
+    return (a @ b) @ c
+
+
+def test_a_compiled_graph_keeps_the_tensor_between_two_matmuls_on_chip(dev):
+    g = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(*shape, generator=g).to(dev) for shape in ((64, 128), (128, 256), (256, 32)))
+    accelkit.reset_stats()
+    eager = _two_matmuls(a, b, c)
+    eager_bytes = accelkit.stats()["neuron"]["estimate"]["hbm_bytes"]
+    compiled_fn = torch.compile(_two_matmuls, backend="neuron")
+    compiled_fn(a, b, c)
+    accelkit.reset_stats()
+    compiled = compiled_fn(a, b, c)
+    compiled_bytes = accelkit.stats()["neuron"]["estimate"]["hbm_bytes"]
+    assert torch.equal(compiled.cpu(), eager.cpu())
+    middle = 64 * 256 * 4
+    boundary = sum(t.numel() * 4 for t in (a, b, c, compiled))
+    # The product a @ b is neither stored nor loaded; the inputs are read and the result written.
+    assert boundary <= compiled_bytes <= eager_bytes - 2 * middle
