@@ -396,10 +396,16 @@ class Kernel:
         """Split a transfer over DMA queues (at least 2 KiB each, N-dma) and place each part in
         the earliest gap of a queue after its operands are ready, as the compiler's scheduler
         does (a store waiting for its data does not hold back later, independent loads). A
-        transfer touching HBM moves at most the core's HBM bandwidth shared by all queues; one
-        whose HBM accesses all stay on chip in its program (:mod:`.residency`) does not."""
+        transfer touching HBM moves at most the core's HBM bandwidth shared by all queues.
+
+        In a program, a transfer whose HBM accesses all stay on chip (:mod:`.residency`) is an
+        SBUF-to-SBUF copy, and a store of such data is none: the compiler has the producer
+        write where the data stays, so it takes no time past its data being ready."""
         spec = self.spec
         if via_hbm and touches and all(t.on_chip for t in touches):
+            if isinstance(reads[0], Tile):
+                self._place(name, "dma", 0.0, reads, writes, "kept in SBUF", earliest=self.start, busy=0.0)
+                return
             via_hbm = False
         ready = self.start
         for operand in reads:

@@ -3,9 +3,10 @@
 A NEFF holds a whole graph, so the compiler keeps data in SBUF across the graph's ops when it
 fits, instead of storing it to HBM and loading it back. The simulator runs every kernel against
 HBM (the numerics are the same either way); this pass decides, before a program is timed, which
-of its DMAs the estimate treats as on-chip: those move data SBUF to SBUF, at the same DMA queue
-time (a conservative choice: the compiler could often have the consumer read the producer's
-tile in place) and with no HBM bytes or bandwidth. Two kinds of data stay:
+of its DMAs the estimate treats as on-chip. None moves HBM bytes: a store of data that stays is
+no transfer (the producer writes where the data stays), and a load of it is an SBUF-to-SBUF copy
+at the DMA queues' rate (conservative: the consumer could often read the producer's tile in
+place). Two kinds of data stay:
 
 - **Intermediates.** An allocation (an HBM array owning its memory, with every view of it) that
   is neither an input nor a result of the program (the boundary its caller names), that the
