@@ -95,14 +95,16 @@ class Ledger:
 
     def record_program(self, label: str, records: list[KernelRecord]) -> None:
         """A compiled program's run: its device time (the kernels overlap, so not the sum of
-        their latencies), busy time per engine, HBM bytes and kernels."""
+        their latencies), busy time per engine, HBM bytes, bytes its DMAs kept on chip instead
+        (:mod:`.sim.residency`) and kernels."""
         with self._lock:
             entry = self.per_program.setdefault(label, {
-                "calls": 0, "seconds": 0.0, "hbm_bytes": 0, "kernels": 0,
+                "calls": 0, "seconds": 0.0, "hbm_bytes": 0, "kept_bytes": 0, "kernels": 0,
                 "per_engine_seconds": dict.fromkeys(ENGINES, 0.0)})
             entry["calls"] += 1
             entry["seconds"] += sum(r.device_seconds for r in records)
             entry["hbm_bytes"] += sum(r.hbm_bytes for r in records)
+            entry["kept_bytes"] += sum(r.kept_bytes for r in records)
             entry["kernels"] += len(records)
             for r in records:
                 for engine, busy in r.busy.items():

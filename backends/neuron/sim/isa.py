@@ -403,6 +403,7 @@ class Kernel:
         write where the data stays, so it takes no time past its data being ready."""
         spec = self.spec
         if via_hbm and touches and all(t.on_chip for t in touches):
+            self._record.kept_bytes += nbytes
             if isinstance(reads[0], Tile):
                 self._place(name, "dma", 0.0, reads, writes, "kept in SBUF", earliest=self.start, busy=0.0)
                 return

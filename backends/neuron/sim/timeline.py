@@ -38,6 +38,8 @@ class KernelRecord:
     instructions: int = 0
     flops: int = 0
     hbm_bytes: int = 0
+    #: Bytes its DMAs moved on chip in a program instead of through HBM (see .residency).
+    kept_bytes: int = 0
     #: How far the kernel moved the device clock: its latency, or in a program (whose kernels
     #: overlap) only what it added past the kernels before it. Device time is the sum of these.
     advance: float | None = None
@@ -53,7 +55,8 @@ class KernelRecord:
     def moved(self, by: float, flops: int | None = None) -> KernelRecord:
         """This record ``by`` seconds later (with a run's own FLOP count, if given)."""
         return KernelRecord(self.name, self.start + by, self.end + by, self.busy, self.instructions,
-                            self.flops if flops is None else flops, self.hbm_bytes, self.advance)
+                            self.flops if flops is None else flops, self.hbm_bytes, self.kept_bytes,
+                            self.advance)
 
 
 @dataclass

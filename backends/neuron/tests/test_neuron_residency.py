@@ -21,16 +21,17 @@ def _copy(k, out, x):
     map_flat(k, out, [x], lambda dst, srcs: k.tensor_copy(dst, srcs[0]))
 
 
-def _estimate(core, body, boundary) -> tuple[int, float]:
-    """Run ``body(core)`` as one program (naming its boundary or not); its HBM bytes and
-    estimated device seconds."""
+def _estimate(core, body, boundary) -> tuple[int, float, int]:
+    """Run ``body(core)`` as one program (naming its boundary or not): its HBM bytes,
+    estimated device seconds and bytes kept on chip."""
     records = []
     core.program_listeners.append(lambda label, rs: records.extend(rs))
     with core.program("p") as program:
         named = body(core)
         if boundary:
             program.boundary = named
-    return sum(r.hbm_bytes for r in records), sum(r.device_seconds for r in records)
+    return (sum(r.hbm_bytes for r in records), sum(r.device_seconds for r in records),
+            sum(r.kept_bytes for r in records))
 
 
 def _hbm_bytes(core, body, boundary) -> int:
@@ -51,9 +52,10 @@ def _through_an_intermediate(core, peaks=None):
 
 def test_an_intermediate_of_a_program_stays_in_sbuf():
     nbytes = 128 * 64 * 4
-    through_hbm, slow = _estimate(NeuronCore(core_spec("trn2")), _through_an_intermediate, boundary=False)
-    on_chip, fast = _estimate(NeuronCore(core_spec("trn2")), _through_an_intermediate, boundary=True)
-    assert through_hbm == 4 * nbytes
+    through_hbm, slow, none_kept = _estimate(NeuronCore(core_spec("trn2")), _through_an_intermediate, boundary=False)
+    on_chip, fast, kept = _estimate(NeuronCore(core_spec("trn2")), _through_an_intermediate, boundary=True)
+    assert (through_hbm, none_kept) == (4 * nbytes, 0)
+    assert kept == 2 * nbytes  # its store and its load
     # x in and out out; the intermediate is neither stored nor loaded from HBM. Its store is
     # no transfer at all, its load an SBUF-to-SBUF copy.
     assert on_chip == 2 * nbytes
@@ -118,7 +120,10 @@ def test_a_compiled_graph_keeps_the_tensor_between_two_matmuls_on_chip(dev):
     compiled_fn(a, b, c)
     accelkit.reset_stats()
     compiled = compiled_fn(a, b, c)
-    compiled_bytes = accelkit.stats()["neuron"]["estimate"]["hbm_bytes"]
+    estimate = accelkit.stats()["neuron"]["estimate"]
+    compiled_bytes = estimate["hbm_bytes"]
+    (program,) = estimate["per_program"].values()
+    assert program["kept_bytes"] >= 2 * 64 * 256 * 4  # what stayed on chip is reported
     assert torch.equal(compiled.cpu(), eager.cpu())
     middle = 64 * 256 * 4
     boundary = sum(t.numel() * 4 for t in (a, b, c, compiled))
