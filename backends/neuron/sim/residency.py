@@ -133,17 +133,37 @@ def keep_on_chip(touches: list[Touch], boundary: list[np.ndarray], sbuf_peaks: l
 
 def _reloads(accesses: list[Touch]) -> list[Touch]:
     """The reads among ``accesses`` of bytes an earlier access covered: one of the same view,
-    or a dense one (a strided view's bounds hold bytes it did not touch)."""
+    or dense ones (a strided view's bounds hold bytes it did not touch)."""
     seen: set[tuple] = set()
-    dense: list[tuple[int, int]] = []
+    covered = _Ranges()
     again = []
     for touch in accesses:
         array = touch.array
         low, high = byte_bounds(array)
         view = (low, high, array.shape, array.strides)
-        if not touch.write and (view in seen or any(a <= low and high <= b for a, b in dense)):
+        if not touch.write and (view in seen or covered.holds(low, high)):
             again.append(touch)
         seen.add(view)
         if high - low == array.size * array.itemsize:
-            dense.append((low, high))
+            covered.add(low, high)
     return again
+
+
+class _Ranges:
+    """A set of byte ranges, kept as sorted disjoint ``[low, high)`` intervals."""
+
+    def __init__(self) -> None:
+        self._lows: list[int] = []
+        self._highs: list[int] = []
+
+    def holds(self, low: int, high: int) -> bool:
+        at = bisect.bisect_right(self._lows, low) - 1
+        return at >= 0 and high <= self._highs[at]
+
+    def add(self, low: int, high: int) -> None:
+        first = bisect.bisect_left(self._highs, low)  # the first interval that touches or follows
+        last = bisect.bisect_right(self._lows, high)  # past the last one that touches
+        if first < last:
+            low, high = min(low, self._lows[first]), max(high, self._highs[last - 1])
+        self._lows[first:last] = [low]
+        self._highs[first:last] = [high]

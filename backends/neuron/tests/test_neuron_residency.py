@@ -88,6 +88,19 @@ def test_an_input_read_again_is_loaded_once_and_results_are_all_stored():
     assert _hbm_bytes(NeuronCore(core_spec("trn2")), body, boundary=True) == 3 * nbytes
 
 
+def test_an_input_read_in_halves_and_then_whole_is_loaded_once():
+    def body(core):
+        x = np.ones((128, 64), np.float32)
+        top, bottom, whole = np.empty((64, 64), np.float32), np.empty((64, 64), np.float32), np.empty_like(x)
+        for name, src, dst in (("top", x[:64], top), ("bottom", x[64:], bottom), ("whole", x, whole)):
+            with core.kernel(name) as k:
+                _copy(k, dst, src)
+        return [x, top, bottom, whole]
+
+    nbytes = 128 * 64 * 4
+    assert _hbm_bytes(NeuronCore(core_spec("trn2")), body, boundary=True) == nbytes + 2 * nbytes  # x once; results
+
+
 def test_a_strided_read_does_not_stand_for_the_bytes_it_skipped():
     def body(core):
         x = np.ones((128, 64), np.float32)
