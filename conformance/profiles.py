@@ -24,6 +24,9 @@ class Profile:
     :ivar module_inputs: module inputs per module test (None: all of them).
     :ivar module_backward: run the backward variant of modules.
     :ivar timeout: default per-test timeout in seconds.
+    :ivar fast_compile: ask the backend to compile quickly rather than well
+        (``ACCELKIT_FAST_COMPILE=1``, see :func:`accelkit.sdk.fast_compile`): each program runs
+        once or twice, so compiling is most of a run on a backend that compiles per op.
     """
 
     name: str
@@ -33,11 +36,12 @@ class Profile:
     module_inputs: int | None
     module_backward: bool
     timeout: float
+    fast_compile: bool = False
 
 
 PROFILES = {
     "quick": Profile("quick", ("float32",), op_samples=2, op_backward=True, module_inputs=2,
-                     module_backward=False, timeout=120.0),
+                     module_backward=False, timeout=120.0, fast_compile=True),
     "full": Profile("full", DEFAULT_DTYPES, op_samples=None, op_backward=True, module_inputs=None,
                     module_backward=True, timeout=600.0),
 }

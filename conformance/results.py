@@ -41,12 +41,13 @@ def environment(backend: str, *, profile: str, dtypes: list[str], jobs: int, tim
     """The environment header for a run of ``backend``, built without activating it.
 
     Besides the fields of :data:`~accelkit_conformance.schema.ENVIRONMENT_FIELDS` it carries
-    ``expectations``: the backend's expectations file, if it has one, and ``capabilities``: its
-    declared capabilities (name -> ``True`` or the reason it is not supported).
+    ``expectations``: the backend's expectations file, if it has one, ``capabilities``: its
+    declared capabilities (name -> ``True`` or the reason it is not supported), and
+    ``fast_compile``: whether the run asked the backend to compile quickly rather than well.
     """
     import torch
 
-    from accelkit.sdk import backends
+    from accelkit.sdk import backends, fast_compile
 
     view = backends().get(backend)
     probe = view.probe() if view is not None else None
@@ -69,6 +70,7 @@ def environment(backend: str, *, profile: str, dtypes: list[str], jobs: int, tim
         "timeout": timeout,
         "expectations": expectations,
         "capabilities": dict(capabilities or {}),
+        "fast_compile": fast_compile(),
     }
     validate_environment(env)
     return env

@@ -156,6 +156,8 @@ def _environ(args: argparse.Namespace, backend: str) -> dict[str, str]:
         env.pop("ACCELKIT_COMPILE_CACHE", None)
     else:  # compiling dominates a run on a backend that compiles per op and shape (tpu)
         env["ACCELKIT_COMPILE_CACHE"] = str(Path(args.compile_cache).expanduser().resolve())
+    if profiles.get(args.profile).fast_compile:
+        env.setdefault("ACCELKIT_FAST_COMPILE", "1")  # accelkit.sdk.FAST_COMPILE_ENV; one the user set wins
     env["PYTHONFAULTHANDLER"] = "1"
     if "OMP_NUM_THREADS" not in env:  # N workers x all cores of threads each oversubscribes
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, args.jobs)))

@@ -26,7 +26,8 @@ The environment header (:data:`ENVIRONMENT_FIELDS`):
     for the run), ``profile`` (``"quick"`` | ``"full"`` | ``"custom"``), ``dtypes`` (dtype names
     the ops/modules suites ran), ``started`` (ISO-8601 UTC time), ``jobs`` (worker processes),
     ``timeout`` (per-test seconds). Optional: ``expectations`` (the backend's expectations
-    file, or None); ``finished`` (ISO-8601 UTC time the run ended; absent when interrupted).
+    file, or None); ``finished`` (ISO-8601 UTC time the run ended; absent when interrupted);
+    ``fast_compile`` (the run asked for quick compiles over fast programs).
 
 A result record (:data:`RECORD_FIELDS`):
     ``id``        the pytest node id (unique within a run);
@@ -117,6 +118,7 @@ JSON_SCHEMA: dict[str, Any] = {
                 "simulated": {"type": ["boolean", "null"]}, "fallback_policy": _OPT_STR,
                 "profile": _STR, "dtypes": {"type": "array", "items": _STR}, "started": _STR,
                 "jobs": _COUNT, "timeout": {"type": ["number", "null"]},
+                "fast_compile": {"type": "boolean"},
             },
         },
         "results": {"type": "array", "items": {"$ref": "#/$defs/record"}},

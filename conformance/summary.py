@@ -245,6 +245,8 @@ def _provenance(run: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("expectations", show(env.get("expectations"))),
         ("dtypes", ", ".join(env.get("dtypes") or ()) or "-"),
         ("jobs / timeout", f"{show(env.get('jobs'))} / {show(env.get('timeout'))} s"),
+        ("compiling", {True: "fast (ACCELKIT_FAST_COMPILE=1: quick compiles over fast programs; same results)",
+                       False: "as users compile"}.get(env.get("fast_compile"), "-")),
         ("started", show(env.get("started"))),
         ("finished", show(env.get("finished")) + (f" ({format_seconds(wall)})" if wall is not None else "")),
         ("run", "complete" if run.get("complete") else "INCOMPLETE (interrupted; results so far)"),

@@ -484,8 +484,29 @@ def test_run_against_ref_writes_results_and_reports(tmp_path):
     assert len(doc["results"]) >= 5 and all(r["outcome"] == "pass" for r in doc["results"])
     assert all(r["paths"] is not None for r in doc["results"])
     assert Path(doc["environment"]["expectations"]).parts[-2:] == ("ref", "conformance.toml")
+    assert doc["environment"]["fast_compile"] is True  # the quick profile's
+    assert "| compiling | fast (ACCELKIT\\_FAST\\_COMPILE=1" in (tmp_path / "ref" / "report.md").read_text()
     assert (tmp_path / "ref" / "report.md").read_text().strip()
     assert "<html" in (tmp_path / "ref" / "report.html").read_text().lower()
+
+
+@pytest.mark.parametrize("profile,preset,expected", [
+    ("quick", None, "1"), ("full", None, None), ("quick", "0", "0"),
+])
+def test_the_quick_profile_asks_for_fast_compiles_unless_the_user_said_otherwise(monkeypatch, profile, preset,
+                                                                                 expected):
+    import argparse
+
+    from accelkit_conformance import runner
+
+    parser = argparse.ArgumentParser()
+    runner.add_run_arguments(parser)
+    args = parser.parse_args(["--backend", "ref", "--profile", profile])
+    if preset is None:
+        monkeypatch.delenv("ACCELKIT_FAST_COMPILE", raising=False)
+    else:
+        monkeypatch.setenv("ACCELKIT_FAST_COMPILE", preset)
+    assert runner._environ(args, "ref").get("ACCELKIT_FAST_COMPILE") == expected
 
 
 def test_unknown_backend_is_a_usage_error_naming_the_installed_ones(tmp_path):

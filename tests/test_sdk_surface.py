@@ -104,6 +104,21 @@ def test_defaults_fill_hooks_a_backend_leaves_out():
     assert view.expectations() == expected
 
 
+@pytest.mark.parametrize("value,expected", [(None, False), ("", False), ("0", False), ("1", True), (" 1 ", True)])
+def test_fast_compile_follows_the_environment(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv(sdk.FAST_COMPILE_ENV, raising=False)
+    else:
+        monkeypatch.setenv(sdk.FAST_COMPILE_ENV, value)
+    assert sdk.fast_compile() is expected
+
+
+def test_a_misspelt_fast_compile_names_the_variable_and_the_choices(monkeypatch):
+    monkeypatch.setenv(sdk.FAST_COMPILE_ENV, "yes")
+    with pytest.raises(ValueError, match="ACCELKIT_FAST_COMPILE='yes': use one of 0, 1"):
+        sdk.fast_compile()
+
+
 def test_fallback_policy_follows_the_environment(monkeypatch):
     view = sdk.backends()["ref"]
     monkeypatch.delenv("ACCELKIT_FALLBACK", raising=False)

@@ -19,6 +19,21 @@ def env_choice(variable: str, choices: Sequence[str], default: str) -> str:
     return value
 
 
+#: Set to ``1`` (tests, conformance runs): compile quickly, at the cost of the programs' speed.
+FAST_COMPILE_ENV = "ACCELKIT_FAST_COMPILE"
+
+
+def fast_compile() -> bool:
+    """Whether ``ACCELKIT_FAST_COMPILE=1`` asks backends to compile quickly rather than well:
+    for runs whose programs execute once or twice (tests, conformance), where compiling is most
+    of the time. Results must be the same either way; a backend without such a trade-off
+    ignores it.
+
+    :raises ValueError: the value is not ``0`` or ``1``.
+    """
+    return env_choice(FAST_COMPILE_ENV, ("0", "1"), "0") == "1"
+
+
 MAX_DEVICES = 64
 
 

@@ -5,11 +5,12 @@ Cheap to import (the plugin's hooks live here): jax is imported when the backend
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
-from accelkit.sdk import DeviceModel, DtypeRules, Estimate, device_count_from_env, env_choice, hookimpl
+from accelkit.sdk import DeviceModel, DtypeRules, Estimate, device_count_from_env, env_choice, fast_compile, hookimpl
 
 FLOAT64_ENV = "ACCELKIT_TPU_FLOAT64"
 FLOAT64_POLICIES = ("error", "emulate")
@@ -17,7 +18,18 @@ FLOAT64_POLICIES = ("error", "emulate")
 _WIDE = frozenset({torch.float64, torch.complex128})
 
 
+#: XLA's CPU code generation without LLVM's optimisations: compiles take about half as long.
+#: The HLO, XLA's own passes and so the results are the same (a conformance quick profile run
+#: both ways had the same outcome in every one of its 1507 tests).
+_FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
+
+
 def _jax() -> Any:
+    if fast_compile():
+        # XLA reads its flags once, when jax's backends start: before the first jax call.
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_backend_optimization_level" not in flags:
+            os.environ["XLA_FLAGS"] = f"{flags} {_FAST_COMPILE_FLAG}".strip()
     import jax
 
     # PyTorch's int64 indices and float64 tensors need 64-bit types; JAX defaults to 32 bits.

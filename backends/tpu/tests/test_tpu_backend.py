@@ -128,6 +128,34 @@ def test_float64_runs_exactly_when_emulation_is_chosen():
     assert done.stdout.strip() == "ok"
 
 
+def test_fast_compiles_give_the_same_results_bit_for_bit(tmp_path):
+    # ACCELKIT_FAST_COMPILE=1 (the conformance quick profile's) turns off LLVM's optimisations
+    # in XLA's CPU code generation; the programs' HLO, and so their results, stay the same.
+    from conftest import run_python
+
+    code = """
+        import os, sys, torch, accelkit
+        dev = accelkit.select_device("tpu")
+        g = torch.Generator().manual_seed(0)
+        x, w = torch.randn(64, 96, generator=g), torch.randn(96, 48, generator=g)
+        xd, wd = x.to(dev).requires_grad_(), w.to(dev).requires_grad_()
+        y = torch.nn.functional.gelu(xd @ wd).softmax(-1)
+        (y * torch.arange(48.0, device=dev)).sum().backward()
+        torch.save({"values": [y.detach().cpu(), xd.grad.cpu(), wd.grad.cpu()],
+                    "flags": os.environ.get("XLA_FLAGS", "")}, sys.argv[-1])
+        """
+    runs = {}
+    for fast in ("0", "1"):
+        out = tmp_path / f"{fast}.pt"
+        done = run_python(code.replace("sys.argv[-1]", repr(str(out))), env={"ACCELKIT_FAST_COMPILE": fast})
+        assert done.returncode == 0, done.stderr
+        runs[fast] = torch.load(out)
+    assert "xla_backend_optimization_level" not in runs["0"]["flags"]
+    assert "--xla_backend_optimization_level=0" in runs["1"]["flags"]
+    for optimised, fast in zip(runs["0"]["values"], runs["1"]["values"]):
+        assert torch.equal(optimised, fast)
+
+
 def test_int64_keeps_64_bits(dev):
     big = torch.tensor([2**40 + 1, -(2**50)], dtype=torch.int64)
     assert torch.equal((big.to(dev) + 1).cpu(), big + 1)
