@@ -19,13 +19,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+#: In the order a run starts them: the capability probes first (they say what the suites can rely
+#: on), then the suites whose tests take longest, so that no worker is left with them at the end.
 SUITE_FILES = {
-    "capabilities": "test_capabilities.py",  # first: the probes say what the suites can rely on
+    "capabilities": "test_capabilities.py",
+    "distributed": "test_distributed.py",
+    "dynamic": "test_dynamic.py",
     "ops": "test_ops.py",
     "modules": "test_modules.py",
     "contract": "test_contract.py",
-    "dynamic": "test_dynamic.py",
-    "distributed": "test_distributed.py",
 }
 _FILE_SUITES = {name: suite for suite, name in SUITE_FILES.items()}
 DTYPE_NAMES = frozenset({
