@@ -14,12 +14,7 @@ Declared skip for a backend without collectives (no ``accelkit_make_process_grou
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import functools
-import json
-import os
-import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -28,6 +23,7 @@ from accelkit.sdk.testing.distributed import RankResult, run_ranks
 from accelkit.sdk.testing.distributed_cases import collective_cases
 from accelkit_conformance import session
 from accelkit_conformance.cases import param_id
+from accelkit_conformance.once import once_per_run
 
 SETTINGS = session.current()
 NAME = SETTINGS.backend
@@ -38,32 +34,12 @@ HAS_COLLECTIVES = NAME in backends() and backends()[NAME].implements("accelkit_m
 
 @functools.cache
 def _ranks(scenario: str, world: int) -> tuple[RankResult, ...]:
-    """The scenario's run at this world size: started by the first xdist worker that needs it,
-    read by the others (which wait for it) rather than started once per worker."""
-    shared = _shared_file(scenario, world)
-    if shared is None:
-        return _run(scenario, world)
-    with open(shared.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if shared.exists():
-            return tuple(RankResult(**rank) for rank in json.loads(shared.read_text()))
-        ranks = _run(scenario, world)
-        shared.write_text(json.dumps([dataclasses.asdict(rank) for rank in ranks]))
-        return ranks
+    """The scenario's run at this world size, once per pytest run (not once per xdist worker)."""
+    def run() -> list[dict]:
+        ranks = run_ranks(NAME, scenario, world_size=world, deadline=SETTINGS.profile.timeout * 2)
+        return [dataclasses.asdict(rank) for rank in ranks]
 
-
-def _run(scenario: str, world: int) -> tuple[RankResult, ...]:
-    return tuple(run_ranks(NAME, scenario, world_size=world, deadline=SETTINGS.profile.timeout * 2))
-
-
-def _shared_file(scenario: str, world: int) -> Path | None:
-    """Where the workers of this pytest run share a scenario's ranks (None outside xdist)."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not run:
-        return None
-    directory = Path(tempfile.gettempdir()) / f"accelkit-conformance-{run}"
-    directory.mkdir(exist_ok=True)
-    return directory / f"{NAME}-{scenario}-world{world}.json"
+    return tuple(RankResult(**rank) for rank in once_per_run(f"{NAME}-{scenario}-world{world}", run))
 
 
 def _findings(scenario: str, world: int) -> list[dict]:
