@@ -66,12 +66,11 @@ class Kernel:
         self._untimed: list[Callable[[], None]] | None = [] if defer_timing else None
         #: How many timing steps (instructions, allocations, frees) the kernel took.
         self.timed_steps = 0
-        self._in_program = program is not None
         self._program = program
         #: Bytes per partition this kernel's SBUF tiles needed at most (set when it ends).
         self.sbuf_peak = 0
         # In a program the record spans the kernel's own instructions (see NeuronCore.program).
-        self._record = KernelRecord(name, math.inf if self._in_program else start, start)
+        self._record = KernelRecord(name, math.inf if program is not None else start, start)
         if program is not None:
             self._engine_free = program.engine_free
             self._dma_queues = program.dma_queues
@@ -244,7 +243,7 @@ class Kernel:
             else:
                 for step in untimed:
                     step()
-                if not self._in_program:  # a program's kernels wait on each other's memory
+                if self._program is None:  # a program's kernels wait on each other's memory
                     self.core.sbuf.forget_released()
                     self.core.psum.forget_released()
         if self._record.start == math.inf:  # a kernel in a program that issued no instruction
@@ -299,13 +298,12 @@ class Kernel:
         self._run(copy, *hbm)
         nbytes = values.size * max(values.dtype.itemsize, target.dtype.itemsize)
         hbm_side = src if not isinstance(src, Tile) else dst if not isinstance(dst, Tile) else None
-        touches = (self._touch(src, write=False) if from_hbm else None,
-                   self._touch(dst, write=True) if to_hbm else None)
+        touches = tuple(t for t in (self._touch(src, write=False) if from_hbm else None,
+                                    self._touch(dst, write=True) if to_hbm else None) if t is not None)
         walked = pattern if pattern is not None else hbm_side if hbm_side is not None else values
         run = _contiguous_run_bytes(walked)
         self._dma_schedule("dma_transpose" if transpose else "dma", nbytes, run, transpose,
-                           reads=(src,), writes=(dst,), via_hbm=hbm_side is not None,
-                           touches=tuple(t for t in touches if t is not None) if hbm_side is not None else ())
+                           reads=(src,), writes=(dst,), via_hbm=hbm_side is not None, touches=touches)
 
     def gather_rows(self, dst: Tile, table: np.ndarray, indices: Tile) -> None:
         """Indirect DMA: ``dst[p] = table[indices[p, 0]]`` for each partition (an embedding lookup).

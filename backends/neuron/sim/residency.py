@@ -66,14 +66,10 @@ class Allocations:
     range of its own."""
 
     def __init__(self, arrays: list[np.ndarray], boundary: list[np.ndarray]):
-        known = set()
-        for array in (*boundary, *arrays):
-            owning = _owner(array)
-            if owning.flags.owndata:
-                known.add(byte_bounds(owning))
+        known = {byte_bounds(owning) for owning in map(_owner, arrays) if owning.flags.owndata}
         for array in boundary:
-            if not _owner(array).flags.owndata:
-                known.add(byte_bounds(array))
+            owning = _owner(array)
+            known.add(byte_bounds(owning if owning.flags.owndata else array))
         self._ranges = sorted(known)
         self._lows = [low for low, _ in self._ranges]
 
@@ -99,10 +95,9 @@ def keep_on_chip(touches: list[Touch], boundary: list[np.ndarray], sbuf_peaks: l
     """
     allocations = Allocations([t.array for t in touches], boundary)
     outside = {allocations.of(a) for a in boundary}
-    keys = [allocations.of(t.array) for t in touches]
     by_allocation: dict[tuple[int, int], list[Touch]] = {}
-    for key, touch in zip(keys, touches):
-        by_allocation.setdefault(key, []).append(touch)
+    for touch in touches:
+        by_allocation.setdefault(allocations.of(touch.array), []).append(touch)
     held = [0] * len(sbuf_peaks)
 
     def hold(key: tuple[int, int], first: int, last: int) -> bool:
