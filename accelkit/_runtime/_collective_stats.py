@@ -16,7 +16,8 @@ from typing import Any
 
 from accelkit.sdk import Interconnect
 
-TRANSPORT = "host-staged: device tensors are copied to host memory and moved by gloo over TCP"
+TRANSPORT = ("host-staged: device tensors are copied to host memory and moved by gloo over TCP "
+             "(reduced in place where the device lends its memory as host memory)")
 
 #: Per collective: (fraction of the message each device sends, ring steps), for world size n.
 _RING = {
@@ -67,6 +68,7 @@ class CollectiveStats:
         self._groups: dict[str, int] = {}
         self._interconnect: Interconnect | None = None
         self._checks: dict[str, int] = {}
+        self._staging = {"copied": 0, "lent": 0}
 
     def group_created(self, name: str, world: int, interconnect: Interconnect | None) -> None:
         with self._lock:
@@ -78,6 +80,12 @@ class CollectiveStats:
         group's own connections), ``gloo``, or ``off``."""
         with self._lock:
             self._checks[path] = self._checks.get(path, 0) + 1
+
+    def staged(self, lent: bool) -> None:
+        """A device tensor went to gloo: through a host copy, or as memory its device lent
+        (:meth:`DeviceAllocator.lend_host`)."""
+        with self._lock:
+            self._staging["lent" if lent else "copied"] += 1
 
     def record(self, kind: str, nbytes: int, world: int, seconds: float) -> None:
         estimate = estimate_seconds(kind, nbytes, world, self._interconnect)
@@ -95,6 +103,7 @@ class CollectiveStats:
                 "transport": TRANSPORT,
                 "groups": dict(self._groups),
                 "agreement_checks": dict(self._checks),
+                "device_tensors": dict(self._staging),
                 "interconnect": None if link is None else {
                     "name": link.name, "bandwidth_per_direction": link.bandwidth,
                     "topology": link.topology, "sources": dict(link.sources),
@@ -107,6 +116,7 @@ class CollectiveStats:
     def reset(self) -> None:
         with self._lock:
             self._kinds.clear()
+            self._staging = dict.fromkeys(self._staging, 0)
 
 
 STATS = CollectiveStats()

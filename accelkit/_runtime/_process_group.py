@@ -6,10 +6,11 @@ group on it) builds one :class:`HostStagedProcessGroup`. Each collective:
 1. checks that the ranks agree (:mod:`._collective_checks`): mismatched sizes, dtypes, roots,
    reduce ops or collectives raise :class:`CollectiveMismatchError` on every rank instead of
    gloo aborting the process;
-2. copies the device tensors to contiguous host tensors (CPU tensors are used in place);
+2. copies the device tensors to contiguous host tensors (CPU tensors are used in place, and
+   so is device memory its device lends for a collective that rewrites it: :mod:`._staging`);
 3. runs gloo's collective on them (real TCP transport, asynchronous in gloo's threads);
 4. on ``wait()``, copies the results back into the device tensors, views and non-contiguous
-   tensors included, without bumping their version counters (see :class:`_Staged`).
+   tensors included, without bumping their version counters (see :class:`~._staging.Staged`).
 
 Semantics are gloo's on CPU tensors, which the conformance suite compares against per rank:
 same reduce ops (``PREMUL_SUM`` is NCCL's and refused), same dtypes, same results. ``Work.wait``
@@ -21,11 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import threading
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
@@ -33,7 +32,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from accelkit._runtime import _tensors
 from accelkit._runtime._agreement_channel import ChannelBroken, open_channel
 from accelkit._runtime._collective_checks import (
     DTYPE_CODES,
@@ -47,6 +45,7 @@ from accelkit._runtime._collective_checks import (
     mismatch_message,
 )
 from accelkit._runtime._collective_stats import STATS
+from accelkit._runtime._staging import HostPool, Staged, hosts
 
 _REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
 
@@ -76,117 +75,6 @@ def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
 
 def _shapes(tensors: Sequence[torch.Tensor]) -> tuple:
     return tuple((dtype_code(t.dtype), tuple(t.shape)) for t in tensors)
-
-
-class _HostPool:
-    """Host staging buffers kept between collectives, by byte size (a fresh 64 MiB buffer costs
-    more in page faults than the copy into it).
-
-    A buffer handed out by :meth:`take` comes back by itself once the last reference to the
-    host tensor is gone: when the collective has finished with it, or, for a received buffer
-    that the device adopted as its memory (:meth:`DeviceAllocator.adopt_host`), when the device
-    has let go of it. At most ``limit`` bytes are kept.
-    """
-
-    def __init__(self, limit: int = 512 << 20):
-        self._free: dict[int, list[torch.Tensor]] = {}
-        self._kept = 0
-        self._limit = limit
-        self._lock = threading.Lock()
-
-    def take(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
-        nbytes = math.prod(shape) * dtype.itemsize
-        if not nbytes:
-            return torch.empty(shape, dtype=dtype)
-        with self._lock:
-            free = self._free.get(nbytes)
-            if free:
-                self._kept -= nbytes
-                raw = free.pop()
-            else:
-                raw = None
-        if raw is None:
-            raw = torch.empty(nbytes, dtype=torch.uint8)
-        host = raw.view(dtype).view(shape)
-        weakref.finalize(host, self._give, raw)
-        return host
-
-    def _give(self, raw: torch.Tensor) -> None:
-        nbytes = raw.numel()
-        with self._lock:
-            if self._kept + nbytes <= self._limit:
-                self._free.setdefault(nbytes, []).append(raw)
-                self._kept += nbytes
-
-
-class _Staged:
-    """A tensor's host stand-in: the tensor itself when it is a contiguous CPU tensor, else a
-    host buffer from the group's pool, filled with the tensor's values by :meth:`fill` when
-    ``copy_in`` (an input; the group fills while the ranks' agreement check is in flight) or
-    not (an output), and written back by :meth:`write_back`. Tensors of the active backend are
-    read and written through their device's allocator directly, with no dispatch and no
-    version-counter bump (a collective is not an autograd in-place op, as with gloo on CPU or
-    NCCL on CUDA): one copy in, and the received host buffer handed to the device
-    (:meth:`DeviceAllocator.adopt_host`, no copy where the substrate can keep host memory).
-    :meth:`release` drops the buffer, which returns to the pool once nothing holds it."""
-
-    __slots__ = ("tensor", "host", "_ctx", "_pooled", "_unfilled")
-
-    def __init__(self, tensor: torch.Tensor, copy_in: bool, pool: _HostPool | None = None,
-                 host: torch.Tensor | None = None):
-        from accelkit._runtime import active
-
-        self.tensor = tensor
-        ctx = active()
-        self._ctx = ctx if ctx is not None and tensor.device.type == ctx.name else None
-        self._pooled = False
-        self._unfilled = False
-        if host is not None:  # values already on the host, to write back
-            self.host = host
-            return
-        if tensor.device.type == "cpu" and tensor.is_contiguous():
-            self.host = tensor
-            return
-        self._pooled = pool is not None
-        self.host = pool.take(tensor.shape, tensor.dtype) if pool is not None else torch.empty(tensor.shape, dtype=tensor.dtype)
-        self._unfilled = copy_in
-
-    def fill(self) -> None:
-        """Copy the tensor's values into the host buffer (once; nothing to do for an output or a
-        tensor that is its own host buffer)."""
-        if not self._unfilled:
-            return
-        self._unfilled = False
-        tensor = self.tensor
-        if self._ctx is not None and not _tensors.has_math_bits(tensor):
-            with self._ctx.on_device(tensor.device.index):
-                self._ctx.allocator.to_host_into(_tensors.read(self._ctx, tensor), self.host)
-        else:
-            self.host.copy_(tensor.detach())
-
-    def write_back(self) -> None:
-        if self.host is self.tensor:
-            return
-        if self._ctx is not None:
-            ctx = self._ctx
-            with ctx.on_device(self.tensor.device.index):
-                _tensors.write_values(ctx, self.tensor, ctx.allocator.adopt_host(self.host))
-        else:
-            version = self.tensor._version
-            with torch.no_grad():
-                self.tensor.copy_(self.host)
-            torch._C._autograd._unsafe_set_version_counter((self.tensor,), (version,))
-
-    def release(self) -> None:
-        """Drop the host buffer (after gloo and the write-back are done): a pooled one returns
-        to the pool once the device, too, has let go of it."""
-        if self._pooled:
-            self.host = None
-            self._pooled = False
-
-
-def _hosts(staged: Sequence[_Staged]) -> list[torch.Tensor]:
-    return [s.host for s in staged]
 
 
 class _StagedWork(dist._Work):
@@ -253,8 +141,8 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         if mode == "on" and self._channel is None:
             _warn_checks_through_gloo()
         STATS.check_path("off" if mode == "off" else "sockets" if self._channel is not None else "gloo")
-        self._pool = _HostPool()
-        self._open: list[_Staged] = []  # staged since the last collective began
+        self._pool = HostPool()
+        self._open: list[Staged] = []  # staged since the last collective began
 
     # -- identity ------------------------------------------------------------------------------
 
@@ -307,23 +195,23 @@ class HostStagedProcessGroup(dist.ProcessGroup):
                 f"of {self.size()}) failed: {cause}. Transport error: {text.splitlines()[0] if text else exc!r}"
             ) from exc
 
-    def _stage(self, tensor: torch.Tensor, copy_in: bool) -> _Staged:
-        staged = _Staged(tensor, copy_in, self._pool)
+    def _stage(self, tensor: torch.Tensor, copy_in: bool, in_place: bool = False) -> Staged:
+        staged = Staged(tensor, copy_in, self._pool, in_place=in_place)
         self._open.append(staged)
         return staged
 
-    def _inputs(self, tensors: Sequence[torch.Tensor]) -> list[_Staged]:
+    def _inputs(self, tensors: Sequence[torch.Tensor]) -> list[Staged]:
         return [self._stage(t, True) for t in tensors]
 
-    def _outputs(self, tensors: Sequence[torch.Tensor]) -> list[_Staged]:
+    def _outputs(self, tensors: Sequence[torch.Tensor]) -> list[Staged]:
         return [self._stage(t, False) for t in tensors]
 
-    def _claim_staged(self) -> list[_Staged]:
+    def _claim_staged(self) -> list[Staged]:
         """The buffers staged for the collective being started, to release when it is done."""
         staged, self._open = self._open, []
         return staged
 
-    def _agree(self, kind: str, fingerprint: Fingerprint, meanwhile: Sequence[_Staged] = ()) -> None:
+    def _agree(self, kind: str, fingerprint: Fingerprint, meanwhile: Sequence[Staged] = ()) -> None:
         """Check that every rank's arguments fit together (see :mod:`._collective_checks`);
         ``meanwhile``'s host buffers are filled while the fingerprints travel."""
         self._sequence += 1
@@ -364,7 +252,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
             raise CollectiveMismatchError(mismatch_message(kind, self._name, found, summaries))
 
     def _run(self, kind: str, fingerprint: Fingerprint, launch: Callable[[], Any],
-             outputs: Sequence[_Staged], result: Any, nbytes: int) -> _StagedWork:
+             outputs: Sequence[Staged], result: Any, nbytes: int) -> _StagedWork:
         staged_here = self._claim_staged()
         self._agree(kind, fingerprint, staged_here)
         started = time.perf_counter()
@@ -409,9 +297,9 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         :param call: how the call reads in messages, e.g. ``all_reduce(SUM)``.
         :param same: what must be equal on every rank besides the tensors' dtypes and shapes.
         """
-        staged = self._inputs(tensors)
+        staged = [self._stage(t, True, in_place=True) for t in tensors]
         fp = Fingerprint(f"{call} {', '.join(map(describe_tensor, tensors))}", (*same, _shapes(tensors)))
-        return self._run(kind, fp, lambda: gloo_call(_hosts(staged)), staged, tensors, _nbytes(tensors))
+        return self._run(kind, fp, lambda: gloo_call(hosts(staged)), staged, tensors, _nbytes(tensors))
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.AllreduceOptions()
@@ -447,7 +335,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         staged_out = [self._outputs(outs) for outs in output_lists]
         return self._run(
             "all_gather", fp,
-            lambda: self._gloo.allgather([_hosts(s) for s in staged_out], _hosts(staged_in)),
+            lambda: self._gloo.allgather([hosts(s) for s in staged_out], hosts(staged_in)),
             [s for outs in staged_out for s in outs], output_lists, _nbytes(inputs) * self.size(),
         )
 
@@ -486,7 +374,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         staged_in = [self._inputs(ins) for ins in input_lists]
         return self._run(
             "reduce_scatter", fp,
-            lambda: self._gloo.reduce_scatter(_hosts(staged_out), [_hosts(s) for s in staged_in], opts),
+            lambda: self._gloo.reduce_scatter(hosts(staged_out), [hosts(s) for s in staged_in], opts),
             staged_out, outputs, sum(_nbytes(ins) for ins in input_lists),
         )
 
@@ -524,7 +412,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         staged_in = self._inputs(inputs)
         staged_out = [self._outputs(outs) for outs in output_lists]
         return self._run(
-            "gather", fp, lambda: self._gloo.gather([_hosts(s) for s in staged_out], _hosts(staged_in), opts),
+            "gather", fp, lambda: self._gloo.gather([hosts(s) for s in staged_out], hosts(staged_in), opts),
             [s for outs in staged_out for s in outs], output_lists, _nbytes(inputs) * self.size(),
         )
 
@@ -539,7 +427,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         staged_out = self._outputs(outputs)
         staged_in = [self._inputs(ins) for ins in input_lists]
         return self._run(
-            "scatter", fp, lambda: self._gloo.scatter(_hosts(staged_out), [_hosts(s) for s in staged_in], opts),
+            "scatter", fp, lambda: self._gloo.scatter(hosts(staged_out), [hosts(s) for s in staged_in], opts),
             staged_out, outputs, _nbytes(outputs) * self.size(),
         )
 
@@ -604,7 +492,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
 
         def finish() -> list[torch.Tensor]:
             for out, part in zip(outputs, flat_out.split(receives)):
-                _Staged(out, False, host=part.view(out.shape)).write_back()
+                Staged(out, False, host=part.view(out.shape)).write_back()
             return outputs
 
         work = _StagedWork(self, "all_to_all", [pending], finish, _nbytes(inputs), started)

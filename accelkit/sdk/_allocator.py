@@ -133,6 +133,7 @@ class DeviceAllocator:
 
     Optional: ``_block_from_array(array)`` to adopt kernel results without a copy,
     ``adopt_host(tensor)`` to keep a host tensor's memory without a copy,
+    ``lend_host(block, view)`` to let a collective rewrite a view's memory in place,
     ``cast(array, dtype)`` (default: through the host), ``read_bytes`` /
     ``write_bytes`` for whole-block host copies (default: through ``read``/``write``) and
     ``synchronize()`` for backends that queue work (default: nothing to wait for).
@@ -193,6 +194,19 @@ class DeviceAllocator:
         must hold a reference to ``tensor`` itself (not only to its storage, as
         ``tensor.numpy()`` does) for as long as it does. Default: ``from_host(tensor)``, a copy."""
         return self.from_host(tensor)
+
+    def lend_host(self, block: Any, view: ViewSpec) -> torch.Tensor | None:
+        """The view's memory itself as a writable, contiguous host tensor of ``view.size`` and
+        ``view.dtype``, or None (the default) where the device cannot lend it.
+
+        Collectives that rewrite a tensor in place (all-reduce, broadcast, reduce) ask first, so
+        gloo can work on device memory that is host memory without a staging copy in and out.
+        What is written into the tensor is, from then on, the view's values. Lend only memory
+        that nothing else can observe: no other block, array, pending kernel or host view may
+        see the writes (as a view of the same block may: it shares the storage). The runtime
+        drops the tensor when the collective ends. A transport failure midway leaves the view
+        partly rewritten, as gloo leaves a CPU tensor."""
+        return None
 
     def to_host_into(self, array: Any, out: torch.Tensor) -> None:
         """Copy an array's values into ``out``, an existing contiguous host tensor of its shape

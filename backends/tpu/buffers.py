@@ -10,6 +10,7 @@ program, so a view costs no separate XLA dispatch. A write replaces the array on
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, NamedTuple
 
 import jax
@@ -270,6 +271,17 @@ class _TensorLease:
         self.__array_interface__ = as_numpy_sees_it.detach().numpy().__array_interface__
 
 
+def _held_only_by(array: jax.Array, holders: int) -> bool:
+    """True when nothing references ``array`` beyond ``holders`` known references and the
+    caller's own variable."""
+    return sys.getrefcount(array) <= holders + 3  # + the caller's variable, this parameter, getrefcount's
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _donated(array: jax.Array) -> jax.Array:
+    return array
+
+
 def _covers(spec: ViewSpec, nbytes: int) -> bool:
     """The view is the whole storage in row-major order."""
     if spec.offset or spec.numel * spec.dtype.itemsize != nbytes:
@@ -394,6 +406,29 @@ class TpuAllocator(DeviceAllocator):
         carrier = _HOST_CARRIER.get(tensor.dtype)
         host = np.asarray(_TensorLease(tensor, tensor.view(carrier[0]) if carrier else tensor))
         return self._put(host.view(carrier[1]) if carrier else host)
+
+    def lend_host(self, block: Holder, view: ViewSpec) -> torch.Tensor | None:
+        """On XLA's CPU platform an array is host memory. When the view is the whole storage and
+        nothing but the block holds its array (no other block, pending kernel or caller; see
+        :func:`_held_only_by`), the array is donated to an identity program, which XLA runs
+        after every computation still reading it and which returns the same memory as a new
+        array. The block keeps that array and lends its memory through DLPack. XLA copies instead
+        of donating while a host view of the memory exists, so the lent memory is then a fresh
+        copy the block alone holds: never memory another array still shows. Elsewhere (a TPU's
+        HBM, a view of part of a storage, a shared array): None, and the caller stages."""
+        array = block.array
+        if (array is None or self.jax_device.platform != "cpu" or not _covers(view, block.nbytes)
+                or array.dtype != jax_dtype(view.dtype)):
+            return None
+        if not _held_only_by(array, 1 + (self._last is array)):
+            return None
+        checks.raise_pending(self.device)
+        lent = _donated(array)
+        del array
+        if self._last is not None and self._last.is_deleted():
+            self._last = lent
+        block.array = lent
+        return torch.from_dlpack(lent.block_until_ready()).view(view.size)
 
     def to_host_into(self, array: Any, out: torch.Tensor) -> None:
         """One copy, from jax's read-only host view into ``out``'s memory."""

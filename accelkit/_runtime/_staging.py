@@ -1,0 +1,144 @@
+"""How a host-staged process group hands tensors to gloo: host buffers kept between collectives,
+and each tensor's host stand-in (the tensor itself, a filled buffer, or memory its device
+lends)."""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from collections.abc import Sequence
+
+import torch
+
+from accelkit._runtime import _tensors
+from accelkit._runtime._collective_stats import STATS
+from accelkit.sdk import ViewSpec
+
+
+class HostPool:
+    """Host staging buffers kept between collectives, by byte size (a fresh 64 MiB buffer costs
+    more in page faults than the copy into it).
+
+    A buffer handed out by :meth:`take` comes back by itself once the last reference to the
+    host tensor is gone: when the collective has finished with it, or, for a received buffer
+    that the device adopted as its memory (:meth:`DeviceAllocator.adopt_host`), when the device
+    has let go of it. At most ``limit`` bytes are kept.
+    """
+
+    def __init__(self, limit: int = 512 << 20):
+        self._free: dict[int, list[torch.Tensor]] = {}
+        self._kept = 0
+        self._limit = limit
+        self._lock = threading.Lock()
+
+    def take(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        nbytes = math.prod(shape) * dtype.itemsize
+        if not nbytes:
+            return torch.empty(shape, dtype=dtype)
+        with self._lock:
+            free = self._free.get(nbytes)
+            if free:
+                self._kept -= nbytes
+                raw = free.pop()
+            else:
+                raw = None
+        if raw is None:
+            raw = torch.empty(nbytes, dtype=torch.uint8)
+        host = raw.view(dtype).view(shape)
+        weakref.finalize(host, self._give, raw)
+        return host
+
+    def _give(self, raw: torch.Tensor) -> None:
+        nbytes = raw.numel()
+        with self._lock:
+            if self._kept + nbytes <= self._limit:
+                self._free.setdefault(nbytes, []).append(raw)
+                self._kept += nbytes
+
+
+class Staged:
+    """A tensor's host stand-in: the tensor itself when it is a contiguous CPU tensor, else a
+    host buffer from the group's pool, filled with the tensor's values by :meth:`fill` when
+    ``copy_in`` (an input; the group fills while the ranks' agreement check is in flight) or
+    not (an output), and written back by :meth:`write_back`. Tensors of the active backend are
+    read and written through their device's allocator directly, with no dispatch and no
+    version-counter bump (a collective is not an autograd in-place op, as with gloo on CPU or
+    NCCL on CUDA): one copy in, and the received host buffer handed to the device
+    (:meth:`DeviceAllocator.adopt_host`, no copy where the substrate can keep host memory).
+    A tensor the collective rewrites in place (``in_place``) is first offered to its device's
+    :meth:`DeviceAllocator.lend_host`: where the device lends its memory as host memory, gloo
+    works on that memory itself, with nothing to fill or write back.
+    :meth:`release` drops the buffer, which returns to the pool once nothing holds it."""
+
+    __slots__ = ("tensor", "host", "_ctx", "_pooled", "_unfilled", "_lent")
+
+    def __init__(self, tensor: torch.Tensor, copy_in: bool, pool: HostPool | None = None,
+                 host: torch.Tensor | None = None, in_place: bool = False):
+        from accelkit._runtime import active
+
+        self.tensor = tensor
+        ctx = active()
+        self._ctx = ctx if ctx is not None and tensor.device.type == ctx.name else None
+        self._pooled = False
+        self._unfilled = False
+        self._lent = False
+        if host is not None:  # values already on the host, to write back
+            self.host = host
+            return
+        if tensor.device.type == "cpu" and tensor.is_contiguous():
+            self.host = tensor
+            return
+        if self._ctx is not None:
+            lent = self._lend() if in_place else None
+            STATS.staged(lent=lent is not None)
+            if lent is not None:
+                self.host, self._lent = lent, True
+                return
+        self._pooled = pool is not None
+        self.host = pool.take(tensor.shape, tensor.dtype) if pool is not None else torch.empty(tensor.shape, dtype=tensor.dtype)
+        self._unfilled = copy_in
+
+    def _lend(self) -> torch.Tensor | None:
+        tensor, ctx = self.tensor, self._ctx
+        if _tensors.has_math_bits(tensor):
+            return None
+        with ctx.on_device(tensor.device.index):
+            return ctx.allocator.lend_host(_tensors.buffer_of(tensor).block, ViewSpec.of(tensor))
+
+    def fill(self) -> None:
+        """Copy the tensor's values into the host buffer (once; nothing to do for an output or a
+        tensor that is its own host buffer)."""
+        if not self._unfilled:
+            return
+        self._unfilled = False
+        tensor = self.tensor
+        if self._ctx is not None and not _tensors.has_math_bits(tensor):
+            with self._ctx.on_device(tensor.device.index):
+                self._ctx.allocator.to_host_into(_tensors.read(self._ctx, tensor), self.host)
+        else:
+            self.host.copy_(tensor.detach())
+
+    def write_back(self) -> None:
+        if self.host is self.tensor or self._lent:
+            return
+        if self._ctx is not None:
+            ctx = self._ctx
+            with ctx.on_device(self.tensor.device.index):
+                _tensors.write_values(ctx, self.tensor, ctx.allocator.adopt_host(self.host))
+        else:
+            version = self.tensor._version
+            with torch.no_grad():
+                self.tensor.copy_(self.host)
+            torch._C._autograd._unsafe_set_version_counter((self.tensor,), (version,))
+
+    def release(self) -> None:
+        """Drop the host buffer (after gloo and the write-back are done): a pooled one returns
+        to the pool once the device, too, has let go of it."""
+        if self._pooled or self._lent:
+            self.host = None
+            self._pooled = self._lent = False
+
+
+def hosts(staged: Sequence[Staged]) -> list[torch.Tensor]:
+    return [s.host for s in staged]
