@@ -164,7 +164,7 @@ def launch(args: argparse.Namespace, world: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--device", default="tpu")
-    parser.add_argument("--repeat", type=int, default=40, help="rounds per size (fewer from 16 MiB on)")
+    parser.add_argument("--repeat", type=int, default=120, help="rounds per size (fewer from 16 MiB on)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rank-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -40,6 +40,24 @@ def test_every_rank_receives_every_message_in_rank_order(world):
         c.close()
 
 
+def test_an_error_of_the_work_done_meanwhile_is_raised_after_the_messages_are_in():
+    channels = _open_all(2)
+
+    def failing() -> None:
+        raise ValueError("staging failed")
+
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(channels[0].swap, b"A" * 8, failing), pool.submit(channels[1].swap, b"B" * 8)]
+        with pytest.raises(ValueError, match="staging failed"):
+            futures[0].result(timeout=30)
+        assert futures[1].result(timeout=30) == [b"A" * 8, b"B" * 8]
+        # Still in step: the next swap reads the next messages, not the ones left unread.
+        futures = [pool.submit(c.swap, bytes([r]) * 8) for r, c in enumerate(channels)]
+        assert [f.result(timeout=30) for f in futures] == [[bytes([0]) * 8, bytes([1]) * 8]] * 2
+    for c in channels:
+        c.close()
+
+
 def test_one_rank_needs_no_connection():
     (channel,) = _open_all(1)
     assert channel.swap(b"abcdefgh") == [b"abcdefgh"]

@@ -52,7 +52,9 @@ class AgreementChannel:
         self._closer = weakref.finalize(self, _close_all, list(self._peers.values()))
 
     def swap(self, message: bytes, meanwhile: Callable[[], None] = lambda: None) -> list[bytes]:
-        """Every rank's ``message`` (all of one length), ``meanwhile`` run while they travel.
+        """Every rank's ``message`` (all of one length), ``meanwhile`` run while they travel (an
+        error it raises is raised after the peers' messages are read, so the streams stay in
+        step).
 
         Raises :class:`TimeoutError` when a peer sends nothing within the group's timeout,
         :class:`ConnectionResetError` when a peer's connection closed (its process exited), and
@@ -64,12 +66,19 @@ class AgreementChannel:
             try:
                 for peer in self._peers.values():
                     peer.sendall(message)
-                meanwhile()
+                try:
+                    meanwhile()
+                except Exception as exc:  # raised after the peers' messages are read: streams stay in step
+                    failed: Exception | None = exc
+                else:
+                    failed = None
                 deadline = time.monotonic() + self._timeout
                 received = {r: _receive(peer, len(message), deadline) for r, peer in self._peers.items()}
             except OSError as exc:
                 self._broken = type(exc).__name__
                 raise
+        if failed is not None:
+            raise failed
         received[self.rank] = message
         return [received[r] for r in sorted(received)]
 

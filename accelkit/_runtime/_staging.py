@@ -58,20 +58,24 @@ class HostPool:
 
 
 class Staged:
-    """A tensor's host stand-in: the tensor itself when it is a contiguous CPU tensor, else a
-    host buffer from the group's pool, filled with the tensor's values by :meth:`fill` when
-    ``copy_in`` (an input; the group fills while the ranks' agreement check is in flight) or
-    not (an output), and written back by :meth:`write_back`. Tensors of the active backend are
-    read and written through their device's allocator directly, with no dispatch and no
-    version-counter bump (a collective is not an autograd in-place op, as with gloo on CPU or
-    NCCL on CUDA): one copy in, and the received host buffer handed to the device
-    (:meth:`DeviceAllocator.adopt_host`, no copy where the substrate can keep host memory).
-    A tensor the collective rewrites in place (``in_place``) is first offered to its device's
-    :meth:`DeviceAllocator.lend_host`: where the device lends its memory as host memory, gloo
-    works on that memory itself, with nothing to fill or write back.
-    :meth:`release` drops the buffer, which returns to the pool once nothing holds it."""
+    """A tensor's host stand-in for gloo, ready once :meth:`fill` has run (the group fills while
+    the ranks' agreement check is in flight):
 
-    __slots__ = ("tensor", "host", "_ctx", "_pooled", "_unfilled", "_lent")
+    - a contiguous CPU tensor is its own;
+    - a tensor the collective rewrites in place (``in_place``) is first offered to its device's
+      :meth:`DeviceAllocator.lend_host`: where the device lends its memory as host memory, gloo
+      works on that memory itself, with nothing to copy in or write back;
+    - anything else gets a host buffer from the group's pool, filled with the tensor's values
+      when ``copy_in`` (an input) and written back by :meth:`write_back` (an output).
+
+    Tensors of the active backend are read and written through their device's allocator
+    directly, with no dispatch and no version-counter bump (a collective is not an autograd
+    in-place op, as with gloo on CPU or NCCL on CUDA): one copy in, and the received host
+    buffer handed to the device (:meth:`DeviceAllocator.adopt_host`, no copy where the
+    substrate can keep host memory). :meth:`release` drops the buffer, which returns to the
+    pool once nothing holds it."""
+
+    __slots__ = ("tensor", "host", "_ctx", "_pool", "_pooled", "_unfilled", "_lendable", "_lent")
 
     def __init__(self, tensor: torch.Tensor, copy_in: bool, pool: HostPool | None = None,
                  host: torch.Tensor | None = None, in_place: bool = False):
@@ -80,42 +84,46 @@ class Staged:
         self.tensor = tensor
         ctx = active()
         self._ctx = ctx if ctx is not None and tensor.device.type == ctx.name else None
-        self._pooled = False
-        self._unfilled = False
-        self._lent = False
+        self._pool = pool
+        self._pooled = self._unfilled = self._lendable = self._lent = False
         if host is not None:  # values already on the host, to write back
             self.host = host
             return
         if tensor.device.type == "cpu" and tensor.is_contiguous():
             self.host = tensor
             return
+        if in_place and self._ctx is not None and not _tensors.has_math_bits(tensor):
+            self.host, self._lendable, self._unfilled = None, True, True  # decided by fill()
+            return
         if self._ctx is not None:
-            lent = self._lend() if in_place else None
+            STATS.staged(lent=False)
+        self._take_buffer()
+        self._unfilled = copy_in
+
+    def _take_buffer(self) -> None:
+        tensor, pool = self.tensor, self._pool
+        self._pooled = pool is not None
+        self.host = pool.take(tensor.shape, tensor.dtype) if pool is not None else torch.empty(tensor.shape, dtype=tensor.dtype)
+
+    def fill(self) -> None:
+        """Make the host stand-in ready: borrow the device's memory, or copy the tensor's values
+        into the host buffer (once; nothing to do for an output or a tensor that is its own host
+        buffer)."""
+        if not self._unfilled:
+            return
+        self._unfilled = False
+        tensor, ctx = self.tensor, self._ctx
+        if self._lendable:
+            with ctx.on_device(tensor.device.index):
+                lent = ctx.allocator.lend_host(_tensors.buffer_of(tensor).block, ViewSpec.of(tensor))
             STATS.staged(lent=lent is not None)
             if lent is not None:
                 self.host, self._lent = lent, True
                 return
-        self._pooled = pool is not None
-        self.host = pool.take(tensor.shape, tensor.dtype) if pool is not None else torch.empty(tensor.shape, dtype=tensor.dtype)
-        self._unfilled = copy_in
-
-    def _lend(self) -> torch.Tensor | None:
-        tensor, ctx = self.tensor, self._ctx
-        if _tensors.has_math_bits(tensor):
-            return None
-        with ctx.on_device(tensor.device.index):
-            return ctx.allocator.lend_host(_tensors.buffer_of(tensor).block, ViewSpec.of(tensor))
-
-    def fill(self) -> None:
-        """Copy the tensor's values into the host buffer (once; nothing to do for an output or a
-        tensor that is its own host buffer)."""
-        if not self._unfilled:
-            return
-        self._unfilled = False
-        tensor = self.tensor
-        if self._ctx is not None and not _tensors.has_math_bits(tensor):
-            with self._ctx.on_device(tensor.device.index):
-                self._ctx.allocator.to_host_into(_tensors.read(self._ctx, tensor), self.host)
+            self._take_buffer()
+        if ctx is not None and not _tensors.has_math_bits(tensor):
+            with ctx.on_device(tensor.device.index):
+                ctx.allocator.to_host_into(_tensors.read(ctx, tensor), self.host)
         else:
             self.host.copy_(tensor.detach())
 
