@@ -13,20 +13,24 @@ from typing import Any
 
 #: The id xdist gives every worker of one run (absent outside xdist).
 RUN_ID_ENV = "PYTEST_XDIST_TESTRUNUID"
+#: Where the workers share results: a directory the conformance runner makes for one run and
+#: removes after it (else one under the system's temporary directory, per xdist run id).
+SHARED_ENV = "ACCELKIT_CONFORMANCE_SHARED"
 
 
 def once_per_run(name: str, compute: Callable[[], Any]) -> Any:
     """``compute()``'s result (JSON-able), computed once per pytest run under ``name``.
 
-    Outside xdist it is simply computed. The workers share it through a file under the system's
-    temporary directory, written while a lock is held: a worker that asks while another computes
+    Outside xdist it is simply computed. The workers share it through a file (see
+    :data:`SHARED_ENV`), written while a lock is held: a worker that asks while another computes
     waits for that result.
     """
     run = os.environ.get(RUN_ID_ENV)
     if not run:
         return compute()
-    directory = Path(tempfile.gettempdir()) / f"accelkit-conformance-{run}"
-    directory.mkdir(exist_ok=True)
+    given = os.environ.get(SHARED_ENV)
+    directory = Path(given) if given else Path(tempfile.gettempdir()) / f"accelkit-conformance-{run}"
+    directory.mkdir(parents=True, exist_ok=True)
     shared = directory / f"{name}.json"
     with open(directory / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

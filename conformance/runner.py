@@ -258,6 +258,8 @@ def run_backend(backend: str, args: argparse.Namespace, stream: TextIO = sys.std
     for stale in ("results.jsonl", "results.json", "report.md", "report.html", "junit.xml"):
         (out / stale).unlink(missing_ok=True)
     shutil.rmtree(out / ".workers", ignore_errors=True)  # per-worker crash logs of an earlier run
+    shared = out / ".shared"  # what the workers compute once for all (accelkit_conformance.once)
+    shutil.rmtree(shared, ignore_errors=True)
     cmd = pytest_command(backend, args, out)
     progress = Progress(backend, stream)
     interrupted = False
@@ -268,7 +270,8 @@ def run_backend(backend: str, args: argparse.Namespace, stream: TextIO = sys.std
         try:
             # A group of its own: it can be interrupted and killed as a whole, workers and what
             # tests started included, and a Ctrl-C in the terminal reaches this process only.
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=life.environ(_environ(args, backend)),
+            env = {**_environ(args, backend), "ACCELKIT_CONFORMANCE_SHARED": str(shared)}  # once.SHARED_ENV
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=life.environ(env),
                                     pass_fds=life.pass_fds, process_group=0)
             life.started()
             try:
@@ -282,6 +285,7 @@ def run_backend(backend: str, args: argparse.Namespace, stream: TextIO = sys.std
                 returncode = lifeline.end_group(proc)  # strays of a crashed or killed run too
         finally:
             life.close()
+            shutil.rmtree(shared, ignore_errors=True)
         if (out / JSONL).exists():
             drop_torn_tail(out / JSONL)  # the writer is dead: a cut last line can only be its last
         progress.poll(out / JSONL)
