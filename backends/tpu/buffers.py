@@ -409,25 +409,26 @@ class TpuAllocator(DeviceAllocator):
 
     def lend_host(self, block: Holder, view: ViewSpec) -> torch.Tensor | None:
         """On XLA's CPU platform an array is host memory. When the view is the whole storage and
-        nothing but the block holds its array (no other block, pending kernel or caller; see
-        :func:`_held_only_by`), the array is donated to an identity program, which XLA runs
-        after every computation still reading it and which returns the same memory as a new
-        array. The block keeps that array and lends its memory through DLPack. XLA copies instead
-        of donating while a host view of the memory exists, so the lent memory is then a fresh
-        copy the block alone holds: never memory another array still shows. Elsewhere (a TPU's
-        HBM, a view of part of a storage, a shared array): None, and the caller stages."""
+        nothing but the block holds its array (no other block, no caller: see
+        :func:`_held_only_by`), the array is donated to an identity program. XLA runs it after
+        every computation still reading the array, and it returns the same memory as a new
+        array, which the block keeps and whose memory is lent through DLPack. While a host view
+        of the memory exists, XLA copies instead of donating: the lent memory is then a fresh
+        copy that only the block holds. Elsewhere (a TPU's HBM, part of a storage, a shared
+        array): None, and the caller stages."""
         array = block.array
         if (array is None or self.jax_device.platform != "cpu" or not _covers(view, block.nbytes)
                 or array.dtype != jax_dtype(view.dtype)):
             return None
-        if not _held_only_by(array, 1 + (self._last is array)):
+        was_last = self._last is array
+        if not _held_only_by(array, 1 + was_last):
             return None
         checks.raise_pending(self.device)
         lent = _donated(array)
         del array
-        if self._last is not None and self._last.is_deleted():
-            self._last = lent
         block.array = lent
+        if was_last:
+            self._last = lent
         return torch.from_dlpack(lent.block_until_ready()).view(view.size)
 
     def to_host_into(self, array: Any, out: torch.Tensor) -> None:
