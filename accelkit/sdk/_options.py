@@ -26,8 +26,10 @@ FAST_COMPILE_ENV = "ACCELKIT_FAST_COMPILE"
 def fast_compile() -> bool:
     """Whether ``ACCELKIT_FAST_COMPILE=1`` asks backends to compile quickly rather than well:
     for runs whose programs execute once or twice (tests, conformance), where compiling is most
-    of the time. Results must be the same either way; a backend without such a trade-off
-    ignores it.
+    of the time. Floating-point results may differ by rounding (optimised code fuses
+    multiply-adds and vectorises functions, as one program compiled for two CPUs may differ);
+    dtypes, shapes, errors, integer and boolean results may not. A backend without such a
+    trade-off ignores it.
 
     :raises ValueError: the value is not ``0`` or ``1``.
     """
