@@ -56,6 +56,8 @@ def _logit_bounds(x, eps):
 
 @lowering(aten.logit.default)
 def logit(x, eps=None):
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        (x,) = operands(x, floating=True)  # integers clamp as floats: eps=0.2 makes 0 into 0.2
     if eps is not None:
         low, high = _logit_bounds(x, eps)
         x = jnp.minimum(jnp.maximum(x, low), high)

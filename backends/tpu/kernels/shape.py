@@ -294,7 +294,8 @@ def _arange_ramp(start, step, length, dtype=None, device=None):
     """``start + i * step`` for ``i < length``. Registered under linspace's schema
     ``(start, end, steps)``, whose Meta kernel gives the shape from the static ``steps`` alone
     (float bounds are traced, so arange's own Meta kernel could not)."""
-    compute = _compute_dtype(dtype)
+    integral = not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+    compute = jnp.int64 if integral else _compute_dtype(dtype)
     positions = jnp.arange(length, dtype=compute)
     return jnp.asarray(start, compute) + positions * jnp.asarray(step, compute)
 
@@ -309,6 +310,10 @@ def arange(start, end, step=1, *, dtype=None, layout=None, device=None, pin_memo
     integral = not (expected.dtype.is_floating_point or expected.dtype.is_complex)
     if integral and all(type(v) is int for v in (start, end, step)):
         return _arange_exact_program(start, end, step, dtype=expected.dtype, device=META)
+    if integral and expected.dtype != torch.bool:
+        # As the CPU kernel: start and step become integers first (2.1 by -1.0: 2, 1, 0, -1),
+        # and the length is what the bounds as given make it.
+        start, step = int(start), int(step)
     return _arange_ramp_program(start, step, expected.numel(), dtype=expected.dtype, device=META)
 
 

@@ -76,6 +76,12 @@ for _op, _fn in [
 del _op, _fn
 
 
+def _at_poles(q, values):
+    """``values``, with +inf where ``q`` is zero or a negative integer: Hurwitz zeta's poles,
+    where PyTorch's zeta (and so polygamma) is +inf and ``jsp.zeta`` may be NaN."""
+    return jnp.where((q <= 0) & (q == jnp.floor(q)), jnp.inf, values)
+
+
 def _zeta_any_q(s, q):
     """Hurwitz zeta for integer ``s > 1`` and any ``q``, negative included (``jsp.zeta`` is
     NaN there): ``zeta(s, q) = sum_{k<m} (q + k) ** -s + zeta(s, q + m)`` with ``q + m > 0``."""
@@ -87,7 +93,7 @@ def _zeta_any_q(s, q):
 
     steps = jnp.max(shift, initial=0).astype(jnp.int32)
     head = jax.lax.fori_loop(0, steps, term, jnp.zeros_like(q))
-    return head + jsp.zeta(s, q + shift)
+    return _at_poles(q, head + jsp.zeta(s, q + shift))
 
 
 @lowering(aten.polygamma.default)
@@ -105,7 +111,7 @@ def polygamma(n, x):
 def zeta(x, q):
     """Hurwitz zeta ``sum_k (k + q) ** -x``."""
     x, q = jnp.broadcast_arrays(*_floats(x, q))
-    return jsp.zeta(x, q)
+    return jnp.where(x > 1, _at_poles(q, jsp.zeta(x, q)), jsp.zeta(x, q))  # x <= 1 first, as PyTorch
 
 
 @lowering(aten.igamma.default)

@@ -87,6 +87,15 @@ def test_activation_forward_and_backward(dev, name, dtype):
     assert_native(forward, *([backward] if backward else []))
 
 
+def test_logit_of_integers_clamps_them_as_floats(dev):
+    # eps=0.2 makes 0 into 0.2 and 1 into 0.8 (clamped in the integer dtype, both would stay).
+    for dtype in (torch.int64, torch.uint8, torch.bool):
+        x = torch.tensor([0, 1, 1, 0], dtype=dtype)
+        compare(dev, lambda a: torch.logit(a, 0.2), x)
+        compare(dev, torch.logit, x)
+    assert_native("aten.logit.default")
+
+
 def test_activation_backward_ops_called_directly(dev):
     """The backward ops on their own, at the branch edges (exactly on thresholds)."""
     x = torch.tensor([-4.0, -3.0, -1.0, 0.0, 0.1, 1.0, 3.0, 4.0, 25.0])

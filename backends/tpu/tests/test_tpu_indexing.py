@@ -325,6 +325,26 @@ def test_searchsorted_and_bucketize(dev):
 ARANGES = [(10,), (2.5,), (-3, 7, 2), (5, 0, -1), (0, 1, 0.1), (0.5, -2.0, -0.25)]
 
 
+INTEGER_ARANGES = [(dtype, bounds) for dtype in (torch.int64, torch.int32)
+                   for bounds in [(2.1, -2.9, -1.0), (-1.5, 4, 1.7), (5.9, 0, -2.5)]]
+INTEGER_ARANGES += [(torch.int64, (0, 3, 0.5)), (torch.uint8, (5.9, 0, -2.5)), (torch.uint8, (0.7, 9.2, 2.9))]
+INTEGER_ARANGES += [pytest.param(torch.int32, (0, 3, 0.5), marks=pytest.mark.xfail(
+    strict=True, raises=RuntimeError,
+    reason="CPU's int32 kernel truncates the step 0.5 to 0 and returns six zeros; PyTorch's meta "
+           "kernel, which tpu takes the length from, refuses the step: an error, not other values"))]
+
+
+@pytest.mark.parametrize("dtype, bounds", INTEGER_ARANGES, ids=str)
+def test_an_integer_arange_with_float_bounds_truncates_start_and_step_first_as_the_cpu(dev, dtype, bounds):
+    try:
+        want = torch.arange(*bounds, dtype=dtype)
+    except ValueError as exc:  # a step that truncates to 0
+        with pytest.raises(ValueError, match=str(exc)):
+            torch.arange(*bounds, dtype=dtype, device=dev)
+        return
+    assert torch.equal(torch.arange(*bounds, dtype=dtype, device=dev).cpu(), want)
+
+
 @pytest.mark.parametrize("bounds", ARANGES, ids=str)
 def test_arange_is_native(dev, bounds):
     with accelkit.fallback_policy("deny"):

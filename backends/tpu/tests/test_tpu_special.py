@@ -42,6 +42,23 @@ def test_polygamma_including_negative_non_integers(dev, n):
           op="aten.polygamma.default", tol={"atol": 1e-3, "rtol": 1e-3})
 
 
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_polygamma_at_zero_and_at_non_positive_integers_is_an_infinity_of_the_cpus_sign(dev, n):
+    # Poles of zeta(n + 1, x): PyTorch gives +inf there (times polygamma's sign). Only the sign
+    # of infinity is compared at negative integers, where CPU float32 sometimes rounds to 1e15.
+    x = torch.tensor([0.0, -1.0, -3.0])
+    got, want = torch.polygamma(n, x.to(dev)).cpu(), torch.polygamma(n, x)
+    assert torch.isinf(got).all() and torch.equal(got[0], want[0])
+    assert torch.equal(got.sign(), want.sign())
+    check(dev, lambda b: torch.polygamma(n, b), torch.tensor([True, False]), op="aten.polygamma.default")
+
+
+def test_zeta_at_the_poles_of_q_is_inf_as_on_the_cpu(dev):
+    x = torch.tensor([3.0, 2.5, 3.0, 1.0, 0.5])
+    q = torch.tensor([0.0, -2.0, -2.5, 0.0, 0.0])
+    check(dev, torch.special.zeta, x, q, op="aten.special_zeta.default")
+
+
 def test_mvlgamma_runs_on_inplace_lgamma(dev):
     check(dev, lambda x: torch.mvlgamma(x, 3), torch.tensor([1.5, 2.0, 4.25, 9.0]), op="aten.lgamma_.default")
 
