@@ -184,7 +184,15 @@ def fmod(x, y):
 @lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)
 def pow_(base, exponent):
     base, exponent = operands(base, exponent)
-    return jnp.power(base, exponent)  # a static int exponent becomes repeated multiplication
+    result = jnp.power(base, exponent)  # a static int exponent becomes repeated multiplication
+    if _is_array(exponent) and jnp.issubdtype(result.dtype, jnp.integer) and jnp.issubdtype(exponent.dtype, jnp.signedinteger):
+        # XLA's integer power is undefined below exponent 0. PyTorch's is 1 / base**-e in
+        # integers: 0, except 1 for base 1 and +-1 for base -1.
+        base = jnp.asarray(base, result.dtype)
+        minus_one = jnp.where(exponent % 2 == 0, 1, -1).astype(result.dtype)
+        reciprocal = jnp.where(base == 1, 1, jnp.where(base == -1, minus_one, 0)).astype(result.dtype)
+        result = jnp.where(exponent < 0, reciprocal, result)
+    return result
 
 
 @lowering(aten.addcmul.default)

@@ -467,7 +467,8 @@ def _as_rows(x, dim):
     """``x`` as one row per position along ``dim`` (all of ``x`` flattened when dim is None)."""
     if dim is None:
         return x.reshape(-1, 1)
-    return jnp.moveaxis(x, dim, 0).reshape(x.shape[dim], -1)
+    moved = jnp.moveaxis(x, dim, 0)
+    return moved.reshape(x.shape[dim], math.prod(moved.shape[1:]))  # explicit: -1 is ambiguous with a 0 size
 
 
 def _run_starts(rows):
@@ -843,8 +844,8 @@ def _search(boundaries, values, side):
     boundaries, values = boundaries.astype(common), values.astype(common)
     if boundaries.ndim <= 1:
         return jnp.searchsorted(boundaries, values, side=side)
-    rows = boundaries.reshape(-1, boundaries.shape[-1])
-    found = jax.vmap(lambda row, v: jnp.searchsorted(row, v, side=side))(rows, values.reshape(rows.shape[0], -1))
+    rows = boundaries.reshape(math.prod(boundaries.shape[:-1]), boundaries.shape[-1])  # -1: ambiguous with a 0 size
+    found = jax.vmap(lambda row, v: jnp.searchsorted(row, v, side=side))(rows, values.reshape(rows.shape[0], values.shape[-1]))
     return found.reshape(values.shape)
 
 

@@ -541,3 +541,15 @@ def test_nextafter_broadcasts_bfloat16(dev):
     with accelkit.fallback_policy("deny"):
         got = torch.nextafter(x.to(dev), y.to(dev))
     torch.testing.assert_close(got.cpu(), torch.nextafter(x, y), atol=0, rtol=0)
+
+
+def test_integer_powers_with_negative_exponents_are_zero_unless_the_base_is_one_or_minus_one(dev):
+    # XLA's integer power is undefined below 0 (it gave large garbage); PyTorch's is
+    # 1 / base**-e in integers.
+    base = torch.tensor([[-8], [6], [1], [-1], [0], [2]])
+    exponent = torch.tensor([-3, -2, -1, 0, 3])
+    for dtype in (torch.int64, torch.int32, torch.int8):
+        compare(dev, torch.pow, base.to(dtype), exponent.to(dtype))
+        compare(dev, lambda e: 3 ** e, exponent.to(dtype))
+        compare(dev, lambda e: (-1) ** e, exponent.to(dtype))
+    assert_native("aten.pow.Tensor_Tensor", "aten.pow.Scalar")

@@ -281,6 +281,13 @@ def test_unique_consecutive_and_unique_dim(dev):
     assert_native("aten.unique_consecutive.default", "aten.unique_dim.default")
 
 
+def test_unique_consecutive_and_searchsorted_with_a_zero_size_dimension(dev):
+    # A zero-size dimension made the row count -1 ambiguous (a ZeroDivisionError from jax).
+    compare(dev, lambda t: torch.unique_consecutive(t, dim=1), torch.zeros(5, 0, 5))
+    compare(dev, lambda b, v: torch.searchsorted(b, v), torch.zeros(0, 0), torch.zeros(0, 0))
+    compare(dev, lambda b, v: torch.searchsorted(b, v), torch.zeros(3, 0), torch.zeros(3, 2))
+
+
 def test_put_index_reduce_repeat_interleave_nonzero_static(dev):
     x = transposed((4, 5))
     compare(dev, lambda t, i, s: t.put(i, s, accumulate=True), x, long(0, -1, 0), sample((3,), seed=1))
