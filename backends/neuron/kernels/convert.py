@@ -54,6 +54,8 @@ def arange(k: Kernel, out: list[OutSpec], start: Any, end: Any, step: Any = 1, *
     result = hbm_empty(out[0])
     flat = result.reshape(-1)
     floating = result.dtype.kind == "f" or nx.is_float(result.dtype)
+    if not floating and result.dtype != np.bool_:
+        start, step = int(start), int(step)  # as the CPU kernel: 2.1 by -1.0 counts 2, 1, 0, -1
     for first, rows, cols in flat_chunks(result.size, k.spec.partitions):
         with k.scope():
             index = k.sbuf((rows, cols), np.int64 if not floating else np.int32, "i")

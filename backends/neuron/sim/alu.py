@@ -27,9 +27,21 @@ def _minimum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(a == b, a, np.minimum(a, b))
 
 
+def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """numpy's power, except that an integer raised to a negative integer is PyTorch's
+    ``1 / a**-b`` in integers (0 unless ``a`` is 1 or -1), where numpy refuses."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype.kind not in "iu" or b.dtype.kind != "i" or not np.any(b < 0):
+        return np.power(a, b)
+    result = np.power(a, np.where(b < 0, 0, b).astype(b.dtype))
+    minus_one = np.where(b % 2 == 0, 1, -1)
+    reciprocal = np.where(a == 1, 1, np.where(a == -1, minus_one, 0))
+    return np.where(b < 0, reciprocal, result).astype(result.dtype)
+
+
 BINARY_OPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.true_divide,
-    "maximum": _maximum, "minimum": _minimum, "pow": np.power,
+    "maximum": _maximum, "minimum": _minimum, "pow": _power,
     "equal": np.equal, "not_equal": np.not_equal, "less": np.less, "less_equal": np.less_equal,
     "greater": np.greater, "greater_equal": np.greater_equal,
     "logical_and": np.logical_and, "logical_or": np.logical_or, "logical_xor": np.logical_xor,

@@ -1,7 +1,8 @@
 """Integer division and remainder on neuron, checked against the CPU: a zero divisor raises
 PyTorch's ``RuntimeError: ZeroDivisionError`` at the op (the simulator computes on the host, so
 it can), for every form of the op and every kind of divisor, and writes nothing; float division
-by zero gives IEEE's inf and nan, as on the CPU."""
+by zero gives IEEE's inf and nan, as on the CPU. An integer power with a negative exponent is
+an integer reciprocal, as on the CPU (0 unless the base is 1 or -1)."""
 
 from __future__ import annotations
 
@@ -132,3 +133,13 @@ def test_true_division_of_integers_by_zero_is_float_as_on_the_cpu(dev, dtype):
     assert expected.dtype == torch.float32
     torch.testing.assert_close(torch.true_divide(a.to(dev), b.to(dev)).cpu(), expected, equal_nan=True)
     torch.testing.assert_close((a.to(dev) / 0).cpu(), a / 0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", (torch.int8, torch.int32, torch.int64), ids=str)
+def test_integer_powers_with_negative_exponents_are_integer_reciprocals_as_on_the_cpu(dev, dtype):
+    base = torch.tensor([[-8], [6], [1], [-1], [0], [2]], dtype=dtype)
+    exponent = torch.tensor([-3, -2, -1, 0, 3], dtype=dtype)
+    assert torch.equal(torch.pow(base.to(dev), exponent.to(dev)).cpu(), torch.pow(base, exponent))
+    assert torch.equal((3 ** exponent.to(dev)).cpu(), 3 ** exponent)
+    assert torch.equal(((-1) ** exponent.to(dev)).cpu(), (-1) ** exponent)
+

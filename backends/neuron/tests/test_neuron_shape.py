@@ -98,6 +98,8 @@ def test_flip_matches_cpu(dev, dims):
 @pytest.mark.parametrize("args, options", [
     ((10,), {}), ((2, 20, 3), {}), ((-5, 300), {"dtype": torch.float32}), ((0, 70000), {}),
     ((1.5, 7.2, 0.7), {"dtype": torch.bfloat16}), ((0.0, 1.0, 0.1), {}), ((5, -7, -2), {"dtype": torch.int32}),
+    # integers from float bounds: start and step are truncated first, as on the CPU
+    ((2.1, -2.9, -1.0), {"dtype": torch.int64}), ((-1.5, 4, 1.7), {"dtype": torch.int32}),
 ])
 def test_arange_is_a_native_tile_program(dev, args, options):
     with accelkit.fallback_policy("deny"):
