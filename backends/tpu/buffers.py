@@ -271,10 +271,12 @@ class _TensorLease:
         self.__array_interface__ = as_numpy_sees_it.detach().numpy().__array_interface__
 
 
-def _held_only_by(array: jax.Array, holders: int) -> bool:
-    """True when nothing references ``array`` beyond ``holders`` known references and the
-    caller's own variable."""
-    return sys.getrefcount(array) <= holders + 3  # + the caller's variable, this parameter, getrefcount's
+def _array_held_only_by(block: Holder, other_holders: int) -> bool:
+    """True when nothing references ``block.array`` but the block and ``other_holders`` known
+    references. The array is read from the block here, never passed in: how many references a
+    Python call adds to its arguments depends on the interpreter (CPython 3.11 adds one while a
+    PEP 523 frame hook is installed, which Dynamo can leave behind), a C call's does not."""
+    return sys.getrefcount(block.array) <= 2 + other_holders  # + the block's, getrefcount's argument
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -410,7 +412,7 @@ class TpuAllocator(DeviceAllocator):
     def lend_host(self, block: Holder, view: ViewSpec) -> torch.Tensor | None:
         """On XLA's CPU platform an array is host memory. When the view is the whole storage and
         nothing but the block holds its array (no other block, no caller: see
-        :func:`_held_only_by`), the array is donated to an identity program. XLA runs it after
+        :func:`_array_held_only_by`), the array is donated to an identity program. XLA runs it after
         every computation still reading the array, and it returns the same memory as a new
         array, which the block keeps and whose memory is lent through DLPack. While a host view
         of the memory exists, XLA copies instead of donating: the lent memory is then a fresh
@@ -421,8 +423,10 @@ class TpuAllocator(DeviceAllocator):
                 or array.dtype != jax_dtype(view.dtype)):
             return None
         was_last = self._last is array
-        if not _held_only_by(array, 1 + was_last):
+        del array
+        if not _array_held_only_by(block, was_last):
             return None
+        array = block.array
         checks.raise_pending(self.device)
         lent = _donated(array)
         del array

@@ -8,6 +8,7 @@ checked: another tensor's storage, a pending computation, a host view, part of a
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from accelkit import _runtime
@@ -86,3 +87,19 @@ def test_memory_a_host_view_still_shows_is_never_rewritten(dev):
         del lent
         assert torch.equal(x.cpu(), torch.full((6,), -1.0))
     assert np.array_equal(view, np.arange(6.0, dtype=np.float32))
+
+
+def test_lending_survives_the_frame_hook_a_failed_torch_compile_leaves_installed(dev):
+    # When Dynamo fails to compile, torch 2.13 can leave its PEP 523 frame hook installed; CPython
+    # 3.11 then adds a reference to every Python call's arguments. Lending must not depend on that.
+    def refuse(graph, example_inputs):
+        raise RuntimeError("this backend refuses every graph")
+
+    with pytest.raises(Exception, match="refuses every graph"):
+        torch.compile(lambda t: t + 1, backend=refuse)(torch.ones(3))
+    x = torch.arange(4.0).to(dev) + 1
+    lent = _lend(x)
+    assert lent is not None
+    lent.neg_()
+    del lent
+    assert torch.equal(x.cpu(), -(torch.arange(4.0) + 1))
