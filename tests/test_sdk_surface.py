@@ -137,6 +137,20 @@ def test_env_choice(monkeypatch):
         sdk.env_choice("ACCELKIT_TEST_CHOICE", ("a", "b"), "a")
 
 
+def test_env_count(monkeypatch):
+    monkeypatch.delenv("ACCELKIT_TEST_COUNT", raising=False)
+    assert sdk.env_count("ACCELKIT_TEST_COUNT", 7, "widgets") == 7
+    monkeypatch.setenv("ACCELKIT_TEST_COUNT", " 12 ")
+    assert sdk.env_count("ACCELKIT_TEST_COUNT", 7, "widgets", 2, 12) == 12
+    for bad, bounds in (("13", "from 2 to 12"), ("1", "from 2 to 12"), ("2.5", "from 2 to 12")):
+        monkeypatch.setenv("ACCELKIT_TEST_COUNT", bad)
+        with pytest.raises(ValueError, match=rf"ACCELKIT_TEST_COUNT='{bad}': use a whole number of widgets {bounds}"):
+            sdk.env_count("ACCELKIT_TEST_COUNT", 7, "widgets", 2, 12)
+    monkeypatch.setenv("ACCELKIT_TEST_COUNT", "ten")
+    with pytest.raises(ValueError, match=r"'ten': use a whole number of widgets of at least 16"):
+        sdk.env_count("ACCELKIT_TEST_COUNT", 7, "widgets", 16)
+
+
 def test_meta_helpers():
     t = sdk.meta_tensor((2, 3), torch.float16, (1, 2))
     assert t.device.type == "meta" and t.stride() == (1, 2) and t.dtype == torch.float16

@@ -22,7 +22,7 @@ entry-point group ``accelkit.backends``; ``accelkit new-backend NAME`` writes on
 - collectives: :func:`host_staged_process_group` (the c10d process group
   ``accelkit_make_process_group`` answers with) and :class:`Interconnect` (the device model's
   network, for collective estimates);
-- options: :func:`env_choice`, :func:`device_count_from_env`, :func:`fast_compile`.
+- options: :func:`env_choice`, :func:`env_count`, :func:`device_count_from_env`, :func:`fast_compile`.
 """
 
 from accelkit.hookspecs import hookimpl
@@ -62,7 +62,7 @@ from accelkit.sdk._records import (
     Tolerance,
     UnsupportedDtypeError,
 )
-from accelkit.sdk._options import FAST_COMPILE_ENV, device_count_from_env, env_choice, fast_compile
+from accelkit.sdk._options import FAST_COMPILE_ENV, device_count_from_env, env_choice, env_count, fast_compile
 from accelkit.sdk._registry_view import BackendView, backends
 
 __all__ = [
@@ -99,6 +99,7 @@ __all__ = [
     "device_generator",
     "device_count_from_env",
     "env_choice",
+    "env_count",
     "fast_compile",
     "format_bytes",
     "graph_compiler",

@@ -19,6 +19,26 @@ def env_choice(variable: str, choices: Sequence[str], default: str) -> str:
     return value
 
 
+def env_count(variable: str, default: int, unit: str, lowest: int = 1, highest: int | None = None) -> int:
+    """The whole number in the environment variable ``variable``; ``default`` when it is unset or
+    empty. ``unit`` names what is counted, for the error message.
+
+    :raises ValueError: the value is not a whole number from ``lowest`` to ``highest`` (no upper
+        bound when None); the message names the variable, the value and the range.
+    """
+    value = os.environ.get(variable, "").strip()
+    if not value:
+        return default
+    try:
+        count = int(value)
+    except ValueError:
+        count = None
+    if count is None or count < lowest or (highest is not None and count > highest):
+        bounds = f"from {lowest} to {highest}" if highest is not None else f"of at least {lowest}"
+        raise ValueError(f"{variable}={value!r}: use a whole number of {unit} {bounds}")
+    return count
+
+
 #: Set to ``1`` (tests, conformance runs): compile quickly, at the cost of the programs' speed.
 FAST_COMPILE_ENV = "ACCELKIT_FAST_COMPILE"
 
@@ -49,14 +69,4 @@ def device_count_from_env(backend: str, default: int = 1) -> int:
     :raises ValueError: the value is not a whole number from 1 to 64; the message names the
         variable and the value.
     """
-    variable = f"ACCELKIT_{backend.upper()}_DEVICES"
-    value = os.environ.get(variable, "").strip()
-    if not value:
-        return default
-    try:
-        count = int(value)
-    except ValueError:
-        count = 0
-    if not 1 <= count <= MAX_DEVICES:
-        raise ValueError(f"{variable}={value!r}: use a whole number of devices from 1 to {MAX_DEVICES}")
-    return count
+    return env_count(f"ACCELKIT_{backend.upper()}_DEVICES", default, "devices", 1, MAX_DEVICES)

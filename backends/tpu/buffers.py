@@ -21,6 +21,7 @@ import torch
 
 from accelkit.sdk import DeviceAllocator, ViewSpec
 from accelkit_backends.tpu import checks
+from accelkit_backends.tpu.programs import tracked
 
 TORCH_TO_JAX = {
     torch.float32: jnp.float32, torch.float64: jnp.float64, torch.float16: jnp.float16,
@@ -158,6 +159,7 @@ def value_of(argument: Any) -> Any:
 # ---------------------------------------------------------------------------------------------
 
 
+@tracked
 @functools.partial(jax.jit, static_argnums=(1,))
 def _read(array: jax.Array, spec: ViewSpec) -> jax.Array:
     return materialize(array, spec)
@@ -175,6 +177,7 @@ def _scatter_index(spec: ViewSpec) -> tuple[np.ndarray, np.ndarray | None]:
     return index[keep], keep
 
 
+@tracked
 @functools.partial(jax.jit, static_argnums=(2, 3))
 def _scatter(storage: jax.Array, values: jax.Array, spec: ViewSpec, storage_dtype: torch.dtype) -> jax.Array:
     flat = as_flat(storage, spec.dtype)
@@ -191,12 +194,14 @@ def _scatter(storage: jax.Array, values: jax.Array, spec: ViewSpec, storage_dtyp
     return updated if spec.dtype == storage_dtype else as_flat(updated, storage_dtype)
 
 
+@tracked
 @functools.partial(jax.jit, static_argnums=(1,))
 def _in_storage_order(values: jax.Array, order: tuple[int, ...]) -> jax.Array:
     """A view's values as the flat storage of a view with this dimension order."""
     return values.transpose(order).reshape(-1)
 
 
+@tracked
 @functools.partial(jax.jit, static_argnums=(1,))
 def _cast(array: jax.Array, dtype: Any) -> jax.Array:
     return array.astype(dtype)
@@ -248,7 +253,7 @@ def _zeros_on(device: Any) -> Any:
     ``device_put`` took about 140 µs."""
     if device not in _ZEROS:
         sharding = jax.sharding.SingleDeviceSharding(device)
-        _ZEROS[device] = jax.jit(jnp.zeros, static_argnums=(0, 1), out_shardings=sharding)
+        _ZEROS[device] = tracked(jax.jit(jnp.zeros, static_argnums=(0, 1), out_shardings=sharding))
     return _ZEROS[device]
 
 
@@ -256,7 +261,7 @@ def data_movement_programs() -> int:
     """Programs compiled so far for reading views, scattering into them, writing whole ones in
     another dimension order, casting, and zero-filling storage read before it was written."""
     moves = (_read, _scatter, _in_storage_order, _cast, *_ZEROS.values())
-    return sum(program._cache_size() for program in moves)
+    return sum(program.compiled for program in moves)
 
 
 class _TensorLease:
@@ -279,6 +284,7 @@ def _array_held_only_by(block: Holder, other_holders: int) -> bool:
     return sys.getrefcount(block.array) <= 2 + other_holders  # + the block's, getrefcount's argument
 
 
+@tracked
 @functools.partial(jax.jit, donate_argnums=0)
 def _donated(array: jax.Array) -> jax.Array:
     return array

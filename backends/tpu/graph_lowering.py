@@ -16,6 +16,7 @@ from accelkit_backends.tpu import checks, modes
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize
 from accelkit_backends.tpu.graph_ops import GRAPH_OPS, RANDOM, indexed_view, is_view
 from accelkit_backends.tpu.lowering import Lowering, kernels
+from accelkit_backends.tpu.programs import LOADED, Program, next_use
 
 def _pure_lowerings() -> tuple[type, ...]:
     """Lowering classes whose ``fn`` is the whole kernel (subclasses adding host-side work,
@@ -83,8 +84,7 @@ class GraphProgram:
     def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]):
         self._placeholders, self._body, self._outputs = graph_parts(graph)
         self._random = {node: i for i, node in enumerate(random_nodes)}
-        self._jitted: dict[tuple, Any] = {}
-        self._seen: dict[tuple, int] = {}
+        self._jitted: dict[tuple, Program] = {}
         self._statics: dict[tuple, dict[int, Any]] = {}  # per structure: non-array outputs
         self.name = f"compiled graph ({len(self._body)} ops)"
 
@@ -101,17 +101,16 @@ class GraphProgram:
             else:
                 structure.append(("static", value))
         key = tuple(structure)
-        jitted = self._jitted.get(key)
-        if jitted is None:
-            jitted = self._jitted[key] = jax.jit(self._program(key))
-            self._seen[key] = 0
+        program = self._jitted.get(key)
+        if program is None:
+            program = self._jitted[key] = LOADED.track(Program(jax.jit(self._program(key))))
             self._statics[key] = {}
-        outputs = modes.run_program(self.name, inputs, jitted, arrays, seed)
-        size = jitted._cache_size()
-        if size != self._seen[key]:
+        program.last_use = next_use()
+        outputs = modes.run_program(self.name, inputs, program.jitted, arrays, seed)
+        compiled = program.newly_compiled()
+        if compiled:
             with _count_lock:
-                GraphProgram.compiled_total += size - self._seen[key]
-            self._seen[key] = size
+                GraphProgram.compiled_total += compiled
         statics = self._statics[key]
         if statics:  # sizes the graph returns: Python numbers, fixed per input structure
             outputs = list(outputs)

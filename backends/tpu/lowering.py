@@ -41,6 +41,7 @@ from accelkit.sdk import CallLayout, KernelTable, ViewSpec, meta_tensor
 from accelkit_backends.tpu import checks, modes
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize, torch_dtype
 from accelkit_backends.tpu.cost import COSTS, ProgramCost, Tally
+from accelkit_backends.tpu.programs import LOADED, Program, next_use
 
 kernels = KernelTable("tpu")
 
@@ -49,15 +50,14 @@ _VIEW, _ARRAY, _SCALAR, _STATIC, _SEQ, _KEY = "v", "a", "f", "s", "l", "k"
 DEVICE = "tpu:0"  # named in the errors of failed device-side checks
 
 
-class _Signature:
+class _Signature(Program):
     """One static structure of arguments: its jitted program, and the cost tally of each
     program XLA compiled for it (one per storage shape and dtype of the array inputs)."""
 
-    __slots__ = ("jitted", "seen", "tallies", "only")
+    __slots__ = ("tallies", "only")
 
     def __init__(self, jitted: Any):
-        self.jitted = jitted
-        self.seen = 0  # programs jax had compiled for it when last looked
+        super().__init__(jitted)
         self.tallies: dict[Any, Tally] = {}  # input shapes and dtypes -> tally
         self.only: Tally | None = None  # the tally when there is exactly one
 
@@ -226,15 +226,16 @@ class Lowering:
     def _signature(self, structure: Any) -> _Signature:
         signature = self._signatures.get(structure)
         if signature is None:
-            signature = self._signatures.setdefault(structure, _Signature(jax.jit(self._program(structure))))
+            signature = self._signatures.setdefault(structure, LOADED.track(_Signature(jax.jit(self._program(structure)))))
         return signature
 
     def _run(self, signature: _Signature, arrays: list, scalars: list, args: Any) -> Any:
         """Run the signature's program and count it (``args`` name the inputs in debug mode)."""
         jitted = signature.jitted
+        signature.last_use = next_use()
         out = modes.run_program(self.name, args, jitted, arrays, scalars)
         tally = signature.only
-        if tally is None or jitted._cache_size() != signature.seen:
+        if tally is None or jitted._cache_size() != signature.loaded:
             tally = self._tally(signature, arrays, scalars)
         COSTS.record(tally)
         return out
@@ -244,14 +245,11 @@ class Lowering:
         compiled, and the compile counted then."""
         shapes = tuple((a.shape, a.dtype) for a in arrays)
         with self._lock:
-            compiled = signature.jitted._cache_size()
+            self.compiles += signature.newly_compiled()
             tally = signature.tallies.get(shapes)
-            if tally is None or compiled != signature.seen:
-                self.compiles += max(compiled - signature.seen, 0)
-                signature.seen = compiled
-                if tally is None:
-                    cost = ProgramCost.of(signature.jitted.lower(arrays, scalars), arrays)
-                    tally = signature.tallies[shapes] = COSTS.tally(self.name, cost)
+            if tally is None:
+                cost = ProgramCost.of(signature.jitted.lower(arrays, scalars), arrays)
+                tally = signature.tallies[shapes] = COSTS.tally(self.name, cost)
             signature.only = tally if len(signature.tallies) == 1 else None
         return tally
 

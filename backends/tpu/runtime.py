@@ -114,8 +114,10 @@ def _nearest_xla_type(dtype: torch.dtype) -> str:
 @hookimpl
 def accelkit_backend_activated(device_model: DeviceModel) -> None:
     from accelkit_backends.tpu.cost import COSTS
+    from accelkit_backends.tpu.programs import LOADED
 
     COSTS.model = device_model
+    _ = LOADED.limit  # a misspelt ACCELKIT_TPU_LIVE_PROGRAMS fails activation, not the first op
 
 
 @hookimpl
@@ -124,13 +126,16 @@ def accelkit_stats() -> dict[str, Any]:
 
     ``compiles`` (top level, where the conformance suite reads a backend's compilations) is the
     running total of XLA programs compiled in this process: the ops' programs plus the
-    data-movement programs (view reads, scatters, casts). It never decreases; the ``tpu``
-    section breaks it down.
+    data-movement programs (view reads, scatters, casts), recompiles after an unload included.
+    It never decreases; the ``tpu`` section breaks it down. ``loaded_programs`` is how many
+    executables are loaded now, their bound (``ACCELKIT_TPU_LIVE_PROGRAMS``) and how many were
+    unloaded to keep it (see :mod:`.programs`).
     """
     from accelkit_backends.tpu import modes
     from accelkit_backends.tpu.buffers import data_movement_programs
     from accelkit_backends.tpu.cost import COSTS
     from accelkit_backends.tpu.lowering import compile_counts
+    from accelkit_backends.tpu.programs import LOADED
 
     counts = compile_counts()
     moves = data_movement_programs()
@@ -141,6 +146,7 @@ def accelkit_stats() -> dict[str, Any]:
             "compiled_programs": counts,
             "compiled_programs_total": sum(counts.values()),
             "data_movement_programs": moves,
+            "loaded_programs": LOADED.stats(),
             "estimate": COSTS.summary(),
         },
     }

@@ -78,8 +78,8 @@ def test_a_host_copy_in_another_dimension_order_is_one_reordering_without_zero_f
     moves = lambda: accelkit.stats()["tpu"]["data_movement_programs"]  # noqa: E731
     # Shapes no other test uses: programs are compiled once per process.
     for host in (torch.randn(23, 61).t(), torch.randn(2, 5, 7, 9).to(memory_format=torch.channels_last)):
-        before, scatters = moves(), buffers._scatter._cache_size()
+        before, scatters = moves(), buffers._scatter.compiled
         on_device = host.to(dev)
         assert on_device.stride() == host.stride()
-        assert moves() == before + 1 and buffers._scatter._cache_size() == scatters
+        assert moves() == before + 1 and buffers._scatter.compiled == scatters
         assert torch.equal(on_device.cpu(), host)
