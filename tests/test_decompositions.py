@@ -223,3 +223,17 @@ def test_broadcast_writes_decompose_for_an_expanded_self_as_cpu_writes(dev, op, 
     assert torch.equal(device.cpu(), cpu)
     with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
         device[0, 1:2].expand(4).copy_(torch.ones(4, device=dev))  # copy_ itself still refuses
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 4)])
+@pytest.mark.parametrize("reduction", ["none", "mean"])
+def test_multilabel_margin_loss_matches_cpu_when_a_sample_has_fewer_labels_than_classes(dev, shape, reduction):
+    # PyTorch's decomposition counted the slots after a -1 as labels of class 0 (other values),
+    # and gave a 1-d input's unreduced loss shape (1,) where CPU gives ().
+    x = torch.linspace(-2, 2, 8)[: torch.Size(shape).numel()].reshape(shape)
+    target = torch.tensor([3, 0, -1, 1, 1, -1, 0, 0][: x.numel()]).reshape(shape)
+    want = F.multilabel_margin_loss(x, target, reduction=reduction)
+    got = F.multilabel_margin_loss(x.to(dev), target.to(dev), reduction=reduction)
+    assert got.shape == want.shape
+    assert_close(got, want)
+    assert counts("aten.multilabel_margin_loss_forward.default")["decomposed"] >= 1

@@ -4,6 +4,9 @@
   ``NotImplemented``), and the pipeline runs the op through the CPU fallback instead, which
   computes exactly what CPU torch computes. Each guard names the inputs and why; everything
   else still decomposes.
+- **Replacements**: where PyTorch's decomposition computes other values for ordinary inputs
+  (``multilabel_margin_loss``: labels after the first -1), accelkit's own replaces it
+  (:data:`REPLACEMENTS`).
 - **Corrections**: where only the result's shape is off, the decomposition's result is
   reshaped instead (:data:`CORRECTIONS`), so the op keeps running on the device.
 - **Index checks**: the decompositions of ``index_add``, ``index_copy``, ``index_fill``, ``take``
@@ -30,6 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from torch._decomp import decomposition_table
 
 aten = torch.ops.aten
 
@@ -111,6 +115,47 @@ LAYOUTS: dict[Any, Callable[[Callable], Callable]] = {
 #: shapes it.
 CORRECTIONS: dict[Any, Callable[..., Any]] = {
     aten.multi_margin_loss.default: _multi_margin_loss_shape,
+}
+
+
+# -- replacements ----------------------------------------------------------------------------
+
+
+def _multilabel_margin_loss_forward(input: torch.Tensor, target: torch.Tensor, reduction: int) -> tuple:
+    """The CPU kernel's loss: for each sample, over the labels before the first -1 (``j``) and
+    the classes that are not labels (``i``), ``max(0, 1 - x[j] + x[i]) / classes``.
+
+    PyTorch's decomposition also counts the slots after the first -1 as labels of class 0
+    (other values whenever a sample has fewer labels than classes), and gives a 1-d input's
+    unreduced loss shape (1,) where CPU gives ().
+    """
+    torch._check(input.dim() <= 2 and input.shape[-1:] != (0,),
+                 lambda: f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {input.shape}")
+    torch._check(target.shape == input.shape,
+                 lambda: f"inconsistent target size: {target.shape} for input of size: {input.shape}")
+    x, labels = torch.atleast_2d(input), torch.atleast_2d(target)
+    classes = x.shape[1]
+    slot = torch.arange(classes, device=labels.device)
+    first_end = torch.where(labels == -1, slot, classes).amin(dim=-1, keepdim=True)
+    is_label_slot = slot < first_end  # (N, C) over j
+    label = torch.where(is_label_slot, labels, 0)
+    is_target = (slot == torch.where(is_label_slot, labels, -1).unsqueeze(-1)).any(dim=1)  # (N, C) over i
+    margins = (1 - x.gather(-1, label).unsqueeze(-1) + x.unsqueeze(1)).clamp_min(0) / classes  # (N, j, i)
+    counted = is_label_slot.unsqueeze(-1) & ~is_target.unsqueeze(1)
+    per_sample = torch.where(counted, margins, 0).sum(dim=(1, 2))
+    if reduction == 1:
+        loss = per_sample.mean()
+    elif reduction == 2:
+        loss = per_sample.sum()
+    else:
+        loss = per_sample.reshape(input.shape[:-1])
+    return loss, is_target.to(input.dtype).reshape(target.shape)
+
+
+#: op -> accelkit's decomposition, used in place of PyTorch's, which computes other values than
+#: the CPU kernel for ordinary inputs. A backend's own decomposition of the op is kept.
+REPLACEMENTS: dict[Any, Callable[..., Any]] = {
+    aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss_forward,
 }
 
 
@@ -233,12 +278,16 @@ def _broadcast_write(decomposition: Callable) -> Callable:
 
 
 def guard_decompositions(table: Mapping[Any, Callable]) -> dict[Any, Callable]:
-    """A copy of ``table`` whose entries for the ops in :data:`LAYOUTS` take any memory layout,
+    """A copy of ``table`` whose entries for the ops in :data:`REPLACEMENTS` are accelkit's
+    when they were PyTorch's, those for the ops in :data:`LAYOUTS` take any memory layout,
     those for the ops in :data:`GUARDS` decline those inputs,
     and whose entries for the ops in :data:`CORRECTIONS` correct their results, those in
     :data:`INDEX_CHECKS` raise CPU's error for a bad index and those in
     :data:`BROADCAST_WRITES` accept a broadcast ``self``."""
     guarded = dict(table)
+    for op, replacement in REPLACEMENTS.items():
+        if op in guarded and guarded[op] is decomposition_table.get(op):
+            guarded[op] = replacement
     for op, in_layout in LAYOUTS.items():
         if op in guarded:
             guarded[op] = in_layout(guarded[op])
