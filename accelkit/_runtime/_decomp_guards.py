@@ -28,11 +28,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+from torch._C import DispatchKey
 from torch._decomp import decomposition_table
 
 aten = torch.ops.aten
@@ -157,6 +159,32 @@ def _multilabel_margin_loss_forward(input: torch.Tensor, target: torch.Tensor, r
 REPLACEMENTS: dict[Any, Callable[..., Any]] = {
     aten.multilabel_margin_loss_forward.default: _multilabel_margin_loss_forward,
 }
+
+
+def _same_function(kernel: Any, decomposition: Any) -> bool:
+    # PyTorch registers one function as both, wrapped differently (an out= wrapper, a
+    # registration wrapper): the same definition, not the same object.
+    return (kernel is not None and decomposition is not None
+            and (kernel.__module__, kernel.__qualname__) == (decomposition.__module__, decomposition.__qualname__))
+
+
+@contextlib.contextmanager
+def replacements_while_tracing() -> Iterator[None]:
+    """While a graph is traced for compiling: PyTorch also registers some of the decompositions
+    :data:`REPLACEMENTS` replaces as the op's Python autograd kernel, which the tracer runs before
+    any decomposition table (so even PyTorch's own compilers get other values than CPU). Inside,
+    those kernels are accelkit's; outside, PyTorch's are back."""
+    swapped = {op: op.py_kernels[DispatchKey.Autograd] for op in REPLACEMENTS
+               if _same_function(op.py_kernels.get(DispatchKey.Autograd), decomposition_table.get(op))}
+    for op in swapped:
+        op.py_kernels[DispatchKey.Autograd] = REPLACEMENTS[op]
+        op._dispatch_cache.clear()
+    try:
+        yield
+    finally:
+        for op, kernel in swapped.items():
+            op.py_kernels[DispatchKey.Autograd] = kernel
+            op._dispatch_cache.clear()
 
 
 def _guarded(decomposition: Callable, declines: Callable[..., bool]) -> Callable:

@@ -35,6 +35,7 @@ import torch
 from accelkit._errors import FallbackDeniedError
 from accelkit._runtime import _tensors as T
 from accelkit._runtime._compile_stats import STATS
+from accelkit._runtime._decomp_guards import replacements_while_tracing
 
 CACHE_ENV = "ACCELKIT_COMPILE_CACHE"
 
@@ -79,14 +80,15 @@ class GraphCompiler:
         started = time.perf_counter()
         STATS.add(graphs_captured=1)
         self.use_cache_directory()
-        compiled = aot_autograd(
-            fw_compiler=lambda g, inputs: self._compile(ctx, g, "forward"),
-            bw_compiler=lambda g, inputs: self._compile(ctx, g, "backward"),
-            inference_compiler=lambda g, inputs: self._compile(ctx, g, "inference"),
-            decompositions=self._decompositions_for(ctx),
-            partition_fn=min_cut_rematerialization_partition,
-            keep_inference_input_mutations=True,
-        )(gm, example_inputs)
+        with replacements_while_tracing():
+            compiled = aot_autograd(
+                fw_compiler=lambda g, inputs: self._compile(ctx, g, "forward"),
+                bw_compiler=lambda g, inputs: self._compile(ctx, g, "backward"),
+                inference_compiler=lambda g, inputs: self._compile(ctx, g, "inference"),
+                decompositions=self._decompositions_for(ctx),
+                partition_fn=min_cut_rematerialization_partition,
+                keep_inference_input_mutations=True,
+            )(gm, example_inputs)
         STATS.add(compile_seconds=time.perf_counter() - started)
         return compiled
 

@@ -315,3 +315,23 @@ def test_hugging_face_static_cache_generate_compiles_decode_once(dev):
     assert stats["graphs_captured"] == 2  # the prefill and the decode step
     assert stats["programs_compiled"] == 2  # the decode step's program serves all 7 decode steps
     assert stats["program_calls"] == 8 and stats["eager_nodes"] == {}
+
+
+def test_ops_whose_pytorch_decomposition_differs_from_cpu_trace_as_cpu_computes(dev):
+    # torch 2.13 registers multilabel_margin_loss's decomposition as its Python autograd kernel
+    # too, which tracing runs first: even PyTorch's own compilers counted the label slots after
+    # a sample's first -1 as labels. Graphs compiled here get accelkit's decomposition.
+    x = torch.linspace(-2, 2, 8).reshape(2, 4)
+    target = torch.tensor([[3, 0, -1, 1], [1, -1, 0, 0]])
+    cpu_x = x.clone().requires_grad_()
+    want = torch.nn.functional.multilabel_margin_loss(cpu_x, target, reduction="none")
+    want.sum().backward()
+    dev_x = x.to(dev).requires_grad_()
+    loss = torch.compile(lambda a, b: torch.nn.functional.multilabel_margin_loss(a, b, reduction="none"),
+                         backend="tpu")(dev_x, target.to(dev))
+    loss.sum().backward()
+    torch.testing.assert_close(loss.detach().cpu(), want.detach())
+    torch.testing.assert_close(dev_x.grad.cpu(), cpu_x.grad)
+    # Outside accelkit's compiler, PyTorch's kernel is back.
+    op = torch.ops.aten.multilabel_margin_loss_forward.default
+    assert op.py_kernels[torch._C.DispatchKey.Autograd].__module__ == "torch._decomp.decompositions"
