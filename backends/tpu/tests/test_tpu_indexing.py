@@ -352,6 +352,24 @@ def test_an_integer_arange_with_float_bounds_truncates_start_and_step_first_as_t
     assert torch.equal(torch.arange(*bounds, dtype=dtype, device=dev).cpu(), want)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8], ids=str)
+@pytest.mark.parametrize("bounds", [(4.3, -3, 50), (4.3, 1, 50), (-7.9, 20.5, 30), (3, 3.9, 1), (2.5, 9.5, 0)], ids=str)
+def test_an_integer_linspace_truncates_its_bounds_first_and_is_exact(dev, dtype, bounds):
+    if dtype == torch.uint8 and min(bounds[:2]) < 0:
+        return
+    with accelkit.fallback_policy("deny"):
+        got = torch.linspace(*bounds, dtype=dtype, device=dev).cpu()
+    assert torch.equal(got, torch.linspace(*bounds, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=str)
+@pytest.mark.parametrize("bounds", [(0, 1.2, 2), (0, 1.2, 4), (0, 1.2, 2, 5.0), (-0.5, 3.7, 5, 2.0), (0.9, 2.9, 3, 2.5)], ids=str)
+def test_an_integer_logspace_truncates_its_bounds_first(dev, dtype, bounds):
+    with accelkit.fallback_policy("deny"):
+        got = torch.logspace(*bounds, dtype=dtype, device=dev).cpu()
+    assert torch.equal(got, torch.logspace(*bounds, dtype=dtype))
+
+
 @pytest.mark.parametrize("bounds", ARANGES, ids=str)
 def test_arange_is_native(dev, bounds):
     with accelkit.fallback_policy("deny"):
