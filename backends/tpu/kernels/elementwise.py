@@ -77,6 +77,16 @@ def compare_operands(*values: Any) -> list[Any]:
     return list(values)
 
 
+def _reduced_float_dtype(*values: Any) -> Any:
+    """bfloat16 or float16 when the tensor operands promote to it (PyTorch then computes some
+    ops' steps in it), else None."""
+    arrays = [v for v in values if _is_array(v)]
+    if not arrays:
+        return None
+    common = jnp.result_type(*(a.dtype for a in arrays))
+    return common if common in (jnp.bfloat16, jnp.float16) else None
+
+
 def _float(x: jax.Array) -> jax.Array:
     return operands(x, floating=True)[0]
 
@@ -124,6 +134,19 @@ def _trunc_divide(x, y):
     return jnp.where(inexact & ((x < 0) != (y < 0)), q + 1, q)
 
 
+def _divided_by_itself(x, y):
+    """The divisor of a real floating division, as XLA will divide by it. XLA rewrites a
+    division by a broadcast divisor (a scalar, a size-1 dimension) into a multiplication by
+    its reciprocal, an ulp off IEEE division (2.7 / 2.7 is 0.99999994, so a quotient truncated
+    or floored is one off); CPU divides. Materialised behind an optimisation barrier, the
+    divisor is divided by: one more pass over the result's size."""
+    shape = jnp.broadcast_shapes(jnp.shape(x), jnp.shape(y))
+    if jnp.shape(y) == shape or jnp.iscomplexobj(y) or jnp.iscomplexobj(x):
+        return y
+    dtype = jnp.result_type(x, y)
+    return jax.lax.optimization_barrier(jnp.broadcast_to(jnp.asarray(y, dtype), shape))
+
+
 def _floor_divide_float(x, y):
     """PyTorch's ``div_floor_floating``: Python's float floor division, IEEE on division by 0."""
     quotient = x / y
@@ -151,10 +174,22 @@ def _integer_division(x, y, result):
 def div(x, y, rounding_mode=None):
     if rounding_mode is None:
         x, y = operands(x, y, floating=True)
-        return x / y
+        return x / _divided_by_itself(x, y)
+    narrow = _reduced_float_dtype(x, y)
+    if jnp.size(y) == 1:  # a scalar to CPU's kernel, which divides by it in float32
+        narrow = None
     x, y = operands(x, y)
+    if _is_float_dtype(jnp.result_type(x, y)):
+        y = _divided_by_itself(x, y)
     if rounding_mode == "trunc":
-        return jnp.trunc(x / y) if _is_float_dtype(x.dtype) else _integer_division(x, y, _trunc_divide(x, y))
+        if not _is_float_dtype(x.dtype):
+            return _integer_division(x, y, _trunc_divide(x, y))
+        # CPU rounds a bfloat16/float16 quotient to its dtype before truncating it (17.99 is
+        # 18 in bfloat16, so 18, where truncating in float32 gives 17).
+        quotient = x / y
+        if narrow is not None:
+            quotient = quotient.astype(narrow)
+        return jnp.trunc(quotient)
     if rounding_mode == "floor":
         if _is_float_dtype(x.dtype):
             return _floor_divide_float(x, y)

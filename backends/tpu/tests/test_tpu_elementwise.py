@@ -250,6 +250,33 @@ def test_float_floor_division_follows_python_including_zero_divisors(dev):
     assert_native("aten.div.Tensor_mode", "aten.remainder.Tensor", "aten.fmod.Tensor")
 
 
+def test_division_by_a_broadcast_divisor_is_ieee_division_as_on_cpu(dev):
+    # XLA turns x / broadcast(y) into x * (1 / y): an ulp off in 4.5% of quotients by a
+    # scalar and 26% by a per-row divisor, and x / x[0] was 0.99999994.
+    torch.manual_seed(0)
+    x = torch.randn(200, 100) * 9
+    for divisor in (0.7311, torch.tensor(0.7311), torch.tensor([0.7311]), torch.randn(200, 1), torch.randn(100)):
+        on_dev = divisor.to(dev) if isinstance(divisor, torch.Tensor) else divisor
+        assert torch.equal((x.to(dev) / on_dev).cpu(), x / divisor)
+    first = torch.tensor([-2.69921875, 5.0], device=dev)
+    assert (first / first[:1]).cpu()[0].item() == 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_reduced_precision_quotient_is_rounded_to_its_dtype_before_truncating(dev, dtype):
+    # CPU truncates the bfloat16 quotient: 17.99 rounds to 18 first (in float32 it would be 17);
+    # by a single-element divisor, it divides and truncates in float32.
+    torch.manual_seed(0)
+    a, b = (torch.randn(4000) * 9).to(dtype), (torch.randn(4000) * 3).to(dtype)
+    one = torch.tensor([2.7], dtype=dtype)
+    for numerator, divisor in ((a, b), (a, 2.7), (a, one), (a, one[0]), (torch.tensor(9.7, dtype=dtype), b)):
+        want = torch.div(numerator, divisor, rounding_mode="trunc")
+        got = torch.div(numerator.to(dev), divisor.to(dev) if isinstance(divisor, torch.Tensor) else divisor,
+                        rounding_mode="trunc")
+        assert torch.equal(got.cpu(), want)
+
+
+
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 def test_ternary_ops(dev, dtype):
     x, a, b = transposed((4, 6), dtype, 1), sample((6,), dtype, 2), sliced((4, 6), dtype, 3)
