@@ -90,7 +90,7 @@ class LoadedPrograms:
         self._limit = limit
         self._programs: weakref.WeakSet[Program] = weakref.WeakSet()
         self._lock = threading.Lock()
-        self._counted = 0  # an upper bound of the loaded executables; exact after a recount
+        self._counted = 0  # loaded executables (an upper bound: see loaded())
         self.unloaded = 0  # executables unloaded so far
         self.unloads = 0  # times the limit was reached
 
@@ -118,9 +118,10 @@ class LoadedPrograms:
                 self._unload_least_recently_used()
 
     def loaded(self) -> int:
-        with self._lock:
-            self._counted = sum(p.jitted._cache_size() for p in self._programs)
-            return self._counted
+        """Executables loaded: counted as they compile and unload, in constant time (stats read
+        it per op call). A discarded compiled graph frees its own, which stay counted until
+        the next time the limit is reached, when the count is taken again."""
+        return self._counted
 
     def _unload_least_recently_used(self) -> None:
         programs = sorted(self._programs, key=lambda p: p.last_use)
