@@ -429,13 +429,11 @@ class TpuAllocator(DeviceAllocator):
                 or array.dtype != jax_dtype(view.dtype)):
             return None
         was_last = self._last is array
-        del array
+        del array  # counted below: only the block and self._last may hold it
         if not _array_held_only_by(block, was_last):
             return None
-        array = block.array
         checks.raise_pending(self.device)
-        lent = _donated(array)
-        del array
+        lent = _donated(block.array)
         block.array = lent
         if was_last:
             self._last = lent

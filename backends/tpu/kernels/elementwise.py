@@ -134,7 +134,7 @@ def _trunc_divide(x, y):
     return jnp.where(inexact & ((x < 0) != (y < 0)), q + 1, q)
 
 
-def _divided_by_itself(x, y):
+def _ieee_divisor(x, y):
     """The divisor of a real floating division, as XLA will divide by it. XLA rewrites a
     division by a broadcast divisor (a scalar, a size-1 dimension) into a multiplication by
     its reciprocal, an ulp off IEEE division (2.7 / 2.7 is 0.99999994, so a quotient truncated
@@ -174,13 +174,12 @@ def _integer_division(x, y, result):
 def div(x, y, rounding_mode=None):
     if rounding_mode is None:
         x, y = operands(x, y, floating=True)
-        return x / _divided_by_itself(x, y)
-    narrow = _reduced_float_dtype(x, y)
-    if jnp.size(y) == 1:  # a scalar to CPU's kernel, which divides by it in float32
-        narrow = None
+        return x / _ieee_divisor(x, y)
+    # A single-element divisor is a scalar to CPU's kernel, which divides by it in float32.
+    narrow = _reduced_float_dtype(x, y) if jnp.size(y) != 1 else None
     x, y = operands(x, y)
-    if _is_float_dtype(jnp.result_type(x, y)):
-        y = _divided_by_itself(x, y)
+    if _is_float_dtype(x.dtype):
+        y = _ieee_divisor(x, y)
     if rounding_mode == "trunc":
         if not _is_float_dtype(x.dtype):
             return _integer_division(x, y, _trunc_divide(x, y))
