@@ -30,10 +30,15 @@ class ProgramCost:
     seconds: float | None = None  # the roofline estimate, once the ledger has a device model
 
     @classmethod
-    def of(cls, lowered: Any, arrays: list) -> ProgramCost:
-        """From a lowered program's HLO cost analysis (no second compilation)."""
+    def of(cls, compiled: Any, arrays: list) -> ProgramCost:
+        """From a compiled program's cost analysis, taken from its loaded executable.
+
+        The executable's optimised HLO is analysed, so ``bytes_accessed`` counts memory
+        traffic after XLA's fusion. (Analysing the lowered module instead converts it to HLO
+        again: about 5 ms a program, twenty times this.)
+        """
         try:
-            analysis = lowered.cost_analysis() or {}
+            analysis = compiled.cost_analysis() or {}
             if isinstance(analysis, list):
                 analysis = analysis[0] if analysis else {}
         except Exception:  # not every platform reports costs
