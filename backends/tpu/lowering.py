@@ -12,7 +12,8 @@ and the machinery here does the rest, identically for every op:
   (:func:`buffers.materialize`), so reading a transposed or sliced input costs no extra dispatch;
 - **PyTorch's dtype and shape rules**: when a program is built, the op's Meta kernel runs on
   meta tensors of the same geometry; its result dtype is what the program returns (the lowering
-  need not reproduce type promotion), its shape is checked, and its errors (bad shapes, bad
+  need not reproduce type promotion; one registered with ``own_dtypes`` returns CPU's where the
+  Meta kernel disagrees with it), its shape is checked, and its errors (bad shapes, bad
   dtypes) are raised exactly as on CPU;
 - **a compile cache** keyed by op, input geometry, dtypes and static arguments, with per-op
   compile counts; Python floats are runtime inputs (a changing learning rate never recompiles),
@@ -91,10 +92,12 @@ def _device_scalar(value: float | complex) -> Any:
 class Lowering:
     """One aten overload's JAX implementation with its compile cache (see the module docstring)."""
 
-    def __init__(self, op: OpOverload, fn: Callable[..., Any], static: tuple[str, ...] = ()):
+    def __init__(self, op: OpOverload, fn: Callable[..., Any], static: tuple[str, ...] = (),
+                 own_dtypes: bool = False):
         self.op = op
         self.fn = fn
         self.name = str(op)
+        self.own_dtypes = own_dtypes
         # Float arguments named here are compile-time constants (a norm's ``ord``): the program
         # may branch on them and the Meta kernel sees their values.
         names = [a.name for a in op._schema.arguments]
@@ -248,7 +251,8 @@ class Lowering:
             self.compiles += signature.newly_compiled()
             tally = signature.tallies.get(shapes)
             if tally is None:
-                cost = ProgramCost.of(signature.jitted.lower(arrays, scalars), arrays)
+                # jax caches both steps: this is the executable the call just ran.
+                cost = ProgramCost.of(signature.jitted.lower(arrays, scalars).compile(), arrays)
                 tally = signature.tallies[shapes] = COSTS.tally(self.name, cost)
             signature.only = tally if len(signature.tallies) == 1 else None
         return tally
@@ -260,7 +264,7 @@ class Lowering:
         shapes and dtypes, or PyTorch's own error for bad input. It returns ``(result, status)``,
         the status None when the lowering stated no condition (:mod:`.checks`).
         """
-        fn, op, name = self.fn, self.op, self.name
+        fn, op, name, own_dtypes = self.fn, self.op, self.name, self.own_dtypes
 
         def program(arrays: Any, scalars: Any) -> Any:
             meta_args = [Lowering._meta(c, arrays) for c in structure[0]]
@@ -277,14 +281,15 @@ class Lowering:
             kwargs = {k: Lowering._decode(c, arrays, scalars) for k, c in structure[1]}
             with checks.conditions() as stated:
                 out = fn(*args, **kwargs)
-            return _conform(name, out, expected), stated.status()
+            return _conform(name, out, expected, own_dtypes), stated.status()
 
         program.__name__ = name.replace(".", "_")
         return program
 
 
-def _conform(name: str, out: Any, expected: Any) -> Any:
-    """Cast a lowering's outputs to PyTorch's result dtypes and check their shapes (traced)."""
+def _conform(name: str, out: Any, expected: Any, own_dtypes: bool = False) -> Any:
+    """Cast a lowering's outputs to PyTorch's result dtypes (unless the lowering decides its
+    own) and check their shapes (traced)."""
     if expected is None:
         return out
     if isinstance(expected, torch.Tensor):
@@ -294,29 +299,35 @@ def _conform(name: str, out: Any, expected: Any) -> Any:
             raise AssertionError(
                 f"tpu lowering of {name} returned shape {tuple(out.shape)}; PyTorch's is {tuple(expected.shape)}"
             )
-        return out.astype(jax_dtype(expected.dtype)) if out.dtype != jax_dtype(expected.dtype) else out
+        if own_dtypes or out.dtype == jax_dtype(expected.dtype):
+            return out
+        return out.astype(jax_dtype(expected.dtype))
     if isinstance(expected, list | tuple):
         outs = list(out) if isinstance(out, list | tuple) else [out]
         if len(outs) != len(expected):
             raise AssertionError(f"tpu lowering of {name} returned {len(outs)} results; PyTorch returns {len(expected)}")
-        fixed = [_conform(name, o, e) for o, e in zip(outs, expected)]
+        fixed = [_conform(name, o, e, own_dtypes) for o, e in zip(outs, expected)]
         return tuple(fixed) if isinstance(expected, tuple) else fixed
     return out
 
 
 def lowering(
-    *ops: OpOverload | OpOverloadPacket, derive_variants: bool = True, static: tuple[str, ...] = ()
+    *ops: OpOverload | OpOverloadPacket, derive_variants: bool = True, static: tuple[str, ...] = (),
+    own_dtypes: bool = False,
 ) -> Callable:
     """Register a JAX function as the tpu kernel of each of ``ops`` (see the module docstring).
 
     :param static: names of float arguments to treat as compile-time constants (e.g. ``"ord"``).
+    :param own_dtypes: the function's result dtypes stand, not the Meta kernel's: for the few
+        ops whose CPU kernel and Meta kernel disagree on a result dtype (the lowering then
+        implements CPU's rule).
     """
 
     def register(fn: Callable) -> Callable:
         for op in ops:
             if isinstance(op, OpOverloadPacket):
                 op = op.default
-            kernels.add(op, Lowering(op, fn, static), derive_variants=derive_variants)
+            kernels.add(op, Lowering(op, fn, static, own_dtypes), derive_variants=derive_variants)
         return fn
 
     return register

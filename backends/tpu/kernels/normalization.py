@@ -168,9 +168,16 @@ def _layer_axes(x, normalized_shape) -> tuple[int, ...]:
     return tuple(range(x.ndim - len(normalized_shape), x.ndim))
 
 
-@lowering(aten.native_layer_norm.default)
+@lowering(aten.native_layer_norm.default, own_dtypes=True)
 def layer_norm(x, normalized_shape, weight, bias, eps):
-    """(output, mean, rstd); the statistics keep the normalized dimensions as size 1."""
+    """(output, mean, rstd); the statistics keep the normalized dimensions as size 1.
+
+    The output has ``x``'s dtype. CPU keeps the statistics of a bfloat16/float16 ``x`` in its
+    dtype, or in float32 when the weight or bias is float32; the Meta kernel says float32
+    always, so this lowering decides (``own_dtypes``). All of it is computed in float32.
+    """
+    mixed = any(p is not None and p.dtype == jnp.float32 for p in (weight, bias))
+    statistics = jnp.float32 if mixed and jnp.dtype(x.dtype).itemsize < 4 else x.dtype
     xf = _f32(x)
     axes = _layer_axes(x, normalized_shape)
     mean = jnp.mean(xf, axis=axes, keepdims=True)
@@ -181,7 +188,7 @@ def layer_norm(x, normalized_shape, weight, bias, eps):
         out = out * _f32(weight)
     if bias is not None:
         out = out + _f32(bias)
-    return out, mean, rstd
+    return out.astype(x.dtype), mean.astype(statistics), rstd.astype(statistics)
 
 
 @lowering(aten.native_layer_norm_backward.default)

@@ -111,6 +111,19 @@ def test_layer_norm(dev):
             tol=BF16)
 
 
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32, None])
+def test_layer_norm_statistics_have_cpus_dtype(dev, weight_dtype):
+    # CPU keeps a bfloat16 input's mean and rstd in bfloat16 (float32 beside a float32 weight);
+    # PyTorch's Meta kernel says float32 always, and tpu used to follow it.
+    x = sample((4, 6), torch.bfloat16)
+    w = None if weight_dtype is None else sample((6,), weight_dtype, 2)
+    want = torch.native_layer_norm(x, (6,), w, w, 1e-5)
+    got = torch.native_layer_norm(x.to(dev), (6,), None if w is None else w.to(dev), None if w is None else w.to(dev), 1e-5)
+    assert [t.dtype for t in got] == [t.dtype for t in want]
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g.cpu(), e, **BF16)
+
+
 GROUP_NORM = ["aten.native_group_norm.default", "aten.native_group_norm_backward.default"]
 
 
