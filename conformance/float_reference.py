@@ -1,0 +1,88 @@
+"""A second reference for bfloat16 and float16 results: CPU computing in float32, rounded once.
+
+CPU's reduced-precision kernels differ in where they round. Some compute in float32 and round
+the result once; others round intermediates to the tensor's dtype (``linalg.cross`` rounds each
+product to bfloat16 before subtracting). A backend that keeps float32 inside an op, as XLA
+does and as PyTorch's own decompositions do (their ``opmath`` casts), then differs from CPU's
+kernel by more than the dtype's tolerance wherever the computation cancels, while being the
+more accurate of the two.
+
+So a reduced-precision result that fails the comparison with CPU's kernel is compared once
+more, under the same tolerance, with the same op run on the CPU on float32 copies of the
+reduced-precision tensors, its results rounded to their dtypes. It passes if it matches that;
+a wrong result matches neither. Only tensors of the tested dtype are widened: an argument
+naming a dtype (``dtype=torch.bfloat16``) keeps it, and an op whose float32 run returns
+results of another structure has no second reference.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from accelkit_conformance.compare import tensors_in
+
+REDUCED = frozenset({torch.bfloat16, torch.float16})
+
+
+def forward(op: Any, dtype: torch.dtype, cpu_sample: Any, expected: Any) -> list | None:
+    """The float32 reference of OpInfo ``op`` on ``cpu_sample`` (whose ``dtype`` run returned
+    ``expected``): its outputs, then the sample's tensors after the call, each rounded to the
+    dtype of its twin in the ``dtype`` run. None when there is no such reference."""
+    if dtype not in REDUCED:
+        return None
+    try:
+        wide = widened(cpu_sample, dtype)
+        wide_out = wide.output_process_fn_grad(op(wide.input, *wide.args, **wide.kwargs))
+    except Exception:  # the op refuses float32 where it took the reduced dtype: no reference
+        return None
+    like = list(tensors_in(expected)) + list(tensors_in(_arguments(cpu_sample)))
+    return rounded_like(list(tensors_in(wide_out)) + list(tensors_in(_arguments(wide))), like)
+
+
+def gradients(op: Any, dtype: torch.dtype, cpu_sample: Any, wanted: list[int], grads_out: list,
+              cpu_inputs: list) -> list | None:
+    """The float32 reference of the gradients of ``cpu_inputs`` (the sample's leaves that
+    require grad) through outputs ``wanted``, for output gradients ``grads_out``: each rounded
+    to its input's dtype. None when there is no such reference."""
+    if dtype not in REDUCED:
+        return None
+    try:
+        wide = widened(cpu_sample, dtype)
+        outs = list(tensors_in(wide.output_process_fn_grad(op(wide.input, *wide.args, **wide.kwargs))))
+        leaves = [t for t in tensors_in(_arguments(wide)) if t.requires_grad]
+        if len(leaves) != len(cpu_inputs) or any(k >= len(outs) for k in wanted):
+            return None
+        grads = torch.autograd.grad([outs[k] for k in wanted], leaves,
+                                    [g.to(outs[k].dtype) for k, g in zip(wanted, grads_out)], allow_unused=True)
+    except Exception:  # the op refuses float32 where it took the reduced dtype: no reference
+        return None
+    return [torch.zeros_like(leaf) if g is None else g.to(leaf.dtype) for g, leaf in zip(grads, cpu_inputs)]
+
+
+def _arguments(sample: Any) -> tuple:
+    return sample.input, sample.args, sample.kwargs
+
+
+def widened(cpu_sample: Any, dtype: torch.dtype) -> Any:
+    """``cpu_sample`` with float32 leaf copies of its ``dtype`` tensors (``requires_grad`` kept)."""
+
+    def widen(t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.dtype != dtype:
+            return t
+        with torch.no_grad():
+            wide = t.detach().to(torch.float32)
+        return wide.requires_grad_(t.requires_grad)
+
+    return cpu_sample.transform(widen)
+
+
+def rounded_like(wide: Any, expected: Any) -> Any | None:
+    """``wide`` (a float32 run's results) with each tensor rounded to the dtype of the tensor
+    in the same place of ``expected`` (the reduced-precision run's); None when the two hold
+    different numbers of tensors or a tensor of another shape."""
+    wide_tensors, like = list(tensors_in(wide)), list(tensors_in(expected))
+    if len(wide_tensors) != len(like) or any(w.shape != e.shape for w, e in zip(wide_tensors, like)):
+        return None
+    return [w.detach().to(e.dtype) for w, e in zip(wide_tensors, like)]
