@@ -472,4 +472,7 @@ def linalg_eigh(a, UPLO="L", compute_v=True):
 
 @lowering(aten.linalg_matrix_exp.default)
 def matrix_exp(a):
+    """``exp(a)``; a bfloat16/float16 ``a`` (which jax's ``expm`` refuses) in float32, rounded once."""
+    if jnp.dtype(a.dtype).itemsize == 2 and jnp.issubdtype(a.dtype, jnp.floating):
+        return jsl.expm(a.astype(jnp.float32)).astype(a.dtype)
     return jsl.expm(a)

@@ -245,6 +245,15 @@ def test_matrix_exp(dev):
     assert_native("aten.linalg_matrix_exp.default")
 
 
+def test_matrix_exp_of_bfloat16_is_the_float32_result_rounded(dev):
+    # jax's expm refuses bfloat16; CPU takes it (and, in torch 2.13, returns inf or NaN for
+    # most 4x4 bfloat16 inputs, so CPU's float32 result is the reference here).
+    a = (matrix(2, 4, 4) / 3).bfloat16()
+    got = torch.linalg.matrix_exp(a.to(dev))
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got.cpu(), torch.linalg.matrix_exp(a.float()).bfloat16())
+
+
 def test_factorizations_of_empty_matrices(dev):
     empty = torch.empty(2, 0, 0)
     assert torch.linalg.cholesky_ex(empty.to(dev)).L.shape == (2, 0, 0)
