@@ -370,7 +370,7 @@ def _install(ctx: BackendContext) -> None:
             owned.add(inplace)
             registered[inplace] = "derived"
         if out is not None and out not in owned:
-            kernels.impl(out, guard(ctx, out, pipeline.native_out(out, entry.fn)), "PrivateUse1")
+            kernels.impl(out, guard(ctx, out, pipeline.native_out(out, entry.fn, entry.op)), "PrivateUse1")
             owned.add(out)
             registered[out] = "derived"
     for op in (*CPU_EQUIVALENTS, *ROUTED_COMPOSITES):

@@ -97,11 +97,13 @@ def prepare_out(ctx: BackendContext, out: _Tensor, shape: tuple[int, ...]) -> No
         T.set_geometry(ctx, out, shape, T.contiguous_strides(shape), out.storage_offset())
 
 
-def _dtype_from_out(functional_or_out: OpOverload, kwargs: dict, outs: list[_Tensor]) -> bool:
-    """Ops with a ``dtype`` argument compute in the ``out=`` tensor's dtype, as on CPU; True
-    when ``kwargs`` got that dtype (the CPU kernel then has the last word on it)."""
+def _dtype_from_out(functional: OpOverload, kwargs: dict, outs: list[_Tensor]) -> bool:
+    """Ops whose functional overload has a ``dtype`` argument compute in the ``out=`` tensor's
+    dtype, as on CPU, including factories whose ``out=`` overload has none (``arange.start_out``:
+    ``arange(3.1, out=int64)`` counts to 3, where a float arange would count to 4); True when
+    ``kwargs`` got that dtype (the CPU kernel then has the last word on it)."""
     if len(outs) == 1 and kwargs.get("dtype") is None and any(
-        a.name == "dtype" and a.kwarg_only for a in functional_or_out._schema.arguments
+        a.name == "dtype" and a.kwarg_only for a in functional._schema.arguments
     ):
         kwargs["dtype"] = outs[0].dtype
         return True
@@ -302,8 +304,8 @@ class Pipeline:
 
         return run
 
-    def native_out(self, op: OpOverload, fn: Callable) -> Callable:
-        """Derive ``op`` (an ``out=`` overload) from the functional kernel ``fn``."""
+    def native_out(self, op: OpOverload, fn: Callable, functional: OpOverload) -> Callable:
+        """Derive ``op`` (an ``out=`` overload) from ``fn``, the kernel of ``functional``."""
         ctx, name, call, meta = self.ctx, str(op), self._caller(op, fn), self._meta
         cpu_fallback, check_outs, settle = self.cpu_fallback, self._check_outs, ctx.allocator.settle
         refuse_host_writes = self._refuse_host_writes
@@ -314,7 +316,7 @@ class Pipeline:
             given = dict(kwargs)
             outs = [kwargs.pop(n) for n in out_names]
             refuse_host_writes(op, args, given, outs)
-            if _dtype_from_out(op, kwargs, outs):
+            if _dtype_from_out(functional, kwargs, outs):
                 check_outs(op, args, given, outs, None)
             try:
                 result = call(args, kwargs)
@@ -422,7 +424,7 @@ class Pipeline:
             names = out_arg_names(op)
             outs = [kwargs.pop(n) for n in names]
             self._refuse_host_writes(op, args, given, outs)
-            if _dtype_from_out(op, kwargs, outs):
+            if _dtype_from_out(functional, kwargs, outs):
                 self._check_outs(op, args, given, outs, None)
             result = self._decompose(op, decomposition, args, kwargs)
             if result is NotImplemented:

@@ -248,6 +248,25 @@ def test_a_factory_writes_through_a_strided_out_of_the_right_shape(dev, fn, base
     torch.testing.assert_close(base.cpu(), cpu_base)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32])
+@pytest.mark.parametrize("call", [
+    lambda out: torch.arange(3.1, out=out),                  # an integer count stops at 3
+    lambda out: torch.arange(-2.5, 3.7, 1.5, out=out),
+    lambda out: torch.full((2, 3), 2.7, out=out),
+    lambda out: torch.linspace(0.5, 9.7, 5, out=out),
+], ids=["arange", "arange_start_step", "full", "linspace"])
+def test_a_factory_computes_in_its_outs_dtype_like_cpu(dev, call, dtype):
+    # out= overloads of factories have no dtype argument: CPU computes in the out's dtype
+    # (arange(3.1) into int64 is [0, 1, 2]; computed in float and cast it was [0, 1, 2, 3]).
+    want = torch.empty(0, dtype=dtype)
+    expected = outcome(lambda: call(want))
+    got = torch.empty(0, dtype=dtype, device=dev)
+    assert outcome(lambda: call(got)) == expected
+    if expected == ("ok",):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.cpu(), want)
+
+
 @pytest.mark.parametrize("factory", [torch.randn, torch.rand])
 def test_a_random_factory_keeps_the_strides_of_its_out(dev, factory):
     base, out = _strided_out((3, 4), dev)
