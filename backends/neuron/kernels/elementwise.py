@@ -104,7 +104,7 @@ _BINARY = {
     "bitwise_xor": (aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar),
     "atan2": (aten.atan2.default,),
     "pow": (aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar),
-    "copysign": (aten.copysign.Tensor,),
+    "copysign": (aten.copysign.Tensor, aten.copysign.Scalar),
     "hypot": (aten.hypot.default,),
     "logaddexp": (aten.logaddexp.default,),
 }
