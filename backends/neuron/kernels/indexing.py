@@ -196,9 +196,12 @@ def _scatter(k: Kernel, out: OutSpec, x: np.ndarray, dim: int, index: np.ndarray
 
 
 def _identity(value: float, dtype: np.dtype) -> float:
-    """``value`` within an integer dtype's 32-bit datapath (infinities become its extremes)."""
+    """``value`` within an integer dtype's 32-bit datapath (infinities become its extremes;
+    for bool, False and True)."""
     if nx.is_float(dtype) or math.isfinite(value):
         return value
+    if np.dtype(dtype) == np.bool_:
+        return value > 0
     info = np.iinfo(np.int32) if np.dtype(dtype).itemsize >= 4 else np.iinfo(dtype)
     return info.min if value < 0 else info.max
 

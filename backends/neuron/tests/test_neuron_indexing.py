@@ -290,6 +290,20 @@ def test_scatter_reduce_matches_cpu(dev, dtype, reduce, include_self):
     assert_native("aten.scatter_reduce.two")
 
 
+@pytest.mark.parametrize("reduce", ["amax", "amin", "sum", "prod"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_of_bool_matches_cpu(dev, reduce, include_self):
+    # Without include_self a target starts from the reduction's identity: for bool, False
+    # (amax) or True (amin); neuron used to ask numpy for bool's integer range and fail.
+    g = _generator()
+    x = torch.rand(5, 4, generator=g) > 0.5
+    index = torch.randint(0, 5, (9, 4), generator=g)
+    src = torch.rand(9, 4, generator=g) > 0.5
+    expected = x.scatter_reduce(0, index, src, reduce, include_self=include_self)
+    got = x.to(dev).scatter_reduce(0, index.to(dev), src.to(dev), reduce, include_self=include_self)
+    assert got.dtype == torch.bool and torch.equal(got.cpu(), expected)
+
+
 @pytest.mark.filterwarnings("ignore:The reduce argument of torch.scatter")
 @pytest.mark.parametrize("reduce", ["add", "multiply"])
 def test_scatter_with_reduce_argument(dev, reduce):
