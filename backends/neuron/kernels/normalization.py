@@ -60,10 +60,20 @@ def normalize(k: Kernel, chunk: Tile, mean: Tile, rstd: Tile) -> Tile:
 @tile_kernel(aten.native_layer_norm.default, static=True)
 def native_layer_norm(k: Kernel, out: list[OutSpec], x: np.ndarray, normalized_shape: Any,
                       weight: np.ndarray | None, bias: np.ndarray | None, eps: float) -> tuple:
-    result, mean_out, rstd_out = (hbm_empty(spec) for spec in out)
+    """(output, mean, rstd). CPU keeps the statistics of a bfloat16/float16 ``x`` in its dtype,
+    or in float32 beside a float32 weight or bias; PyTorch's Meta kernel (``out``) says float32
+    always, so the statistics' dtype is decided here."""
+    result = hbm_empty(out[0])
+    mean_out, rstd_out = (hbm_empty(OutSpec(spec.shape, _statistics_dtype(out[0].dtype, weight, bias)))
+                          for spec in out[1:])
     layer_norm_into(k, x, _normalized_dims(x, normalized_shape), weight, bias, eps, result,
                     mean_out, rstd_out)
     return result, mean_out, rstd_out
+
+
+def _statistics_dtype(dtype: torch.dtype, weight: np.ndarray | None, bias: np.ndarray | None) -> torch.dtype:
+    mixed = any(p is not None and p.dtype == np.float32 for p in (weight, bias))
+    return dtype if dtype in (torch.bfloat16, torch.float16) and not mixed else torch.float32
 
 
 def layer_norm_into(k: Kernel, x: np.ndarray, dims: tuple[int, ...], weight: np.ndarray | None,
