@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit_backends.neuron.launch import OutSpec, hbm_empty, tile_kernel
+from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.tiling import map_flat
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.isa import Kernel
@@ -158,6 +158,11 @@ def div_mode(k: Kernel, out: list[OutSpec], x: Any, y: Any, *, rounding_mode: st
         return binary(k, out[0], x, y, "floor_divide" if rounding_mode == "floor" else "trunc_divide")
     result = hbm_empty(out[0])
     arrays = [v for v in (x, y) if _is_array(v)]
+    # CPU rounds a bfloat16/float16 quotient to its dtype before truncating it (17.99 is 18 in
+    # bfloat16, so 18, where truncating in fp32 gives 17); a single-element divisor is a scalar
+    # to CPU's kernel, which divides by it in float32.
+    narrow = (rounding_mode == "trunc" and out[0].dtype in (torch.bfloat16, torch.float16)
+              and _is_array(y) and y.size != 1)
 
     def compute(dst: Tile, srcs: list[Tile]) -> None:
         it = iter(srcs)
@@ -165,6 +170,10 @@ def div_mode(k: Kernel, out: list[OutSpec], x: Any, y: Any, *, rounding_mode: st
         b = next(it) if _is_array(y) else y
         quotient = k.sbuf(dst.shape, np.float32, "q")
         _apply_binary(k, quotient, a, b, "divide")
+        if narrow:
+            rounded = k.sbuf(dst.shape, chip_dtype(result.dtype), "q_rounded")
+            k.tensor_copy(rounded, quotient)
+            quotient = rounded
         k.activation(dst, quotient, "floor" if rounding_mode == "floor" else "trunc")
 
     return map_flat(k, result, arrays, compute)

@@ -143,3 +143,19 @@ def test_integer_powers_with_negative_exponents_are_integer_reciprocals_as_on_th
     assert torch.equal((3 ** exponent.to(dev)).cpu(), 3 ** exponent)
     assert torch.equal(((-1) ** exponent.to(dev)).cpu(), (-1) ** exponent)
 
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_truncating_division_of_reduced_floats_rounds_the_quotient_first_as_on_the_cpu(dev, dtype):
+    # CPU rounds a bfloat16/float16 quotient to its dtype before truncating (17.99 is 18 in
+    # bfloat16, so 18); neuron truncated the fp32 quotient, 7.6% of bfloat16 quotients apart.
+    # A one-element divisor is a scalar to CPU's kernel, which divides by it in float32.
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(4000, generator=g) * 30).to(dtype)
+    y = (torch.randn(4000, generator=g) * 2).to(dtype)
+    for divisor in (y, y[:1], 1.7):
+        on_device = divisor.to(dev) if isinstance(divisor, torch.Tensor) else divisor
+        assert torch.equal(torch.div(x.to(dev), on_device, rounding_mode="trunc").cpu(),
+                           torch.div(x, divisor, rounding_mode="trunc"))
+    # fmod's gradient for its divisor is -trunc(x / y): the conformance run found it apart.
+    assert torch.equal(torch.fmod(x.to(dev), y.to(dev)).cpu(), torch.fmod(x, y))
