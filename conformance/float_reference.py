@@ -30,13 +30,10 @@ def forward(op: Any, dtype: torch.dtype, cpu_sample: Any, expected: Any) -> list
     """The float32 reference of OpInfo ``op`` on ``cpu_sample`` (whose ``dtype`` run returned
     ``expected``): its outputs, then the sample's tensors after the call, each rounded to the
     dtype of its twin in the ``dtype`` run. None when there is no such reference."""
-    if dtype not in REDUCED:
+    run = _run_widened(op, dtype, cpu_sample)
+    if run is None:
         return None
-    try:
-        wide = widened(cpu_sample, dtype)
-        wide_out = wide.output_process_fn_grad(op(wide.input, *wide.args, **wide.kwargs))
-    except Exception:  # the op refuses float32 where it took the reduced dtype: no reference
-        return None
+    wide, wide_out = run
     like = list(tensors_in(expected)) + list(tensors_in(_arguments(cpu_sample)))
     return rounded_like(list(tensors_in(wide_out)) + list(tensors_in(_arguments(wide))), like)
 
@@ -46,19 +43,32 @@ def gradients(op: Any, dtype: torch.dtype, cpu_sample: Any, wanted: list[int], g
     """The float32 reference of the gradients of ``cpu_inputs`` (the sample's leaves that
     require grad) through outputs ``wanted``, for output gradients ``grads_out``: each rounded
     to its input's dtype. None when there is no such reference."""
+    run = _run_widened(op, dtype, cpu_sample)
+    if run is None:
+        return None
+    wide, wide_out = run
+    outs = list(tensors_in(wide_out))
+    leaves = [t for t in tensors_in(_arguments(wide)) if t.requires_grad]
+    if len(leaves) != len(cpu_inputs) or any(k >= len(outs) for k in wanted):
+        return None
+    try:
+        grads = torch.autograd.grad([outs[k] for k in wanted], leaves,
+                                    [g.to(outs[k].dtype) for k, g in zip(wanted, grads_out)], allow_unused=True)
+    except Exception:  # no float32 gradient where the reduced dtype had one: no reference
+        return None
+    return [torch.zeros_like(leaf) if g is None else g.to(leaf.dtype) for g, leaf in zip(grads, cpu_inputs)]
+
+
+def _run_widened(op: Any, dtype: torch.dtype, cpu_sample: Any) -> tuple[Any, Any] | None:
+    """(the widened sample, its outputs) for a reduced ``dtype``; None for another dtype, or when
+    the op refuses float32 where it took the reduced dtype (no reference then)."""
     if dtype not in REDUCED:
         return None
     try:
         wide = widened(cpu_sample, dtype)
-        outs = list(tensors_in(wide.output_process_fn_grad(op(wide.input, *wide.args, **wide.kwargs))))
-        leaves = [t for t in tensors_in(_arguments(wide)) if t.requires_grad]
-        if len(leaves) != len(cpu_inputs) or any(k >= len(outs) for k in wanted):
-            return None
-        grads = torch.autograd.grad([outs[k] for k in wanted], leaves,
-                                    [g.to(outs[k].dtype) for k, g in zip(wanted, grads_out)], allow_unused=True)
-    except Exception:  # the op refuses float32 where it took the reduced dtype: no reference
+        return wide, wide.output_process_fn_grad(op(wide.input, *wide.args, **wide.kwargs))
+    except Exception:  # any refusal means there is no float32 reference
         return None
-    return [torch.zeros_like(leaf) if g is None else g.to(leaf.dtype) for g, leaf in zip(grads, cpu_inputs)]
 
 
 def _arguments(sample: Any) -> tuple:

@@ -90,9 +90,8 @@ class OpenTies:
         outside = (got < 0) | (got >= size)
         if outside.any():
             raise AssertionError(f"{where}: index {got[outside][0].item()} is outside dimension {dim} of size {size}")
-        named, cpu_named = source.gather(dim, got), source.gather(dim, want)
-        if not _same_or_both_nan(named, cpu_named).all():
-            mismatched = int((~_same_or_both_nan(named, cpu_named)).sum())
+        mismatched = int((~_same_or_both_nan(source.gather(dim, got), source.gather(dim, want))).sum())
+        if mismatched:
             raise AssertionError(
                 f"{where}: {mismatched} of {got.numel()} indices name an element whose value differs from "
                 f"the element CPU's index names (equal elements may be named in any order; these are not equal)"
