@@ -97,14 +97,18 @@ def prepare_out(ctx: BackendContext, out: _Tensor, shape: tuple[int, ...]) -> No
         T.set_geometry(ctx, out, shape, T.contiguous_strides(shape), out.storage_offset())
 
 
-def _dtype_from_out(functional: OpOverload, kwargs: dict, outs: list[_Tensor]) -> bool:
-    """Ops whose functional overload has a ``dtype`` argument compute in the ``out=`` tensor's
-    dtype, as on CPU, including factories whose ``out=`` overload has none (``arange.start_out``:
+def _takes_dtype(functional: OpOverload) -> bool:
+    """Whether ``functional`` has a keyword ``dtype`` argument (asked once per derived ``out=``
+    overload: its ``out=`` calls then compute in the out tensor's dtype, :func:`_dtype_from_out`)."""
+    return any(a.name == "dtype" and a.kwarg_only for a in functional._schema.arguments)
+
+
+def _dtype_from_out(takes_dtype: bool, kwargs: dict, outs: list[_Tensor]) -> bool:
+    """Ops whose functional overload takes a ``dtype`` compute in the ``out=`` tensor's dtype,
+    as on CPU, including factories whose ``out=`` overload has none (``arange.start_out``:
     ``arange(3.1, out=int64)`` counts to 3, where a float arange would count to 4); True when
     ``kwargs`` got that dtype (the CPU kernel then has the last word on it)."""
-    if len(outs) == 1 and kwargs.get("dtype") is None and any(
-        a.name == "dtype" and a.kwarg_only for a in functional._schema.arguments
-    ):
+    if takes_dtype and len(outs) == 1 and kwargs.get("dtype") is None:
         kwargs["dtype"] = outs[0].dtype
         return True
     return False
@@ -311,12 +315,13 @@ class Pipeline:
         refuse_host_writes = self._refuse_host_writes
         out_names = out_arg_names(op)
         store = _undeclared_writer(ctx, op)
+        takes_dtype = _takes_dtype(functional)
 
         def run(*args: Any, **kwargs: Any) -> Any:
             given = dict(kwargs)
             outs = [kwargs.pop(n) for n in out_names]
             refuse_host_writes(op, args, given, outs)
-            if _dtype_from_out(functional, kwargs, outs):
+            if _dtype_from_out(takes_dtype, kwargs, outs):
                 check_outs(op, args, given, outs, None)
             try:
                 result = call(args, kwargs)
@@ -418,13 +423,14 @@ class Pipeline:
         decomposition = ctx.decompositions[functional]
         if torch._C._dispatch_has_kernel_for_dispatch_key(functional.name(), "PrivateUse1"):
             decomposition = functional
+        takes_dtype = _takes_dtype(functional)
 
         def run(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
             given = dict(kwargs)
             names = out_arg_names(op)
             outs = [kwargs.pop(n) for n in names]
             self._refuse_host_writes(op, args, given, outs)
-            if _dtype_from_out(functional, kwargs, outs):
+            if _dtype_from_out(takes_dtype, kwargs, outs):
                 self._check_outs(op, args, given, outs, None)
             result = self._decompose(op, decomposition, args, kwargs)
             if result is NotImplemented:
