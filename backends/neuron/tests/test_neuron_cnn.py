@@ -189,6 +189,21 @@ def test_convolution_in_bfloat16_rounds_once(dev):
     torch.testing.assert_close(got.float(), exact.bfloat16().float(), rtol=2 ** -7, atol=1e-5)
 
 
+@pytest.mark.parametrize("conv", [F.conv2d, F.conv_transpose2d])
+def test_convolution_in_bfloat16_adds_the_bias_before_rounding(dev, conv):
+    """The Scalar engine adds the bias to the fp32 accumulator while evacuating PSUM, then
+    rounds once: 3.296875 * 3.296875 - 10 = 0.869384765625 rounds to 0.87109375. Rounding the
+    product to bfloat16 first (10.875) and then adding the bias gives 0.875."""
+    x = torch.full((1, 2, 3, 3), 3.296875, dtype=torch.bfloat16)
+    w = torch.zeros(2, 2, 1, 1, dtype=torch.bfloat16)
+    w[0, 0], w[1, 1] = 3.296875, 1.0
+    bias = torch.tensor([-10.0, 0.5], dtype=torch.bfloat16)
+    got = conv(x.to(dev), w.to(dev), bias.to(dev)).cpu()
+    exact = conv(x.float(), w.float(), bias.float()).bfloat16()
+    assert got[0, 0, 0, 0].item() == 0.87109375
+    assert torch.equal(got, exact)
+
+
 @pytest.mark.parametrize("x_shape, kwargs", [
     ((2, 3, 8, 8), {"kernel_size": 2}),
     ((2, 3, 9, 7), {"kernel_size": 3, "stride": 2, "padding": 1, "ceil_mode": True}),
