@@ -65,3 +65,21 @@ def test_convolution_backward_returns_only_requested_gradients(dev):
     expected = aten.convolution_backward(sample((2, 4, 4, 4)), x, w, [4], [1, 1], [0, 0], [1, 1], False,
                                          [0, 0], 1, [False, True, False])[1]
     torch.testing.assert_close(grads[1].cpu(), expected, **F32)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_convolution_bfloat16_adds_the_bias_before_rounding(dev, transposed):
+    """The sum of products (8 + 5/128) stays float32 until the bias (-7.5) is added: rounding it
+    to bfloat16 first (8.0) would return 0.5 for the exact 0.5390625, as a conv2d OpInfo
+    sample did (3 bfloat16 ulps off)."""
+    x = torch.tensor([8.0, 5 / 128], dtype=torch.bfloat16).reshape(1, 1, 1, 2)
+    b = torch.tensor([-7.5], dtype=torch.bfloat16)
+    if transposed:  # a 1x1 transposed convolution over two input channels sums them
+        x, w = x.reshape(1, 2, 1, 1), torch.ones(2, 1, 1, 1, dtype=torch.bfloat16)
+        fn = F.conv_transpose2d
+    else:
+        w = torch.ones(1, 1, 1, 2, dtype=torch.bfloat16)
+        fn = F.conv2d
+    got = fn(x.to(dev), w.to(dev), b.to(dev)).cpu()
+    assert got.item() == 0.5390625
+    assert torch.equal(got, fn(x, w, b))
