@@ -72,3 +72,32 @@ def test_bfloat16_matmul_accumulates_in_float32(dev):
     a = torch.full((1, 512), 1 + 1 / 128, dtype=torch.bfloat16)
     b = torch.ones(512, 1, dtype=torch.bfloat16)
     compare(dev, lambda x, y, c: (x @ y, torch.addmm(c, x, y)), a, b, torch.ones(1, 1, dtype=torch.bfloat16))
+
+
+ADDR_SCALARS = {
+    torch.float32: {"beta": 0.6, "alpha": 0.2},
+    torch.bfloat16: {"beta": 0.6, "alpha": 0.2},
+    torch.int64: {"beta": 2, "alpha": -3},
+    torch.bool: {"beta": False, "alpha": True},
+}
+
+
+@pytest.mark.parametrize("dtype", list(ADDR_SCALARS), ids=str)
+def test_addr_matches_cpu(dev, dtype):
+    bias, v1, v2 = sample((5, 4), dtype), sample((5,), dtype, seed=1), sample((4,), dtype, seed=2)
+    tol = {"atol": 0.01, "rtol": 0.016} if dtype == torch.bfloat16 else {}
+    compare(dev, lambda s, a, b: (torch.addr(s, a, b), torch.addr(s, a, b, **ADDR_SCALARS[dtype]),
+                                  torch.addr(s[0], a, b)), bias, v1, v2, **tol)
+    assert_native("aten.addr.default")
+
+
+def test_addr_bfloat16_computes_in_float32_and_rounds_once(dev):
+    """(1 + 1/128) * (1 + 3/128) - 1 is 0.0314331 in float32, rounded once to 0.0314941; rounding
+    the product to bfloat16 first (1.03125), as the decomposition run op by op did, gives 0.03125."""
+    v1 = torch.tensor([1 + 1 / 128], dtype=torch.bfloat16)
+    v2 = torch.tensor([1 + 3 / 128], dtype=torch.bfloat16)
+    bias = torch.tensor([[-1.0]], dtype=torch.bfloat16)
+    got = torch.addr(bias.to(dev), v1.to(dev), v2.to(dev)).cpu()
+    want = torch.addr(bias.float(), v1.float(), v2.float()).bfloat16()
+    assert got.item() == want.item() == 0.031494140625
+    assert_native("aten.addr.default")
