@@ -363,3 +363,50 @@ def clamp_tensor(k: Kernel, out: list[OutSpec], x: np.ndarray, min: Any = None, 
             _apply_binary(k, dst, dst, next(it), "minimum")
 
     return map_flat(k, result, arrays, compute)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused multiply-add forms
+# ---------------------------------------------------------------------------------------------
+
+
+@tile_kernel(aten.addr.default, static=True)
+def addr(k: Kernel, out: list[OutSpec], x: np.ndarray, vec1: np.ndarray, vec2: np.ndarray, *,
+         beta: Any = 1, alpha: Any = 1) -> np.ndarray:
+    """``beta * x + alpha * outer(vec1, vec2)`` in one Vector-engine pass: the vectors broadcast
+    by their DMA access patterns, the products and the sum stay in fp32 and round once into a
+    bfloat16/float16 result (op by op, each product and sum rounded to bfloat16 first: 0.03 off
+    at 0.13). As on the CPU, ``beta == 0`` ignores ``x`` (NaN included); a bool result is
+    ``(beta and x) or (alpha and vec1 and vec2)``."""
+    result = hbm_empty(out[0])
+    n, m = out[0].shape
+    boolean = result.dtype == np.bool_
+    work = chip_dtype(result.dtype) if boolean or result.dtype.kind in "iu" else np.dtype(np.float32)
+    use_x = bool(beta) if boolean else beta != 0
+    arrays = ([x] if use_x else []) + [vec1.reshape(n, 1), vec2.reshape(1, m)]
+
+    def compute(dst: Tile, srcs: list[Tile]) -> None:
+        *first, a, b = srcs
+        product = k.sbuf(dst.shape, work, "outer")
+        if boolean:
+            _apply_binary(k, product, _full(k, a, dst), b, "logical_and")
+            if not alpha:
+                k.memset(product, 0)
+            if use_x:
+                _apply_binary(k, dst, product, first[0], "logical_or")
+            else:
+                k.tensor_copy(dst, product)
+            return
+        # CPU's float32 kernel: x * beta + alpha * vec1 * vec2, in that association.
+        k.tensor_scalar(product, _full(k, a, dst), "multiply", alpha)
+        _apply_binary(k, product, product, b, "multiply")
+        if not use_x:
+            k.tensor_copy(dst, product)
+            return
+        scaled = first[0]
+        if beta != 1:
+            scaled = k.sbuf(dst.shape if first[0].shape == dst.shape else first[0].shape, work, "scaled")
+            k.tensor_scalar(scaled, first[0], "multiply", beta)
+        _apply_binary(k, dst, product, scaled, "add")
+
+    return map_flat(k, result, arrays, compute)
