@@ -598,7 +598,12 @@ def index_put_body(k: Kernel, out: list[OutSpec], x: np.ndarray, indices: list, 
     expanded, table = plan.expanded(), _element_span(result)
     updates = _flat_values(np.broadcast_to(values, plan.result_shape))
     tile_dtype = chip_dtype(result.dtype)
-    for start, rows, cols in _chunks(n, k.spec.partitions):
+    # Accumulating, the scatters add in the values' flat order, as the CPU does: each add rounds
+    # to the result's dtype (scatter_rows), so the order of the adds decides a bfloat16 sum.
+    # Chunks of one column put consecutive values on consecutive partitions.
+    p = k.spec.partitions
+    chunks = [(s, min(p, n - s), 1) for s in range(0, n, p)] if accumulate else _chunks(n, p)
+    for start, rows, cols in chunks:
         with k.scope():
             offsets = plan.offsets(k, _strides(result), expanded, start, rows, cols)
             loaded = _load_index(k, updates, start, rows, cols, "values")

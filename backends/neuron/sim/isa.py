@@ -326,10 +326,14 @@ class Kernel:
 
     def scatter_rows(self, table: np.ndarray, src: Tile, indices: Tile, accumulate: bool = False) -> None:
         """Indirect DMA store: ``table[indices[p, 0]] = src[p]`` for each partition, or ``+=``
-        with ``accumulate`` (a DMA read-modify-write add, computed in fp32 and rounded back).
+        with ``accumulate`` (a DMA read-modify-write add: the DMA engine reads the row, adds in
+        fp32 and writes the sum back in the table's dtype; NKI API, ``nki.isa.dma_compute``).
 
         Partitions naming the same row are applied in partition order (the last write wins;
-        every add lands). An index outside the table raises, as in :meth:`gather_rows`.
+        every add lands). The compiler synchronises read-modify-writes of a duplicated offset
+        (NKI API, ``nki.isa.dma_copy`` ``dst_rmw_op``), so each add reads the previous one's
+        rounded result: a bfloat16 table accumulates its duplicates in bfloat16, one rounding per
+        add, not in one fp32 sum. An index outside the table raises, as in :meth:`gather_rows`.
         """
         if src.partitions != indices.partitions or src.shape[1:] != table.shape[1:]:
             raise TileShapeError(f"{self.name}: scatter of {src.shape} into {table.shape[1:]} rows")
@@ -338,11 +342,16 @@ class Kernel:
             rows = self._rows(indices, table)
             if accumulate:
                 work = nx.compute_dtype(table.dtype, src.dtype)
-                touched, slot = np.unique(rows, return_inverse=True)
-                updated = table[touched].astype(work)
-                np.add.at(updated, slot.reshape(-1), src.data.astype(work))
-                check_int32(updated, self.name)
-                table[touched] = nx.round_to(updated, table.dtype)
+                values = src.data.astype(work)
+                if np.unique(rows).size == rows.size:  # distinct rows: one read-modify-write each
+                    updated = table[rows].astype(work) + values
+                    check_int32(updated, self.name)
+                    table[rows] = nx.round_to(updated, table.dtype)
+                    return
+                for p in range(rows.shape[0]):  # serialised, each add rounded back
+                    updated = np.asarray(table[rows[p]].astype(work) + values[p])
+                    check_int32(updated, self.name)
+                    table[rows[p]] = nx.round_to(updated, table.dtype)
             else:
                 values = self._dma_convert(src.data, table.dtype)
                 for p in range(rows.shape[0]):

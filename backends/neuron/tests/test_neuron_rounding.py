@@ -49,3 +49,18 @@ def test_addr_with_beta_zero_ignores_nan_input(dev):
     x = torch.full((2, 3), float("nan"))
     got = torch.addr(x.to(dev), torch.ones(2).to(dev), torch.ones(3).to(dev), beta=0).cpu()
     assert torch.equal(got, torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("head", [True, False])
+def test_index_put_accumulate_in_bfloat16_rounds_each_add_in_order(dev, head):
+    """The DMA's read-modify-write add rounds each sum back to bfloat16, and adds to one
+    address are serialised in the values' order, as the CPU's sequential adds: 256 then 199
+    ones stays 256 (256 + 1 rounds to 256), where one fp32 sum gives 456; 199 ones then 256
+    is 456 either way."""
+    values = torch.ones(200, dtype=torch.bfloat16)
+    values[0 if head else -1] = 256
+    x, index = torch.zeros(3, dtype=torch.bfloat16), torch.ones(200, dtype=torch.long)
+    got = x.to(dev).index_put((index.to(dev),), values.to(dev), accumulate=True).cpu()
+    want = x.index_put((index,), values, accumulate=True)
+    assert torch.equal(got, want)
+    assert got[1].item() == (256 if head else 456)
