@@ -12,7 +12,7 @@ import jax.monitoring
 import torch
 
 from accelkit.sdk import GraphLowering, ViewSpec, graph_parts
-from accelkit_backends.tpu import checks, modes
+from accelkit_backends.tpu import checks, modes, stored_programs
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize
 from accelkit_backends.tpu.graph_ops import GRAPH_OPS, RANDOM, indexed_view, is_view
 from accelkit_backends.tpu.lowering import Lowering, kernels
@@ -50,8 +50,9 @@ class TpuGraphLowering(GraphLowering):
         return GraphProgram.compiled_total
 
     def use_cache_directory(self, path: str) -> None:
-        """JAX's persistent compilation cache, for every program (eager ops' too), however
-        quick to compile."""
+        """JAX's persistent compilation cache, for every program however quick to compile, and
+        tpu's store of eager op programs beside it (:mod:`.stored_programs`)."""
+        stored_programs.open_store(path, jax.devices()[0])
         jax.config.update("jax_compilation_cache_dir", path)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -67,9 +68,16 @@ class TpuGraphLowering(GraphLowering):
 
     def cache_statistics(self) -> dict[str, int]:
         """Executables found in the persistent cache (``hits``) and compiled and stored
-        (``misses``), eager ops' programs included."""
+        (``misses``), eager ops' programs included; ``store_*`` count the program store's part
+        alone (``store_unreadable``: entries that could not be loaded, so compiled again)."""
         counts = self._cache_counts
-        return {"hits": counts.get("hits", 0), "misses": counts.get("requests", 0) - counts.get("hits", 0)}
+        hits, misses = counts.get("hits", 0), counts.get("requests", 0) - counts.get("hits", 0)
+        store = stored_programs.STORE
+        if store is None:
+            return {"hits": hits, "misses": misses}
+        eager = store.statistics()
+        return {"hits": hits + eager["hits"], "misses": misses + eager["misses"],
+                **{f"store_{name}": count for name, count in eager.items()}}
 
 
 _count_lock = threading.Lock()

@@ -17,7 +17,9 @@ and the machinery here does the rest, identically for every op:
   dtypes) are raised exactly as on CPU;
 - **a compile cache** keyed by op, input geometry, dtypes and static arguments, with per-op
   compile counts; Python floats are runtime inputs (a changing learning rate never recompiles),
-  ints, bools, shapes and dtypes are static;
+  ints, bools, shapes and dtypes are static; with ``ACCELKIT_COMPILE_CACHE`` the executables
+  are also kept on disk under the same key and loaded by later processes without tracing
+  (:mod:`.stored_programs`);
 - **random ops** receive ``key`` — a JAX PRNG key seeded from the device generator — in place
   of their ``generator`` argument;
 - **device-side checks**: a lowering that refuses some values states its conditions with
@@ -39,7 +41,7 @@ import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
 from accelkit.sdk import CallLayout, KernelTable, ViewSpec, meta_tensor
-from accelkit_backends.tpu import checks, modes
+from accelkit_backends.tpu import checks, modes, stored_programs
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize, torch_dtype
 from accelkit_backends.tpu.cost import COSTS, ProgramCost, Tally
 from accelkit_backends.tpu.programs import LOADED, Program, next_use
@@ -229,8 +231,22 @@ class Lowering:
     def _signature(self, structure: Any) -> _Signature:
         signature = self._signatures.get(structure)
         if signature is None:
-            signature = self._signatures.setdefault(structure, LOADED.track(_Signature(jax.jit(self._program(structure)))))
+            signature = self._signatures.setdefault(structure, LOADED.track(_Signature(self._jitted(structure))))
         return signature
+
+    def _jitted(self, structure: Any) -> Any:
+        """The jitted program for ``structure``; backed by the program store when one is open
+        and the program can be named exactly (:mod:`.stored_programs`)."""
+        jitted = jax.jit(self._program(structure))
+        store = stored_programs.STORE
+        if store is None:
+            return jitted
+        try:
+            key = stored_programs.canonical(
+                (self.name, stored_programs.function_identity(self.fn), self.own_dtypes, structure))
+        except stored_programs.Unstable:
+            return jitted
+        return stored_programs.StoredProgram(jitted, key, store)
 
     def _run(self, signature: _Signature, arrays: list, scalars: list, args: Any) -> Any:
         """Run the signature's program and count it (``args`` name the inputs in debug mode)."""
@@ -251,8 +267,12 @@ class Lowering:
             self.compiles += signature.newly_compiled()
             tally = signature.tallies.get(shapes)
             if tally is None:
-                # jax caches both steps: this is the executable the call just ran.
-                cost = ProgramCost.of(signature.jitted.lower(arrays, scalars).compile(), arrays)
+                jitted = signature.jitted
+                if type(jitted) is stored_programs.StoredProgram:
+                    executable = jitted.executable(arrays)
+                else:  # jax caches both steps: this is the executable the call just ran
+                    executable = jitted.lower(arrays, scalars).compile()
+                cost = ProgramCost.of(executable, arrays)
                 tally = signature.tallies[shapes] = COSTS.tally(self.name, cost)
             signature.only = tally if len(signature.tallies) == 1 else None
         return tally

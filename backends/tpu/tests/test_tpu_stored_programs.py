@@ -1,0 +1,140 @@
+"""tpu's store of compiled eager programs (``ACCELKIT_COMPILE_CACHE``): a later process loads
+each op's executable instead of tracing and compiling it, with the same results."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import textwrap
+
+import pytest
+import torch
+
+from accelkit_backends.tpu import stored_programs
+from accelkit_backends.tpu.kernels import elementwise
+from accelkit_backends.tpu.stored_programs import Unstable, canonical, function_identity
+from conftest import run_python
+
+# One process's work: ops with floats, views, a reduction, a device-side index check and a
+# random op, each over several shapes. Prints its results and the cache counters as JSON.
+WORKLOAD = """
+    import json, torch, accelkit
+    dev = accelkit.select_device("tpu")
+    results = []
+    for n in (1, 3, 5):
+        x = torch.arange(n * 4, dtype=torch.float32).reshape(n, 4).to(dev)
+        y = (x.t() * 0.5 + 1.25).tanh().sum(1) + torch.softmax(x, -1).amax(0)
+        results.append(y.cpu().tolist())
+        results.append(torch.index_select(x, 0, torch.tensor([n - 1], device=dev)).cpu().tolist())
+    try:
+        torch.index_select(x, 0, torch.tensor([7], device=dev)).cpu()
+        results.append("no error")
+    except IndexError as error:
+        results.append(type(error).__name__)
+    torch.manual_seed(3)
+    results.append(torch.nn.functional.dropout(torch.ones(8, device=dev), 0.5).cpu().tolist())
+    cache = accelkit.stats()["compile"]["persistent_cache"]
+    print(json.dumps({"results": results, "cache": cache, "compiles": accelkit.stats()["compiles"]}))
+"""
+
+
+def _run(env: dict[str, str]) -> dict:
+    done = run_python(WORKLOAD, env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_loads_every_eager_program_and_computes_the_same(tmp_path):
+    plain = _run({})
+    cold = _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path)})
+    warm = _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path)})
+    assert plain["results"][-2] == "IndexError"
+    assert cold["results"] == plain["results"] and warm["results"] == plain["results"]
+    stored = cold["cache"]["store_written"]
+    assert stored > 10 and cold["cache"]["store_hits"] == 0 and cold["cache"]["store_misses"] == stored
+    assert warm["cache"]["store_hits"] == stored and warm["cache"]["store_misses"] == 0
+    assert warm["compiles"] == cold["compiles"]  # a program loaded counts as one compiled
+    assert len(list((tmp_path / "tpu-programs").glob("*/*.xla"))) == stored
+
+
+def test_a_damaged_entry_is_compiled_again_and_replaced(tmp_path):
+    env = {"ACCELKIT_COMPILE_CACHE": str(tmp_path)}
+    cold = _run(env)
+    entries = sorted((tmp_path / "tpu-programs").glob("*/*.xla"))
+    entries[0].write_bytes(entries[0].read_bytes()[:100])
+    entries[1].write_bytes(b"")
+    damaged = _run(env)
+    assert damaged["results"] == cold["results"]
+    assert damaged["cache"]["store_unreadable"] == 2 and damaged["cache"]["store_written"] == 2
+    assert _run(env)["cache"]["store_misses"] == 0
+
+
+def test_programs_jax_already_cached_are_compiled_afresh_for_the_store(tmp_path):
+    # A directory jax's own cache filled first (as before the store existed): an executable jax
+    # reads back from it cannot be serialized again, so the store must not take it from there.
+    filled_by_jax = textwrap.dedent(f"""
+        import jax
+        jax.config.update("jax_compilation_cache_dir", {str(tmp_path)!r})
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    """) + textwrap.dedent(WORKLOAD)
+    done = run_python(filled_by_jax)
+    assert done.returncode == 0, done.stderr
+    jax_entries = [p for p in tmp_path.iterdir() if p.name.endswith("-cache")]
+    assert jax_entries
+    env = {"ACCELKIT_COMPILE_CACHE": str(tmp_path)}
+    first = _run(env)
+    assert first["cache"]["store_written"] == first["cache"]["store_misses"] > 10
+    second = _run(env)
+    assert second["results"] == first["results"] and second["cache"]["store_misses"] == 0
+
+
+def test_a_source_change_starts_a_new_directory_and_old_ones_are_pruned(tmp_path):
+    root = tmp_path / "tpu-programs"
+    for age, name in enumerate(["old3", "old2", "old1"]):
+        (root / name).mkdir(parents=True)
+        stamp = 1_000_000 + age
+        os.utime(root / name, (stamp, stamp))
+    _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path)})
+    kept = sorted(p.name for p in root.iterdir())
+    assert len(kept) == stored_programs.KEPT_FINGERPRINTS
+    assert "old3" not in kept and "old1" in kept and "old2" in kept
+
+
+# -- naming programs exactly ---------------------------------------------------------------
+
+
+def test_static_values_have_exact_text():
+    assert canonical((1, True, None, 0.1, -0.0, float("nan"))) == "(1,True,None,0.1,-0.0,nan)"
+    assert canonical(torch.Size([2, 3])) == canonical((2, 3))
+    assert canonical(torch.float32) == "torch.float32" and canonical(float) == "float"
+    assert canonical(torch.ops.aten.add.Tensor) == "op(aten.add.Tensor)"
+    assert canonical(1) != canonical(1.0) and canonical(1) != canonical(True)
+    with pytest.raises(Unstable):
+        canonical(object())
+    with pytest.raises(Unstable):
+        canonical(torch.ones(2))
+
+
+def test_functions_are_named_by_module_line_closure_and_bound_arguments():
+    own = elementwise.operands
+    name = function_identity(own)
+    assert name.startswith("accelkit_backends.tpu.kernels.elementwise.")
+    assert function_identity(functools.partial(own, flag=True)) != function_identity(functools.partial(own, flag=False))
+    with pytest.raises(Unstable):  # a user's function: its source is not in the fingerprint
+        function_identity(lambda x: x)
+
+
+def test_closures_over_different_values_are_different_programs():
+    import accelkit_backends.tpu.kernels as kernels
+
+    def make(scale):
+        return lambda x: x * scale
+
+    first, second = make(2), make(3)
+    first.__module__ = second.__module__ = kernels.__name__  # as if defined in the backend
+    again = make(2)
+    again.__module__ = kernels.__name__
+    assert function_identity(first) != function_identity(second)
+    assert function_identity(first) == function_identity(again)
