@@ -20,7 +20,7 @@ B = torch.tensor([[-4.40625, 3.34375, -4.15625]], dtype=torch.bfloat16)
 def test_the_reference_is_the_float32_computation_rounded_once():
     sample = SampleInput(A, args=(B,), kwargs={"dim": 1})
     expected = torch.linalg.cross(A, B, dim=1)
-    reference = float_reference.forward(torch.linalg.cross, torch.bfloat16, sample, expected)
+    reference = float_reference.forward(torch.linalg.cross, float_reference.widened(sample, torch.bfloat16), sample, expected)
     once = torch.linalg.cross(A.float(), B.float(), dim=1).bfloat16()
     # outputs first, then the sample's tensors after the call (unchanged here)
     assert len(reference) == 3 and reference[0].dtype == torch.bfloat16
@@ -42,7 +42,7 @@ def test_cpus_bfloat16_kernel_can_miss_the_float32_result_by_more_than_the_toler
 def test_a_wrong_result_matches_neither_reference():
     sample = SampleInput(A, args=(B,), kwargs={"dim": 1})
     expected = torch.linalg.cross(A, B, dim=1)
-    reference = float_reference.forward(torch.linalg.cross, torch.bfloat16, sample, expected)
+    reference = float_reference.forward(torch.linalg.cross, float_reference.widened(sample, torch.bfloat16), sample, expected)
     wrong = reference[0] + 0.5
     for against in (expected, reference[0]):
         try:
@@ -54,14 +54,34 @@ def test_a_wrong_result_matches_neither_reference():
 
 def test_only_reduced_precision_has_a_second_reference():
     x = torch.randn(3)
-    assert float_reference.forward(torch.sin, torch.float32, SampleInput(x), torch.sin(x)) is None
+    assert float_reference.widened(SampleInput(x), torch.float32) is None
+    assert float_reference.forward(torch.sin, None, SampleInput(x), torch.sin(x)) is None
 
 
-def test_dtype_arguments_keep_their_dtype():
-    sample = SampleInput(torch.tensor([1.5, 2.25], dtype=torch.bfloat16), kwargs={"dtype": torch.bfloat16})
-    expected = torch.cumsum(sample.input, 0, dtype=torch.bfloat16)
-    reference = float_reference.forward(lambda x, **kw: torch.cumsum(x, 0, **kw), torch.bfloat16, sample, expected)
-    assert reference[0].dtype == torch.bfloat16
+def test_a_dtype_argument_naming_the_tested_dtype_computes_in_float32_too():
+    # logspace(4.3, -3, 2) in bfloat16: CPU's kernel rounds 4.3 to 4.3125 first and returns
+    # 20480; 10 ** 4.3 = 19952.6 rounds once to 19968.
+    sample = SampleInput(4.3, args=(-3, 2), kwargs={"dtype": torch.bfloat16})
+    expected = torch.logspace(4.3, -3, 2, dtype=torch.bfloat16)
+    assert expected[0].item() == 20480
+    reference = float_reference.forward(torch.logspace, float_reference.widened(sample, torch.bfloat16), sample, expected)
+    assert reference[0].dtype == torch.bfloat16 and reference[0][0].item() == 19968
+    assert torch.equal(reference[0], torch.logspace(4.3, -3, 2, dtype=torch.float32).bfloat16())
+
+
+def test_the_float32_copy_is_taken_before_a_run_updates_the_sample():
+    # instance_norm with running statistics updates them in place: a copy taken after the CPU
+    # run would start from updated statistics and apply the update twice.
+    x = torch.tensor([[[1.0, 2.0, 4.0, 8.0]]], dtype=torch.bfloat16)
+    mean, var = torch.zeros(1, dtype=torch.bfloat16), torch.ones(1, dtype=torch.bfloat16)
+    sample = SampleInput(x, kwargs={"running_mean": mean, "running_var": var, "use_input_stats": True, "momentum": 0.5})
+    wide = float_reference.widened(sample, torch.bfloat16)
+    expected = torch.nn.functional.instance_norm(x, **sample.kwargs)
+    reference = float_reference.forward(torch.nn.functional.instance_norm, wide, sample, expected)
+    once_mean = torch.zeros(1)
+    torch.nn.functional.instance_norm(x.float(), running_mean=once_mean, running_var=torch.ones(1), momentum=0.5)
+    assert mean.item() == once_mean.bfloat16().item() == 1.875  # CPU's run updated the sample once
+    assert torch.equal(reference[2], once_mean.bfloat16())  # outputs, input, running_mean, running_var
 
 
 def test_results_of_another_structure_have_no_reference():
@@ -74,7 +94,7 @@ def test_gradients_are_the_float32_gradients_rounded_to_each_inputs_dtype():
     b = torch.tensor([[0.5, 0.25, 3.0]], requires_grad=True)  # float32: kept as it is
     sample = SampleInput(a, args=(b,))
     grad_out = torch.tensor([[1.0, -2.0, 0.75]], dtype=torch.bfloat16)
-    grads = float_reference.gradients(torch.mul, torch.bfloat16, sample, [0], [grad_out], [a, b])
+    grads = float_reference.gradients(torch.mul, float_reference.widened(sample, torch.bfloat16), [0], [grad_out], [a, b])
     wide_a = A.float().requires_grad_()
     wide_b = b.detach().clone().requires_grad_()
     want = torch.autograd.grad(wide_a * wide_b, [wide_a, wide_b], grad_out.float())

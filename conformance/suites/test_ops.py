@@ -102,15 +102,16 @@ def test_op(op, dtype, variant, recorder):
     for i, sample in _samples(op, dtype, requires_grad=variant == "backward", limit=limit):
         where = _describe(i, sample)
         cpu_sample = _on_cpu(sample)
+        wide = float_reference.widened(cpu_sample, dtype)  # before a run updates the sample
         try:
             expected = cpu_sample.output_process_fn_grad(_call(op, cpu_sample))
         except Exception as exc:  # an input the CPU rejects tells nothing about the device
             cpu_errors.append(f"{type(exc).__name__}: {exc}")
             continue
         if variant == "forward":
-            ran += _check_forward(op, dtype, sample, cpu_sample, expected, where, recorder, tolerance)
+            ran += _check_forward(op, wide, sample, cpu_sample, expected, where, recorder, tolerance)
         else:
-            ran += _check_backward(op, dtype, sample, cpu_sample, expected, where, recorder, tolerance, seed=i)
+            ran += _check_backward(op, wide, sample, cpu_sample, expected, where, recorder, tolerance, seed=i)
     if not ran:
         if cpu_errors:
             why = f"the CPU rejected every sample ({cpu_errors[0]})"
@@ -121,7 +122,7 @@ def test_op(op, dtype, variant, recorder):
         pytest.skip(f"{op.full_name} {case.dtype} {variant}: {why}")
 
 
-def _check_forward(op, dtype, sample, cpu_sample, expected, where, recorder, tolerance) -> int:
+def _check_forward(op, wide, sample, cpu_sample, expected, where, recorder, tolerance) -> int:
     with recorder.measure():
         actual = _call(op, sample)
     actual = sample.output_process_fn_grad(actual)
@@ -135,15 +136,15 @@ def _check_forward(op, dtype, sample, cpu_sample, expected, where, recorder, tol
         cpu_inputs = list(tensors_in((cpu_sample.input, cpu_sample.args, cpu_sample.kwargs)))
         assert_same(inputs, cpu_inputs, where=f"{where}: inputs after the call", tolerance=tolerance)
     except AssertionError:
-        if not _matches_float_reference(op, dtype, cpu_sample, expected, list(tensors_in(actual)) + inputs, tolerance):
+        if not _matches_float_reference(op, wide, cpu_sample, expected, list(tensors_in(actual)) + inputs, tolerance):
             raise
     return 1
 
 
-def _matches_float_reference(op, dtype, cpu_sample, expected, results: list, tolerance) -> bool:
+def _matches_float_reference(op, wide, cpu_sample, expected, results: list, tolerance) -> bool:
     """Whether ``results`` (the device's outputs, then its inputs after the call) match the op
-    run on float32 copies of the sample's ``dtype`` tensors, rounded (:mod:`.float_reference`)."""
-    reference = float_reference.forward(op, dtype, cpu_sample, expected)
+    run on ``wide``, the sample's float32 copy, rounded (:mod:`.float_reference`)."""
+    reference = float_reference.forward(op, wide, cpu_sample, expected)
     return reference is not None and _matches(results, reference, tolerance)
 
 
@@ -159,7 +160,7 @@ def _differentiable(t: torch.Tensor) -> bool:
     return t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
 
 
-def _check_backward(op, dtype, sample, cpu_sample, expected, where, recorder, tolerance, seed: int) -> int:
+def _check_backward(op, wide, sample, cpu_sample, expected, where, recorder, tolerance, seed: int) -> int:
     cpu_outs = list(tensors_in(expected))
     cpu_inputs = [t for t in tensors_in((cpu_sample.input, cpu_sample.args, cpu_sample.kwargs)) if t.requires_grad]
     wanted = [k for k, t in enumerate(cpu_outs) if _differentiable(t)]
@@ -187,7 +188,7 @@ def _check_backward(op, dtype, sample, cpu_sample, expected, where, recorder, to
     try:
         _assert_same_gradients(op, sample, cpu_sample, dev_grads, cpu_grads, cpu_inputs, where, tolerance)
     except AssertionError:
-        reference = float_reference.gradients(op, dtype, cpu_sample, wanted, grads_out, cpu_inputs)
+        reference = float_reference.gradients(op, wide, wanted, grads_out, cpu_inputs)
         if reference is None or not _matches(dev_grads, reference, tolerance):
             raise
     return 1
