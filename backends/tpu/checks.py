@@ -25,6 +25,7 @@ and :func:`drop_unless` for the two ways to get it.
 from __future__ import annotations
 
 import collections
+import hashlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -61,19 +62,41 @@ class Check(NamedTuple):
     error: type[Exception]
     message: str
 
+    @property
+    def number(self) -> int:
+        """The check's number in a status: the same in every process, since a program compiled
+        in one process may run in another (:mod:`.stored_programs`)."""
+        named = f"{self.error.__module__}.{self.error.__qualname__}|{self.message}"
+        return int.from_bytes(hashlib.sha256(named.encode()).digest()[:7], "little") + 1
 
-_checks: list[Check] = []  # check number n is _checks[n - 1]
-_numbers: dict[Check, int] = {}
-_numbers_lock = threading.Lock()
+
+_checks: dict[int, Check] = {}  # by number
+_checks_lock = threading.Lock()
 
 
-def _number(check: Check) -> int:
-    with _numbers_lock:
-        number = _numbers.get(check)
-        if number is None:
-            _checks.append(check)
-            number = _numbers[check] = len(_checks)
-        return number
+def register(check: Check) -> int:
+    """Make ``check`` known to this process (a program that states it may have been traced in
+    another) and return its number."""
+    number = check.number
+    with _checks_lock:
+        _checks[number] = check
+    recording = getattr(_tracing, "recording", None)
+    if recording is not None:
+        recording.add(check)
+    return number
+
+
+@contextmanager
+def recording() -> Iterator[set[Check]]:
+    """Collect the checks the programs traced in the block state (to store beside them)."""
+    outer = getattr(_tracing, "recording", None)
+    _tracing.recording = found = set()
+    try:
+        yield found
+    finally:
+        _tracing.recording = outer
+        if outer is not None:
+            outer.update(found)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,7 +153,7 @@ def require(ok: Any, error: type[Exception], message: str, *values: Any) -> None
     if found is None:
         raise RuntimeError("checks.require: a traced condition outside a tpu program")
     padded = [jnp.asarray(v).astype(jnp.int64) for v in values] + [jnp.zeros((), jnp.int64)] * (VALUES - len(values))
-    found.stated.append((ok, _number(Check(error, message)), jnp.stack(padded)))
+    found.stated.append((ok, register(Check(error, message)), jnp.stack(padded)))
 
 
 def first_where(bad: Any, values: Any) -> tuple[Any, Any, Any]:
@@ -189,7 +212,10 @@ _pending_lock = threading.Lock()
 
 
 def _error(status: np.ndarray, op: str, device: str, deferred: bool, later: list[str] = ()) -> Exception:
-    check = _checks[int(status[0]) - 1]
+    check = _checks.get(int(status[0]))
+    if check is None:  # cannot happen unless a stored program lost its checks
+        check = Check(RuntimeError, f"a device-side check of tpu failed (check {int(status[0])}), but this process "
+                      "does not know it: clear the program store (ACCELKIT_COMPILE_CACHE/tpu-programs)")
     where = f"{op} on {device}"
     if deferred:
         where += ("; tpu runs ops asynchronously, so this surfaced at the next synchronisation: "

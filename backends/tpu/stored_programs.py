@@ -43,8 +43,9 @@ import torch
 from torch._ops import OpOverload
 
 from accelkit.sdk import fast_compile
+from accelkit_backends.tpu import checks
 
-FORMAT = "accelkit-tpu-programs/1"
+FORMAT = "accelkit-tpu-programs/2"
 KEPT_FINGERPRINTS = 3
 _OWN_MODULES = "accelkit_backends.tpu"
 
@@ -158,10 +159,12 @@ class ProgramStore:
                 self.misses += 1
             return None
         try:
-            form, stored_key, blob, in_tree, out_tree = pickle.loads(zlib.decompress(data))
+            form, stored_key, blob, in_tree, out_tree, stated = pickle.loads(zlib.decompress(data))
             if form != FORMAT or stored_key != key:
                 raise ValueError("another program under the same hash")
             executable = deserialize_and_load(blob, in_tree, out_tree)
+            for check in stated:  # what a failed status of this program raises
+                checks.register(check)
         except Exception:  # damaged or foreign: compile again and overwrite it
             with self._lock:
                 self.misses += 1
@@ -171,14 +174,14 @@ class ProgramStore:
             self.hits += 1
         return executable
 
-    def save(self, key: str, executable: Any) -> None:
-        """Store ``executable`` under ``key``; a failure to write only costs the next process a
-        compile."""
+    def save(self, key: str, executable: Any, stated: set) -> None:
+        """Store ``executable`` under ``key`` with the device-side checks it states
+        (:mod:`.checks`); a failure to write only costs the next process a compile."""
         from jax.experimental.serialize_executable import serialize
 
         try:
             blob, in_tree, out_tree = serialize(executable)
-            data = zlib.compress(pickle.dumps((FORMAT, key, blob, in_tree, out_tree)), 1)
+            data = zlib.compress(pickle.dumps((FORMAT, key, blob, in_tree, out_tree, list(stated))), 1)
             handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".part")
             with os.fdopen(handle, "wb") as file:
                 file.write(data)
@@ -262,11 +265,12 @@ class StoredProgram:
     are compiled and written to it. Called as the jitted function is (``(arrays, scalars)``),
     and bounded by :data:`programs.LOADED` through the same two methods."""
 
-    __slots__ = ("jitted", "key", "store", "_executables")
+    __slots__ = ("jitted", "key", "store", "_executables", "_stated")
 
     def __init__(self, jitted: Any, key: str, store: ProgramStore):
         self.jitted, self.key, self.store = jitted, key, store
         self._executables: dict[tuple, Any] = {}
+        self._stated: set = set()  # the checks its traces stated (jax may reuse a trace)
 
     def __call__(self, arrays: list, scalars: list) -> Any:
         signature = tuple([(a.shape, a.dtype, a.weak_type, a.sharding) for a in arrays])
@@ -286,9 +290,14 @@ class StoredProgram:
         )
         executable = self.store.load(key)
         if executable is None:
-            executable, fresh = _compile_fresh(self.jitted, arrays, scalars)
+            with checks.recording() as stated:
+                executable, fresh = _compile_fresh(self.jitted, arrays, scalars)
+            self._stated |= stated
+            # jax's trace and compile caches keep the executable alive beside this table; let
+            # go of them, or programs.LOADED could not bound the executables loaded.
+            self.jitted.clear_cache()
             if fresh:
-                self.store.save(key, executable)
+                self.store.save(key, executable, self._stated)
         self._executables[signature] = executable
         return executable
 

@@ -27,11 +27,15 @@ WORKLOAD = """
         y = (x.t() * 0.5 + 1.25).tanh().sum(1) + torch.softmax(x, -1).amax(0)
         results.append(y.cpu().tolist())
         results.append(torch.index_select(x, 0, torch.tensor([n - 1], device=dev)).cpu().tolist())
-    try:
-        torch.index_select(x, 0, torch.tensor([7], device=dev)).cpu()
-        results.append("no error")
-    except IndexError as error:
-        results.append(type(error).__name__)
+    # Device-side checks: a program loaded from the store must raise what its trace stated.
+    for bad in (lambda: torch.index_select(x, 0, torch.tensor([7], device=dev)),
+                lambda: torch.nn.functional.cross_entropy(x, torch.tensor([0, 1, 5, 2, 3], device=dev)),
+                lambda: torch.tensor([4, 2], device=dev) // torch.tensor([2, 0], device=dev)):
+        try:
+            bad().cpu()
+            results.append("no error")
+        except Exception as error:
+            results.append(f"{type(error).__name__}: {str(error).split(' (')[0]}")
     torch.manual_seed(3)
     results.append(torch.nn.functional.dropout(torch.ones(8, device=dev), 0.5).cpu().tolist())
     cache = accelkit.stats()["compile"]["persistent_cache"]
@@ -49,7 +53,11 @@ def test_a_second_process_loads_every_eager_program_and_computes_the_same(tmp_pa
     plain = _run({})
     cold = _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path)})
     warm = _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path)})
-    assert plain["results"][-2] == "IndexError"
+    assert plain["results"][-4:-1] == [
+        "IndexError: index out of range in self",
+        "IndexError: Target 5 is out of bounds.",
+        "RuntimeError: ZeroDivisionError",
+    ]
     assert cold["results"] == plain["results"] and warm["results"] == plain["results"]
     stored = cold["cache"]["store_written"]
     assert stored > 10 and cold["cache"]["store_hits"] == 0 and cold["cache"]["store_misses"] == stored
@@ -138,3 +146,27 @@ def test_closures_over_different_values_are_different_programs():
     again.__module__ = kernels.__name__
     assert function_identity(first) != function_identity(second)
     assert function_identity(first) == function_identity(again)
+
+
+def test_compiling_for_the_store_keeps_the_bound_on_loaded_executables(tmp_path):
+    # jax's own caches hold a compiled executable as long as the function's trace lives: the
+    # store lets go of them, or executables past ACCELKIT_TPU_LIVE_PROGRAMS stay loaded (each
+    # maps memory regions, and a long run would end in a crash at the kernel's map limit).
+    code = """
+        import torch, accelkit
+        dev = accelkit.select_device("tpu")
+        def regions(): return len(open("/proc/self/maps").readlines())
+        before = regions()
+        x = torch.randn(300, 8)
+        for n in range(1, 301):
+            ((x[:n].to(dev) * 2.5 + 1).tanh().sum(0)).cpu()
+        print(regions() - before, accelkit.stats()["tpu"]["loaded_programs"]["unloaded"])
+    """
+    bound = {"ACCELKIT_TPU_LIVE_PROGRAMS": "64"}
+    plain = run_python(code, bound)
+    stored = run_python(code, {**bound, "ACCELKIT_COMPILE_CACHE": str(tmp_path)})
+    assert plain.returncode == 0 and stored.returncode == 0, plain.stderr + stored.stderr
+    plain_regions, unloaded = map(int, plain.stdout.split())
+    stored_regions, stored_unloaded = map(int, stored.stdout.split())
+    assert unloaded > 1000 and stored_unloaded == unloaded
+    assert stored_regions < plain_regions + 300  # not one region per program ever compiled (3600)
