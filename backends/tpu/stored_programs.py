@@ -46,6 +46,9 @@ from accelkit.sdk import fast_compile
 from accelkit_backends.tpu import checks
 
 FORMAT = "accelkit-tpu-programs/2"
+#: The store is opt-in (``=1``): a warm full conformance run crashed inside XLA executing
+#: loaded executables (segmentation faults in 40 of 3,496 tests), not yet understood.
+ENABLE_ENV = "ACCELKIT_TPU_PROGRAM_STORE"
 KEPT_FINGERPRINTS = 3
 _OWN_MODULES = "accelkit_backends.tpu"
 

@@ -51,8 +51,8 @@ def _run(env: dict[str, str]) -> dict:
 
 def test_a_second_process_loads_every_eager_program_and_computes_the_same(tmp_path):
     plain = _run({})
-    cold = _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path)})
-    warm = _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path)})
+    cold = _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path), "ACCELKIT_TPU_PROGRAM_STORE": "1"})
+    warm = _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path), "ACCELKIT_TPU_PROGRAM_STORE": "1"})
     assert plain["results"][-4:-1] == [
         "IndexError: index out of range in self",
         "IndexError: Target 5 is out of bounds.",
@@ -67,7 +67,7 @@ def test_a_second_process_loads_every_eager_program_and_computes_the_same(tmp_pa
 
 
 def test_a_damaged_entry_is_compiled_again_and_replaced(tmp_path):
-    env = {"ACCELKIT_COMPILE_CACHE": str(tmp_path)}
+    env = {"ACCELKIT_COMPILE_CACHE": str(tmp_path), "ACCELKIT_TPU_PROGRAM_STORE": "1"}
     cold = _run(env)
     entries = sorted((tmp_path / "tpu-programs").glob("*/*.xla"))
     entries[0].write_bytes(entries[0].read_bytes()[:100])
@@ -91,7 +91,7 @@ def test_programs_jax_already_cached_are_compiled_afresh_for_the_store(tmp_path)
     assert done.returncode == 0, done.stderr
     jax_entries = [p for p in tmp_path.iterdir() if p.name.endswith("-cache")]
     assert jax_entries
-    env = {"ACCELKIT_COMPILE_CACHE": str(tmp_path)}
+    env = {"ACCELKIT_COMPILE_CACHE": str(tmp_path), "ACCELKIT_TPU_PROGRAM_STORE": "1"}
     first = _run(env)
     assert first["cache"]["store_written"] == first["cache"]["store_misses"] > 10
     second = _run(env)
@@ -104,7 +104,7 @@ def test_a_source_change_starts_a_new_directory_and_old_ones_are_pruned(tmp_path
         (root / name).mkdir(parents=True)
         stamp = 1_000_000 + age
         os.utime(root / name, (stamp, stamp))
-    _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path)})
+    _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path), "ACCELKIT_TPU_PROGRAM_STORE": "1"})
     kept = sorted(p.name for p in root.iterdir())
     assert len(kept) == stored_programs.KEPT_FINGERPRINTS
     assert "old3" not in kept and "old1" in kept and "old2" in kept
@@ -164,7 +164,7 @@ def test_compiling_for_the_store_keeps_the_bound_on_loaded_executables(tmp_path)
     """
     bound = {"ACCELKIT_TPU_LIVE_PROGRAMS": "64"}
     plain = run_python(code, bound)
-    stored = run_python(code, {**bound, "ACCELKIT_COMPILE_CACHE": str(tmp_path)})
+    stored = run_python(code, {**bound, "ACCELKIT_COMPILE_CACHE": str(tmp_path), "ACCELKIT_TPU_PROGRAM_STORE": "1"})
     assert plain.returncode == 0 and stored.returncode == 0, plain.stderr + stored.stderr
     plain_regions, unloaded = map(int, plain.stdout.split())
     stored_regions, stored_unloaded = map(int, stored.stdout.split())
