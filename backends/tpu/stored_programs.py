@@ -263,6 +263,11 @@ def _compile_fresh(jitted: Any, arrays: list, scalars: list) -> tuple[Any, bool]
         return executable, _this_thread.jax_cache_hits == 0
 
 
+def _signature_of(arrays: list) -> tuple:
+    """What besides the static structure decides an executable: each input's type and device."""
+    return tuple([(a.shape, a.dtype, a.weak_type, a.sharding) for a in arrays])
+
+
 class StoredProgram:
     """A jitted op program whose executables, one per input signature, come from the store, or
     are compiled and written to it. Called as the jitted function is (``(arrays, scalars)``),
@@ -276,7 +281,7 @@ class StoredProgram:
         self._stated: set = set()  # the checks its traces stated (jax may reuse a trace)
 
     def __call__(self, arrays: list, scalars: list) -> Any:
-        signature = tuple([(a.shape, a.dtype, a.weak_type, a.sharding) for a in arrays])
+        signature = _signature_of(arrays)
         executable = self._executables.get(signature)
         if executable is None:
             executable = self._load_or_compile(signature, arrays, scalars)
@@ -284,7 +289,7 @@ class StoredProgram:
 
     def executable(self, arrays: list) -> Any:
         """The loaded executable for these arrays (after a call with them)."""
-        return self._executables[tuple([(a.shape, a.dtype, a.weak_type, a.sharding) for a in arrays])]
+        return self._executables[_signature_of(arrays)]
 
     def _load_or_compile(self, signature: tuple, arrays: list, scalars: list) -> Any:
         key = self.key + "|" + ";".join(
