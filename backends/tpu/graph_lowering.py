@@ -5,6 +5,7 @@ from __future__ import annotations
 import operator
 import os
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,8 +54,11 @@ class TpuGraphLowering(GraphLowering):
     def use_cache_directory(self, path: str) -> None:
         """JAX's persistent compilation cache, for every program however quick to compile, and
         tpu's store of eager op programs beside it (:mod:`.stored_programs`)."""
-        if os.environ.get(stored_programs.ENABLE_ENV) == "1":  # opt-in: see stored_programs
-            stored_programs.open_store(path, jax.devices()[0])
+        if os.environ.get(stored_programs.ENABLE_ENV, "1") != "0":
+            try:
+                stored_programs.open_store(path, jax.devices()[0])
+            except RuntimeError as why:
+                warnings.warn(f"tpu's program store stays closed ({why}); eager programs use jax's cache", stacklevel=2)
         jax.config.update("jax_compilation_cache_dir", path)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

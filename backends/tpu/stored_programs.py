@@ -19,8 +19,13 @@ compiles as before, when its function is not the backend's own (a user's custom 
 the fingerprint cannot see) or a static argument has no exact text form. An entry that cannot
 be read or loaded is a miss, compiled and written again; results never depend on the store.
 
-Like jax's own persistent cache, the store loads executables from disk: point
-``ACCELKIT_COMPILE_CACHE`` only at a directory you trust.
+A loaded program runs on the devices it was compiled for. One that calls a host function
+(a custom call) is stored only if that function is a LAPACK routine, which the store binds when
+it opens, as jaxlib does on first lowering one.
+
+``ACCELKIT_TPU_PROGRAM_STORE=0`` keeps the store closed. Like jax's own persistent cache, the
+store loads executables from disk: point ``ACCELKIT_COMPILE_CACHE`` only at a directory you
+trust.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import functools
 import hashlib
 import os
 import pickle
+import re
 import shutil
 import sys
 import tempfile
@@ -45,9 +51,8 @@ from torch._ops import OpOverload
 from accelkit.sdk import fast_compile
 from accelkit_backends.tpu import checks
 
-FORMAT = "accelkit-tpu-programs/2"
-#: The store is opt-in (``=1``): a warm full conformance run crashed inside XLA executing
-#: loaded executables (segmentation faults in 40 of 3,496 tests), not yet understood.
+FORMAT = "accelkit-tpu-programs/3"
+#: ``=0`` keeps the store closed: eager programs then use jax's persistent cache alone.
 ENABLE_ENV = "ACCELKIT_TPU_PROGRAM_STORE"
 KEPT_FINGERPRINTS = 3
 _OWN_MODULES = "accelkit_backends.tpu"
@@ -162,10 +167,14 @@ class ProgramStore:
                 self.misses += 1
             return None
         try:
-            form, stored_key, blob, in_tree, out_tree, stated = pickle.loads(zlib.decompress(data))
+            form, stored_key, blob, in_tree, out_tree, stated, device_ids = pickle.loads(zlib.decompress(data))
             if form != FORMAT or stored_key != key:
                 raise ValueError("another program under the same hash")
-            executable = deserialize_and_load(blob, in_tree, out_tree)
+            # Loaded onto all devices (jax's default), a one-device program fails to run in a
+            # process with several.
+            by_id = {d.id: d for d in jax.devices()}
+            devices = [by_id[i] for i in device_ids]
+            executable = deserialize_and_load(blob, in_tree, out_tree, execution_devices=devices)
             for check in stated:  # what a failed status of this program raises
                 checks.register(check)
         except Exception:  # damaged or foreign: compile again and overwrite it
@@ -184,7 +193,9 @@ class ProgramStore:
 
         try:
             blob, in_tree, out_tree = serialize(executable)
-            data = zlib.compress(pickle.dumps((FORMAT, key, blob, in_tree, out_tree, list(stated))), 1)
+            device_ids = [d.id for d in executable.runtime_executable().local_devices()]
+            entry = (FORMAT, key, blob, in_tree, out_tree, list(stated), device_ids)
+            data = zlib.compress(pickle.dumps(entry), 1)
             handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".part")
             with os.fdopen(handle, "wb") as file:
                 file.write(data)
@@ -212,9 +223,29 @@ def _prune(root: Path, keep: int) -> None:
 STORE: ProgramStore | None = None
 
 
+def _bind_native_routines() -> None:
+    """Bind the LAPACK routines that XLA's CPU programs call out to.
+
+    jaxlib binds them when it first lowers a linear-algebra op; a process that only loads
+    programs never does, and a loaded ``cholesky`` would call an unbound routine (a segmentation
+    fault). jax's own deserialization of exported programs binds them the same way.
+
+    :raises RuntimeError: this jax has no such entry point (the store then stays closed).
+    """
+    try:
+        from jax._src.lax.linalg import initialize_lapack
+    except ImportError as missing:
+        raise RuntimeError(f"jax {jax.__version__} has no initialize_lapack: {missing}") from None
+    initialize_lapack()
+
+
 def open_store(cache_directory: str, device: Any) -> ProgramStore:
-    """Store eager programs under ``cache_directory`` from now on (see the module docstring)."""
+    """Store eager programs under ``cache_directory`` from now on (see the module docstring).
+
+    :raises RuntimeError: loaded programs could not run safely in this process.
+    """
     global STORE
+    _bind_native_routines()
     root = Path(cache_directory) / "tpu-programs"
     store = ProgramStore(root, _fingerprint(device))
     _prune(root, KEPT_FINGERPRINTS)
@@ -234,11 +265,19 @@ def _count_jax_cache_hit(event: str, **kwargs: Any) -> None:
 jax.monitoring.register_event_listener(_count_jax_cache_hit)
 
 
+def _foreign_callouts(lowered: Any) -> list[str]:
+    """The host functions a program calls that a loading process would not have bound: any
+    custom call but the LAPACK routines :func:`_bind_native_routines` binds."""
+    return [target for target in re.findall(r"custom_call @([\w.$-]+)", lowered.as_text())
+            if not target.startswith("lapack_")]
+
+
 def _compile_fresh(jitted: Any, arrays: list, scalars: list) -> tuple[Any, bool]:
     """Compile ``jitted`` for these inputs past jax's persistent cache, and say whether the
-    executable was freshly compiled: one jax read from its cache cannot be serialized again
-    (XLA's CPU client keeps its code but drops it on serializing: the copy fails to run with
-    "Function ... not found"), so it must not be stored.
+    executable may be stored: it must be freshly compiled (one jax read from its cache cannot be
+    serialized again: XLA's CPU client keeps its code but drops it on serializing, and the copy
+    fails to run with "Function ... not found") and call no host function another process
+    would lack (:func:`_foreign_callouts`).
 
     jax decides once per process whether its cache is used; that decision is set aside for
     this compile (a private flag of jax's, hence the check of the outcome, which holds even if
@@ -255,17 +294,27 @@ def _compile_fresh(jitted: Any, arrays: list, scalars: list) -> tuple[Any, bool]
         except AttributeError:
             decided = None
         try:
-            executable = jitted.lower(arrays, scalars).compile()
+            lowered = jitted.lower(arrays, scalars)
+            executable = lowered.compile()
         finally:
             if decided is not None:
                 with compilation_cache._cache_initialized_mutex:
                     compilation_cache._cache_checked, compilation_cache._cache_used = decided
-        return executable, _this_thread.jax_cache_hits == 0
+        return executable, _this_thread.jax_cache_hits == 0 and not _foreign_callouts(lowered)
 
 
 def _signature_of(arrays: list) -> tuple:
     """What besides the static structure decides an executable: each input's type and device."""
     return tuple([(a.shape, a.dtype, a.weak_type, a.sharding) for a in arrays])
+
+
+def _devices_of(signature: tuple) -> str:
+    """The devices a program with these inputs runs on; jax's default device for one without
+    inputs (a factory)."""
+    if not signature:
+        default = jax.config.jax_default_device
+        return f"default {getattr(default, 'id', default)}"
+    return ";".join(str(sorted(d.id for d in sharding.device_set)) for *_, sharding in signature)
 
 
 class StoredProgram:
@@ -292,19 +341,17 @@ class StoredProgram:
         return self._executables[_signature_of(arrays)]
 
     def _load_or_compile(self, signature: tuple, arrays: list, scalars: list) -> Any:
-        key = self.key + "|" + ";".join(
-            f"{shape}:{dtype}:{weak}:{sorted(d.id for d in sharding.device_set)}"
-            for shape, dtype, weak, sharding in signature
-        )
+        inputs = ";".join(f"{shape}:{dtype}:{weak}" for shape, dtype, weak, _ in signature)
+        key = f"{self.key}|{inputs}|{_devices_of(signature)}"
         executable = self.store.load(key)
         if executable is None:
             with checks.recording() as stated:
-                executable, fresh = _compile_fresh(self.jitted, arrays, scalars)
+                executable, storable = _compile_fresh(self.jitted, arrays, scalars)
             self._stated |= stated
             # jax's trace and compile caches keep the executable alive beside this table; let
             # go of them, or programs.LOADED could not bound the executables loaded.
             self.jitted.clear_cache()
-            if fresh:
+            if storable:
                 self.store.save(key, executable, self._stated)
         self._executables[signature] = executable
         return executable

@@ -16,8 +16,9 @@ from accelkit_backends.tpu.kernels import elementwise
 from accelkit_backends.tpu.stored_programs import Unstable, canonical, function_identity
 from conftest import run_python
 
-# One process's work: ops with floats, views, a reduction, a device-side index check and a
-# random op, each over several shapes. Prints its results and the cache counters as JSON.
+# One process's work: ops with floats, views, a reduction, LAPACK routines, a device-side index
+# check and a random op, each over several shapes. Prints its results and the cache counters as
+# JSON.
 WORKLOAD = """
     import json, torch, accelkit
     dev = accelkit.select_device("tpu")
@@ -27,6 +28,9 @@ WORKLOAD = """
         y = (x.t() * 0.5 + 1.25).tanh().sum(1) + torch.softmax(x, -1).amax(0)
         results.append(y.cpu().tolist())
         results.append(torch.index_select(x, 0, torch.tensor([n - 1], device=dev)).cpu().tolist())
+    # LAPACK custom calls: jaxlib binds their routines only when one is first lowered.
+    a = torch.tensor([[4.0, 1.0], [1.0, 3.0]], device=dev)
+    results.append([torch.linalg.cholesky(a).cpu().tolist(), torch.linalg.svdvals(a).cpu().tolist()])
     # Device-side checks: a program loaded from the store must raise what its trace stated.
     for bad in (lambda: torch.index_select(x, 0, torch.tensor([7], device=dev)),
                 lambda: torch.nn.functional.cross_entropy(x, torch.tensor([0, 1, 5, 2, 3], device=dev)),
@@ -51,8 +55,9 @@ def _run(env: dict[str, str]) -> dict:
 
 def test_a_second_process_loads_every_eager_program_and_computes_the_same(tmp_path):
     plain = _run({})
-    cold = _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path), "ACCELKIT_TPU_PROGRAM_STORE": "1"})
-    warm = _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path), "ACCELKIT_TPU_PROGRAM_STORE": "1"})
+    assert plain["cache"] is None  # no cache directory: no store
+    cold = _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path)})
+    warm = _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path)})
     assert plain["results"][-4:-1] == [
         "IndexError: index out of range in self",
         "IndexError: Target 5 is out of bounds.",
@@ -66,8 +71,34 @@ def test_a_second_process_loads_every_eager_program_and_computes_the_same(tmp_pa
     assert len(list((tmp_path / "tpu-programs").glob("*/*.xla"))) == stored
 
 
+def test_programs_load_onto_the_devices_they_were_compiled_for(tmp_path):
+    # Two devices per process: a program compiled for device 1, and factories (no inputs) on
+    # each. Loaded onto every device, a one-device program refused to run.
+    code = """
+        import json, torch, accelkit
+        accelkit.select_device("tpu")
+        torch.get_device_module("tpu").set_device(1)
+        x = torch.arange(3.0, device="tpu")
+        y = x.to("tpu:0") + 1
+        z = [torch.ones(2, device=f"tpu:{i}") * (i + 2) + x[:2].to(f"tpu:{i}") for i in (0, 1)]
+        placed = [t.device.index for t in (x, y, *z)]
+        print(json.dumps([placed, [t.cpu().tolist() for t in (y, *z)],
+                          accelkit.stats()["compile"]["persistent_cache"]]))
+    """
+    env = {"ACCELKIT_TPU_DEVICES": "2", "ACCELKIT_COMPILE_CACHE": str(tmp_path)}
+    runs = []
+    for _ in range(2):
+        done = run_python(code, env)
+        assert done.returncode == 0, done.stderr
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    (cold_placed, cold_values, cold), (warm_placed, warm_values, warm) = runs
+    assert cold_placed == warm_placed == [1, 0, 0, 1]
+    assert cold_values == warm_values == [[1.0, 2.0, 3.0], [2.0, 3.0], [3.0, 4.0]]
+    assert cold["store_written"] > 3 and warm["store_hits"] == cold["store_written"] and warm["store_misses"] == 0
+
+
 def test_a_damaged_entry_is_compiled_again_and_replaced(tmp_path):
-    env = {"ACCELKIT_COMPILE_CACHE": str(tmp_path), "ACCELKIT_TPU_PROGRAM_STORE": "1"}
+    env = {"ACCELKIT_COMPILE_CACHE": str(tmp_path)}
     cold = _run(env)
     entries = sorted((tmp_path / "tpu-programs").glob("*/*.xla"))
     entries[0].write_bytes(entries[0].read_bytes()[:100])
@@ -91,7 +122,7 @@ def test_programs_jax_already_cached_are_compiled_afresh_for_the_store(tmp_path)
     assert done.returncode == 0, done.stderr
     jax_entries = [p for p in tmp_path.iterdir() if p.name.endswith("-cache")]
     assert jax_entries
-    env = {"ACCELKIT_COMPILE_CACHE": str(tmp_path), "ACCELKIT_TPU_PROGRAM_STORE": "1"}
+    env = {"ACCELKIT_COMPILE_CACHE": str(tmp_path)}
     first = _run(env)
     assert first["cache"]["store_written"] == first["cache"]["store_misses"] > 10
     second = _run(env)
@@ -104,7 +135,7 @@ def test_a_source_change_starts_a_new_directory_and_old_ones_are_pruned(tmp_path
         (root / name).mkdir(parents=True)
         stamp = 1_000_000 + age
         os.utime(root / name, (stamp, stamp))
-    _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path), "ACCELKIT_TPU_PROGRAM_STORE": "1"})
+    _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path)})
     kept = sorted(p.name for p in root.iterdir())
     assert len(kept) == stored_programs.KEPT_FINGERPRINTS
     assert "old3" not in kept and "old1" in kept and "old2" in kept
@@ -164,9 +195,26 @@ def test_compiling_for_the_store_keeps_the_bound_on_loaded_executables(tmp_path)
     """
     bound = {"ACCELKIT_TPU_LIVE_PROGRAMS": "64"}
     plain = run_python(code, bound)
-    stored = run_python(code, {**bound, "ACCELKIT_COMPILE_CACHE": str(tmp_path), "ACCELKIT_TPU_PROGRAM_STORE": "1"})
+    stored = run_python(code, {**bound, "ACCELKIT_COMPILE_CACHE": str(tmp_path)})
     assert plain.returncode == 0 and stored.returncode == 0, plain.stderr + stored.stderr
     plain_regions, unloaded = map(int, plain.stdout.split())
     stored_regions, stored_unloaded = map(int, stored.stdout.split())
     assert unloaded > 1000 and stored_unloaded == unloaded
     assert stored_regions < plain_regions + 300  # not one region per program ever compiled (3600)
+
+
+def test_the_store_can_be_turned_off(tmp_path):
+    off = _run({"ACCELKIT_COMPILE_CACHE": str(tmp_path), stored_programs.ENABLE_ENV: "0"})
+    assert "store_hits" not in off["cache"] and off["cache"]["misses"] > 10
+    assert not (tmp_path / "tpu-programs").exists()
+
+
+def test_only_host_calls_the_store_binds_are_stored():
+    import jax
+    import numpy as np
+
+    matrix = jax.numpy.eye(3)
+    lapack = jax.jit(jax.numpy.linalg.cholesky).lower(matrix)
+    host = jax.jit(lambda a: jax.pure_callback(np.sin, a, a)).lower(matrix)
+    assert stored_programs._foreign_callouts(lapack) == []
+    assert stored_programs._foreign_callouts(host)  # its function lives in one process only
