@@ -380,7 +380,7 @@ class _Controller:
             "dtype": case.dtype, "outcome": None, "reason": None, "expectation": None,
             "duration": round(duration, 4), "paths": measured.get("paths"),
             "fallback_ops": measured.get("fallback_ops", []), "compiles": measured.get("compiles"),
-            "dynamic": measured.get("dynamic"),
+            "dynamic": measured.get("dynamic"), "float_reference": measured.get("float_reference", 0),
         }
         if crash is not None:
             worker = getattr(getattr(getattr(crash, "node", None), "gateway", None), "id", None)

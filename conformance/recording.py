@@ -1,4 +1,5 @@
-"""What a test measures while it runs: dispatch paths, fallbacks, compilations, dynamic shapes.
+"""What a test measures while it runs: dispatch paths, fallbacks, compilations, dynamic shapes,
+comparisons settled by the float32 reference.
 
 A test gets a :class:`Recorder` through the ``recorder`` fixture. Wrapping the work under test
 in :meth:`Recorder.measure` limits the counts to it (so preparing inputs and computing the CPU
@@ -39,6 +40,7 @@ class Recorder:
         self.fallback_ops: set[str] = set()
         self.compiles: int | None = None
         self.dynamic: dict[str, Any] | None = None
+        self.float_reference = 0
         self.measured = False
 
     @contextlib.contextmanager
@@ -69,6 +71,11 @@ class Recorder:
         """Add ``n`` compilations caused by the test."""
         self.compiles = (self.compiles or 0) + max(0, int(n))
 
+    def settled_by_float_reference(self) -> None:
+        """Note a comparison that missed CPU's kernel and matched the float32 reference
+        (:mod:`accelkit_conformance.float_reference`): a pass, but one the report shows."""
+        self.float_reference += 1
+
     def set_dynamic(self, shapes: list[list[int]], recompiles: list[int] | None, correct: bool,
                     programs: list[int] | None = None) -> None:
         """Record a dynamic-shape case: shapes in order, new compilations at each change, and
@@ -84,4 +91,5 @@ class Recorder:
             "fallback_ops": sorted(self.fallback_ops),
             "compiles": self.compiles,
             "dynamic": self.dynamic,
+            "float_reference": self.float_reference,
         }

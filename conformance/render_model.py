@@ -6,7 +6,7 @@ only lay the blocks out. The order follows the anchors (pytest's terminal report
 1. provenance (versions, backend, target, simulated or real, fallback policy, profile, dates);
 2. one verdict line per backend;
 3. per suite: pass rate with and without CPU fallback and outcome counts, skip reasons grouped,
-   the dynamic-shape table (dynamic suite) or the worst op families (other suites);
+   the passes that needed the float32 reference, the dynamic-shape table (dynamic suite) or the worst op families (other suites);
 4. failures and crashes with one-line reasons, worst first; xpasses to remove from the
    expectations files;
 5. one closing line per backend (pytest style, greppable).
@@ -129,6 +129,17 @@ def _suite(suite: str, present: list[tuple[str, dict[str, Any]]]) -> list[Block]
     if skips:
         blocks.append(Block("heading", "Skip reasons", level=3))
         blocks.append(Block("tables", data={"tables": skips}))
+
+    settled = [(n, Block("table", headers=["op", "dtype", "variant", "comparisons"], numeric={3},
+                         rows=[[r["op"] or r["id"], r["dtype"] or "-", r["variant"] or "-", str(r["comparisons"])]
+                               for r in s["float_reference"][:MAX_PROBLEMS]]))
+               for n, s in present if s["float_reference"]]
+    if settled:
+        blocks.append(Block("heading", "Passed against the float32 reference, not CPU's kernel", level=3))
+        blocks.append(Block("text", "These reduced-precision results differ from CPU's kernel by more than the tolerance "
+                                    "and match CPU computing in float32, rounded once: CPU's kernel rounds where the "
+                                    "backend does not. Counted per comparison (outputs or gradients of one sample)."))
+        blocks.append(Block("tables", data={"tables": settled}))
 
     if suite == "dynamic":
         # one row per case says more than families would: no family table for this suite

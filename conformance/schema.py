@@ -50,7 +50,10 @@ A result record (:data:`RECORD_FIELDS`):
     ``dynamic``   for suite ``"dynamic"``: ``{"shapes": [[int, ...], ...], "recompiles":
                   [int per shape change] or None when the backend reports no compile count,
                   "correct": bool, "programs": [programs the backend built per shape change]
-                  under torch.compile, else None (optional)}``; otherwise None.
+                  under torch.compile, else None (optional)}``; otherwise None;
+    ``float_reference`` (optional, 0 when absent) comparisons in the test that missed CPU's
+                  kernel and passed against the float32 reference (a bfloat16 result CPU rounds
+                  differently; see ``accelkit_conformance.float_reference``).
 
 Lines of ``results.jsonl`` without an ``id`` are events, not records: ``{"event": "collected",
 "total": n}`` (tests selected for the run) and ``{"event": "finished", "complete": bool, "at": time}``
@@ -154,6 +157,7 @@ JSON_SCHEMA: dict[str, Any] = {
                         "programs": {"type": ["array", "null"], "items": _COUNT},
                     },
                 },
+                "float_reference": _COUNT,
             },
         }
     },
@@ -221,6 +225,7 @@ def validate_record(record: Mapping[str, Any], where: str = "record") -> None:
         programs = dyn.get("programs")
         _check(programs is None or (isinstance(programs, list) and all(_is_count(p) for p in programs)),
                where, "dynamic.programs must be a list of integers >= 0 or null")
+    _check(_is_count(record.get("float_reference", 0)), where, "float_reference must be an integer >= 0")
 
 
 def validate_environment(env: Mapping[str, Any], where: str = "environment") -> None:

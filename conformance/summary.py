@@ -154,6 +154,7 @@ def _suite_summary(records: list[Mapping[str, Any]]) -> dict[str, Any]:
         "skips": _skips(records),
         "families": _worst_families(records),
         "dynamic": _dynamic_rows(records),
+        "float_reference": _float_reference_rows(records),
     }
 
 
@@ -191,6 +192,14 @@ def _worst_families(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
     ]
     rows.sort(key=lambda row: (row["pass_rate"], row["native_rate"], -row["ran"], row["family"]))
     return rows[:WORST_FAMILIES]
+
+
+def _float_reference_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The passes that needed the float32 reference somewhere, most comparisons first."""
+    rows = [{"id": r["id"], "op": r["op"], "dtype": r["dtype"], "variant": r["variant"],
+             "comparisons": r.get("float_reference") or 0}
+            for r in records if r["outcome"] == PASS and r.get("float_reference")]
+    return sorted(rows, key=lambda row: (-row["comparisons"], row["id"]))
 
 
 def _dynamic_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -280,7 +289,9 @@ def summarize(run: Mapping[str, Any]) -> dict[str, Any]:
       most frequent first), ``families`` (the worst :data:`WORST_FAMILIES` families that are
       not fully native, by pass rate then native rate; see :func:`op_family`) and ``dynamic``
       (one row per dynamic-shape case: ``id``, ``op``, ``dtype``, ``outcome``, ``shapes``,
-      ``recompiles``, ``total_recompiles``, ``correct``, ``compiles``; None where not measured);
+      ``recompiles``, ``total_recompiles``, ``correct``, ``compiles``; None where not measured)
+      and ``float_reference`` (passes with comparisons that missed CPU's kernel and matched the
+      float32 reference: ``id``, ``op``, ``dtype``, ``variant``, ``comparisons``);
     * ``problems``: bad records, worst outcome first, as ``{id, suite, outcome, reason}`` with a
       one-line reason;
     * ``fixed``: xpass records as ``{id, suite, expectation}`` — expectation entries to remove.

@@ -522,3 +522,23 @@ def test_every_failure_gets_a_likely_cause_and_what_to_do(outcome, reason, extra
     line = remedy({"id": "suites/test_ops.py::test_ops[add-float32-forward]", "suite": "ops", "op": "add",
                    "outcome": outcome, "reason": reason, **extra})
     assert expected in line and "\n" not in line
+
+
+def test_passes_settled_by_the_float32_reference_are_listed_not_hidden(tmp_path):
+    settled, plain = record("linalg.cross", dtype="bfloat16"), record("add", dtype="bfloat16")
+    settled["float_reference"] = 2
+    run = report.load_results(write_json(tmp_path / "f.json", document("tpu", [settled, plain])))
+    rows = report.summarize(run)["suites"]["ops"]["float_reference"]
+    assert [(r["op"], r["comparisons"]) for r in rows] == [("linalg.cross", 2)]
+    md = report.render_markdown([run])
+    assert "### Passed against the float32 reference, not CPU's kernel" in md
+    assert r"| linalg.cross | bfloat16 | forward | 2 |" in md
+    assert "Passed against the float32 reference" not in report.render_markdown(
+        [report.load_results(write_json(tmp_path / "p.json", document("tpu", [plain])))])
+
+
+def test_a_negative_float_reference_count_is_a_schema_error():
+    broken = record("add")
+    broken["float_reference"] = -1
+    with pytest.raises(ValueError, match="float_reference must be an integer >= 0"):
+        document("tpu", [broken])

@@ -670,6 +670,8 @@ def test_recorder_counts_the_paths_and_fallbacks_of_the_measured_block_only(dev)
     assert rec.as_record()["compiles"] is None  # ref reports no compilations
     assert all(op.startswith("aten.") for op in rec.as_record()["fallback_ops"])
     assert Recorder().as_record()["paths"] is None  # nothing measured: no counts, not zeros
+    rec.settled_by_float_reference()
+    assert rec.as_record()["float_reference"] == 1
 
 
 def test_recorder_takes_compile_counts_from_the_backends_stats(monkeypatch):
@@ -689,4 +691,5 @@ def test_recorder_takes_compile_counts_from_the_backends_stats(monkeypatch):
         "fallback_ops": ["aten.mm.default"],
         "compiles": 4,
         "dynamic": None,
+        "float_reference": 0,
     }

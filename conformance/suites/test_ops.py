@@ -11,7 +11,8 @@ runs on both:
 Selection ops whose indices PyTorch leaves open among equal values (an unstable ``sort``,
 ``topk``, ``kthvalue``, ``mode``, ...) are compared on what PyTorch promises (:mod:`.ties`).
 A bfloat16/float16 result that misses CPU's kernel gets a second reference: CPU computing in
-float32, rounded once (:mod:`.float_reference`).
+float32, rounded once (:mod:`.float_reference`); the record counts the comparisons it settled,
+and the report lists those tests.
 
 Where PyTorch's OpInfo skips or expects to fail its own comparison with the CPU on every device
 (``TestCommon.test_compare_cpu``: nondeterministic outputs such as ``empty`` or ``bernoulli``),
@@ -138,6 +139,7 @@ def _check_forward(op, wide, sample, cpu_sample, expected, where, recorder, tole
     except AssertionError:
         if not _matches_float_reference(op, wide, cpu_sample, expected, list(tensors_in(actual)) + inputs, tolerance):
             raise
+        recorder.settled_by_float_reference()
     return 1
 
 
@@ -191,6 +193,7 @@ def _check_backward(op, wide, sample, cpu_sample, expected, where, recorder, tol
         reference = float_reference.gradients(op, wide, wanted, grads_out, cpu_inputs)
         if reference is None or not _matches(dev_grads, reference, tolerance):
             raise
+        recorder.settled_by_float_reference()
     return 1
 
 
