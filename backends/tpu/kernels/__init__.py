@@ -2,7 +2,7 @@
 
 from accelkit_backends.tpu.kernels import elementwise, linalg, reductions  # noqa: F401
 from accelkit_backends.tpu.kernels import softmax, sorting  # noqa: F401
-from accelkit_backends.tpu.kernels import indexing, shape  # noqa: F401
+from accelkit_backends.tpu.kernels import data_dependent, indexing, shape  # noqa: F401
 from accelkit_backends.tpu.kernels import activations, random  # noqa: F401
 from accelkit_backends.tpu.kernels import attention, conv, embedding, losses, normalization, pooling  # noqa: F401
 from accelkit_backends.tpu.kernels import comparison, complex, factorizations, fft, histograms, special  # noqa: F401

@@ -1,14 +1,7 @@
 """Indexing lowerings: advanced indexing, gather/scatter, the ``index_*`` ops, masks and lookups.
 
-**Data-dependent result shapes.** An XLA program has static shapes, but ``nonzero``,
-``masked_select``, ``unique`` (also ``unique_consecutive``, ``unique_dim``), ``repeat_interleave``
-with a tensor of repeats and indexing with a boolean mask (``x[mask]``) return as many elements as
-the data says. They run in two steps: a small program counts (true elements, distinct values,
-the total of the repeats), the count is read on the host — one synchronisation, as PyTorch's CUDA kernels
-do — and a second program, compiled once per count, computes the result at that static size
-(``jnp.nonzero(..., size=n)``). Writes need no count: ``x[mask] = v`` with ``v`` broadcasting over
-the selected positions (the usual case) is one ``where``; ``masked_scatter`` places its source by
-a running count.
+Indexing with a boolean mask reads the mask's count on the host first (:mod:`..host_steps`);
+the ops whose result shape depends on the data are in :mod:`.data_dependent`.
 
 **Out-of-range indices** are refused as on CPU — the same exception type and wording, per op —
 by device-side checks (:mod:`accelkit_backends.tpu.checks`): the error is raised at the op in
@@ -23,7 +16,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -33,100 +26,20 @@ import torch
 from torch._ops import OpOverload
 
 from accelkit_backends.tpu import checks
-from accelkit_backends.tpu.buffers import JaxView, torch_dtype, value_of
-from accelkit_backends.tpu.lowering import Lowering, kernels, lowering
+from accelkit_backends.tpu.buffers import value_of
+from accelkit_backends.tpu.host_steps import Specialised, count_true, host_step, shape_of, torch_dtype_of, true_counter
+from accelkit_backends.tpu.lowering import Lowering, lowering
 
 aten = torch.ops.aten
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernels that compute static arguments on the host first
+# Advanced indexing: index, index_put
 # ---------------------------------------------------------------------------------------------
-
-
-class Specialised:
-    """One op's lowerings specialised on static values known only at call time (a count read
-    from the device, a length computed from Python scalars): one :class:`Lowering` — with
-    PyTorch's Meta check and its own compile cache — per distinct value."""
-
-    def __init__(self, op: OpOverload, fn: Callable[..., Any]):
-        self.op, self.fn = op, fn
-        self._by_value: dict[tuple, Lowering] = {}
-
-    def __call__(self, **statics: Any) -> Lowering:
-        key = tuple(sorted(statics.items()))
-        found = self._by_value.get(key)
-        if found is None:
-            found = self._by_value[key] = Lowering(self.op, functools.partial(self.fn, **statics))
-        return found
-
-    @property
-    def compiles(self) -> int:
-        return sum(lowered.compiles for lowered in list(self._by_value.values()))
-
-
-class HostStep:
-    """A kernel-table entry that runs host logic, then its programs (``uses``: the lowerings
-    and :class:`Specialised` families it calls, whose programs count as this op's)."""
-
-    def __init__(self, run: Callable[..., Any], uses: Sequence[Any]):
-        self.run, self.uses = run, tuple(uses)
-        functools.update_wrapper(self, run)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.run(*args, **kwargs)
-
-    @property
-    def compiles(self) -> int:
-        return sum(used.compiles for used in self.uses)
-
-
-def host_step(*ops: OpOverload, uses: Sequence[Any]) -> Callable:
-    """Register a host-side function as the tpu kernel of ``ops`` (see :class:`HostStep`)."""
-
-    def register(fn: Callable) -> Callable:
-        step = HostStep(fn, uses)
-        for op in ops:
-            kernels.add(op, step)
-        return fn
-
-    return register
-
-
-def torch_dtype_of(argument: Any) -> torch.dtype | None:
-    """The dtype of a kernel argument (a device view or an array), else None."""
-    if isinstance(argument, JaxView):
-        return argument.spec.dtype
-    if isinstance(argument, jax.Array):
-        return torch_dtype(argument.dtype)
-    return None
-
-
-def shape_of(argument: Any) -> tuple[int, ...]:
-    if isinstance(argument, JaxView):
-        return tuple(argument.spec.size)
-    return tuple(argument.shape)
 
 
 def _is_mask(index: Any) -> bool:
     return torch_dtype_of(index) in (torch.bool, torch.uint8)
-
-
-def true_counter() -> Specialised:
-    """Programs counting the true elements of a mask broadcast to ``shape`` (one family per op,
-    so that each op's compile count holds its own programs)."""
-    return Specialised(aten.count_nonzero.default,
-                       lambda mask, shape: jnp.count_nonzero(jnp.broadcast_to(mask, shape)))
-
-
-def count_true(counter: Specialised, mask: Any, shape: tuple[int, ...] | None = None) -> int:
-    """The number of true elements of ``mask`` broadcast to ``shape``, read on the host (a sync)."""
-    return int(counter(shape=shape if shape is not None else shape_of(mask))(mask))
-
-
-# ---------------------------------------------------------------------------------------------
-# Advanced indexing: index, index_put
-# ---------------------------------------------------------------------------------------------
 
 
 def _check_masks(x: Any, indices: Sequence[Any]) -> None:
@@ -385,207 +298,6 @@ def index_put(x, indices, values, accumulate=False):
 @host_step(aten._index_put_impl.default, uses=_index_put_impl_programs.all)
 def index_put_impl(x, indices, values, accumulate=False, unsafe=False):
     return _index_put(_index_put_impl_programs, x, indices, values, accumulate, unsafe)
-
-
-# ---------------------------------------------------------------------------------------------
-# Data-dependent results: nonzero, masked_select, unique
-# ---------------------------------------------------------------------------------------------
-
-
-def _nonzero(x, size):
-    if x.ndim == 0:
-        return jnp.zeros((size, 0), jnp.int64)
-    return jnp.stack(jnp.nonzero(x, size=size), axis=1).astype(jnp.int64)
-
-
-_nonzero_program = Specialised(aten.nonzero.default, _nonzero)
-_nonzero_counter = true_counter()
-
-
-@host_step(aten.nonzero.default, uses=(_nonzero_program, _nonzero_counter))
-def nonzero(x):
-    return _nonzero_program(size=count_true(_nonzero_counter, x))(x)
-
-
-@lowering(aten.nonzero_static.default)
-def nonzero_static(x, size, fill_value=-1):
-    """Static by contract: the first ``size`` coordinates, padded with ``fill_value``."""
-    if x.ndim == 0:
-        return jnp.zeros((size, 0), jnp.int64)
-    if x.size == 0:
-        return jnp.full((size, x.ndim), fill_value, jnp.int64)
-    return jnp.stack(jnp.nonzero(x, size=size, fill_value=fill_value), axis=1).astype(jnp.int64)
-
-
-def _masked_select(x, mask, shape, size):
-    mask = jnp.broadcast_to(mask.astype(jnp.bool_), shape).reshape(-1)
-    return jnp.broadcast_to(x, shape).reshape(-1)[jnp.nonzero(mask, size=size)]
-
-
-_masked_select_program = Specialised(aten.masked_select.default, _masked_select)
-_masked_select_counter = true_counter()
-
-
-@host_step(aten.masked_select.default, uses=(_masked_select_program, _masked_select_counter))
-def masked_select(x, mask):
-    shape = tuple(np.broadcast_shapes(shape_of(x), shape_of(mask)))
-    size = count_true(_masked_select_counter, mask, shape)
-    return _masked_select_program(shape=shape, size=size)(x, mask)
-
-
-def _distinct_count(x, sorted=True, return_inverse=False, return_counts=False):
-    flat = jnp.sort(x.reshape(-1))
-    if flat.size == 0:
-        return jnp.zeros((), jnp.int64)
-    return 1 + jnp.sum(flat[1:] != flat[:-1])  # NaNs are distinct, as on CPU
-
-
-def _unique(x, sorted=True, return_inverse=False, return_counts=False, size=0):
-    empty = jnp.zeros((0,), jnp.int64)
-    if size == 0:
-        inverse = jnp.zeros(x.shape, jnp.int64) if return_inverse else empty
-        return jnp.zeros((0,), x.dtype), inverse, empty
-    values, inverse, counts = jnp.unique(
-        x.reshape(-1), size=size, return_inverse=True, return_counts=True, equal_nan=False
-    )
-    return (values, inverse.reshape(x.shape).astype(jnp.int64) if return_inverse else empty,
-            counts.astype(jnp.int64) if return_counts else empty)
-
-
-_distinct_program = Lowering(aten._unique2.default, _distinct_count)
-_unique_program = Specialised(aten._unique2.default, _unique)
-
-
-@host_step(aten._unique2.default, uses=(_unique_program, _distinct_program))
-def unique(x, sorted=True, return_inverse=False, return_counts=False):
-    """Always sorted, as PyTorch's CPU and CUDA kernels are whatever ``sorted`` says."""
-    size = int(_distinct_program(x))
-    return _unique_program(size=size)(x, sorted, return_inverse, return_counts)
-
-
-def _as_rows(x, dim):
-    """``x`` as one row per position along ``dim`` (all of ``x`` flattened when dim is None)."""
-    if dim is None:
-        return x.reshape(-1, 1)
-    moved = jnp.moveaxis(x, dim, 0)
-    return moved.reshape(x.shape[dim], math.prod(moved.shape[1:]))  # explicit: -1 is ambiguous with a 0 size
-
-
-def _run_starts(rows):
-    """True where a row differs from the one before it (the first row always starts a run)."""
-    if rows.shape[0] == 0:
-        return jnp.zeros((0,), jnp.bool_)
-    changed = jnp.any(rows[1:] != rows[:-1], axis=1)
-    return jnp.concatenate([jnp.ones((1,), jnp.bool_), changed])
-
-
-def _lexicographic_order(rows):
-    """A stable permutation sorting ``rows`` lexicographically (first column most significant)."""
-    if rows.shape[1] == 0:
-        return jnp.arange(rows.shape[0])
-    return jnp.lexsort(tuple(rows[:, j] for j in reversed(range(rows.shape[1]))))
-
-
-def _runs(x, dim, order, return_inverse, return_counts, size):
-    """The first row of each run of equal rows of ``x`` (taken in ``order``), with the inverse
-    (run number of every original row) and the run lengths."""
-    rows = _as_rows(x, dim)
-    ordered = rows if order is None else rows[order]
-    starts = _run_starts(ordered)
-    first = jnp.nonzero(starts, size=size)[0]
-    if dim is None:
-        values = ordered[first, 0]
-    else:
-        source = x if order is None else jnp.take(x, order, axis=dim)
-        values = jnp.take(source, first, axis=dim)
-    empty = jnp.zeros((0,), jnp.int64)
-    run = jnp.cumsum(starts) - 1
-    if order is not None:
-        run = jnp.zeros_like(run).at[order].set(run)
-    inverse_shape = x.shape if dim is None else (x.shape[dim],)
-    inverse = run.reshape(inverse_shape).astype(jnp.int64) if return_inverse else empty
-    ends = jnp.concatenate([first[1:], jnp.full((1,), rows.shape[0], first.dtype)])
-    counts = (ends - first).astype(jnp.int64) if return_counts else empty
-    return values, inverse, counts
-
-
-def _run_count(x, dim, order_rows):
-    rows = _as_rows(x, dim)
-    if order_rows:
-        rows = rows[_lexicographic_order(rows)]
-    return jnp.sum(_run_starts(rows))
-
-
-_consecutive_count = Lowering(aten.unique_consecutive.default, lambda x, dim=None: _run_count(x, dim, False))
-_consecutive_program = Specialised(
-    aten.unique_consecutive.default,
-    lambda x, return_inverse=False, return_counts=False, dim=None, size=0:
-        _runs(x, dim, None, return_inverse, return_counts, size))
-
-
-@host_step(aten.unique_consecutive.default, uses=(_consecutive_program, _consecutive_count))
-def unique_consecutive(x, return_inverse=False, return_counts=False, dim=None):
-    size = int(_consecutive_count(x, dim=dim))
-    return _consecutive_program(size=size)(x, return_inverse, return_counts, dim)
-
-
-def _unique_rows(x, dim, sorted=True, return_inverse=False, return_counts=False, size=0):
-    return _runs(x, dim, _lexicographic_order(_as_rows(x, dim)), return_inverse, return_counts, size)
-
-
-_unique_dim_count = Lowering(aten.unique_dim.default, lambda x, dim: _run_count(x, dim, True))
-_unique_dim_program = Specialised(aten.unique_dim.default, _unique_rows)
-
-
-@host_step(aten.unique_dim.default, uses=(_unique_dim_program, _unique_dim_count))
-def unique_dim(x, dim, sorted=True, return_inverse=False, return_counts=False):
-    """Unique slices along ``dim``, in lexicographic order (as on CPU)."""
-    dim %= max(len(shape_of(x)), 1)
-    size = int(_unique_dim_count(x, dim))
-    return _unique_dim_program(size=size)(x, dim, sorted, return_inverse, return_counts)
-
-
-_NEGATIVE_REPEATS = "repeats can not be negative"
-# (least, total) of the repeats, one program and one read; aminmax's Meta kernel gives the
-# shapes and dtype of such a pair.
-_least_and_total = Lowering(aten.aminmax.default, lambda x: (jnp.min(x, initial=0), jnp.sum(x)))
-
-
-def _repeated_positions(repeats, output_size=None):
-    ok, _, _ = checks.first_where(repeats < 0, repeats)
-    checks.require(ok, RuntimeError, _NEGATIVE_REPEATS)
-    return jnp.repeat(jnp.arange(repeats.shape[0]), jnp.maximum(repeats, 0), total_repeat_length=output_size)
-
-
-_repeat_interleave_program = Lowering(aten.repeat_interleave.Tensor, _repeated_positions)
-
-
-@host_step(aten.repeat_interleave.Tensor, uses=(_repeat_interleave_program, _least_and_total))
-def repeat_interleave(repeats, output_size=None):
-    """Each position ``i`` repeated ``repeats[i]`` times; the total is read on the host unless
-    given (then negative repeats are refused on the host, else by a device-side check)."""
-    if output_size is None:
-        least, output_size = (int(v) for v in jax.device_get(_least_and_total(repeats)))
-        if least < 0:
-            raise RuntimeError(_NEGATIVE_REPEATS)
-    return _repeat_interleave_program(repeats, output_size=output_size)
-
-
-@lowering(aten.masked_scatter.default)
-def masked_scatter(x, mask, source):
-    """Each selected position takes the next source element: its rank among the selected."""
-    shape = jnp.broadcast_shapes(x.shape, mask.shape)
-    selected = jnp.broadcast_to(mask.astype(jnp.bool_), shape).reshape(-1)
-    base = jnp.broadcast_to(x, shape).reshape(-1)
-    flat_source = source.reshape(-1).astype(x.dtype)
-    count = jnp.sum(selected)
-    checks.require(count <= flat_source.size, RuntimeError,
-                   "Number of elements of source < number of ones in mask")
-    if flat_source.size == 0:
-        return base.reshape(shape)
-    rank = jnp.clip(jnp.cumsum(selected) - 1, 0, flat_source.size - 1)
-    out = jnp.where(selected, flat_source[rank], base).reshape(shape)
-    return checks.unchanged_unless(count <= flat_source.size, out, x)
 
 
 # ---------------------------------------------------------------------------------------------

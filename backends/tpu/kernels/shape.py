@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from accelkit_backends.tpu.buffers import _is_dense_permutation, jax_dtype
-from accelkit_backends.tpu.kernels.indexing import Specialised, host_step
+from accelkit_backends.tpu.host_steps import Specialised, host_step
 from accelkit_backends.tpu.lowering import Lowering, lowering
 
 aten = torch.ops.aten
