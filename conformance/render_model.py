@@ -6,7 +6,8 @@ only lay the blocks out. The order follows the anchors (pytest's terminal report
 1. provenance (versions, backend, target, simulated or real, fallback policy, profile, dates);
 2. one verdict line per backend;
 3. per suite: pass rate with and without CPU fallback and outcome counts, skip reasons grouped,
-   the passes that needed the float32 reference, the dynamic-shape table (dynamic suite) or the worst op families (other suites);
+   the passes that needed the float32 reference, the dynamic-shape table (dynamic suite) or the
+   worst op families (other suites);
 4. failures and crashes with one-line reasons, worst first; xpasses to remove from the
    expectations files;
 5. one closing line per backend (pytest style, greppable).

@@ -197,7 +197,7 @@ def _worst_families(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]
 def _float_reference_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The passes that needed the float32 reference somewhere, most comparisons first."""
     rows = [{"id": r["id"], "op": r["op"], "dtype": r["dtype"], "variant": r["variant"],
-             "comparisons": r.get("float_reference") or 0}
+             "comparisons": r["float_reference"]}
             for r in records if r["outcome"] == PASS and r.get("float_reference")]
     return sorted(rows, key=lambda row: (-row["comparisons"], row["id"]))
 

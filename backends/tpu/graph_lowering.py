@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import operator
-import os
 import threading
 import warnings
 from collections.abc import Sequence
@@ -54,7 +53,7 @@ class TpuGraphLowering(GraphLowering):
     def use_cache_directory(self, path: str) -> None:
         """JAX's persistent compilation cache, for every program however quick to compile, and
         tpu's store of eager op programs beside it (:mod:`.stored_programs`)."""
-        if os.environ.get(stored_programs.ENABLE_ENV, "1") != "0":
+        if stored_programs.wanted():
             try:
                 stored_programs.open_store(path, jax.devices()[0])
             except RuntimeError as why:

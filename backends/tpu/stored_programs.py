@@ -48,7 +48,7 @@ import jax
 import torch
 from torch._ops import OpOverload
 
-from accelkit.sdk import fast_compile
+from accelkit.sdk import env_choice, fast_compile
 from accelkit_backends.tpu import checks
 
 FORMAT = "accelkit-tpu-programs/3"
@@ -237,6 +237,15 @@ def _bind_native_routines() -> None:
     except ImportError as missing:
         raise RuntimeError(f"jax {jax.__version__} has no initialize_lapack: {missing}") from None
     initialize_lapack()
+
+
+def wanted() -> bool:
+    """Whether the store opens with a compile cache directory: ``ACCELKIT_TPU_PROGRAM_STORE``,
+    ``1`` by default.
+
+    :raises ValueError: the variable is set to something other than ``0`` or ``1``.
+    """
+    return env_choice(ENABLE_ENV, ("0", "1"), "1") == "1"
 
 
 def open_store(cache_directory: str, device: Any) -> ProgramStore:

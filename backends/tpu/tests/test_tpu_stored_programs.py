@@ -209,6 +209,16 @@ def test_the_store_can_be_turned_off(tmp_path):
     assert not (tmp_path / "tpu-programs").exists()
 
 
+def test_a_setting_other_than_0_or_1_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv(stored_programs.ENABLE_ENV, "off")  # was silently taken as on
+    with pytest.raises(ValueError, match="ACCELKIT_TPU_PROGRAM_STORE='off': use one of 0, 1"):
+        stored_programs.wanted()
+    monkeypatch.setenv(stored_programs.ENABLE_ENV, "0")
+    assert not stored_programs.wanted()
+    monkeypatch.delenv(stored_programs.ENABLE_ENV)
+    assert stored_programs.wanted()
+
+
 def test_only_host_calls_the_store_binds_are_stored():
     import jax
     import numpy as np
