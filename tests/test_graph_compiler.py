@@ -3,7 +3,7 @@
 The lowering runs each graph with ``torch.fx.Interpreter`` on ref's backend arrays (CPU
 tensors): what a backend author's first :class:`accelkit.sdk.GraphLowering` looks like. The
 tests check what the runtime promises around any lowering: input mutations written back,
-inputs passed through, seeds from the device generator, splitting at nodes the lowering
+inputs passed through, random draws from the device generator, splitting at nodes the lowering
 refuses, the fallback policy, and the statistics.
 """
 
@@ -28,7 +28,7 @@ class InterpretingLowering(GraphLowering):
 
     def __init__(self, refused=()):
         self.refused = set(refused)
-        self.seeds: list[int] = []
+        self.draws: list[list] = []
         self.graphs: list[torch.fx.GraphModule] = []
         self.built = 0
 
@@ -40,10 +40,10 @@ class InterpretingLowering(GraphLowering):
         self.built += 1
         interpreter = torch.fx.Interpreter(graph)
 
-        def program(inputs, seed):
-            self.seeds.append(seed)
+        def program(inputs, draws):
+            self.draws.append(list(draws))
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed)
+                torch.default_generator.manual_seed(draws[0].seed ^ draws[0].offset if draws else 0)
                 out = interpreter.run(*inputs)
             return list(out) if isinstance(out, tuple | list) else [out]
 
@@ -82,17 +82,24 @@ def test_input_mutations_are_written_back_and_inputs_pass_through(dev):
     assert copies == []  # the mutation left the graph: the runtime stores it
 
 
-def test_each_call_draws_a_seed_from_the_device_generator(dev):
+def test_each_call_reserves_its_random_nodes_counters_from_the_device_generator(dev):
     lowering = InterpretingLowering()
-    fn = compiled(lambda x: torch.nn.functional.dropout(x, 0.5), lowering)
-    x = torch.ones(64, device=dev)
+    fn = compiled(lambda x: torch.nn.functional.dropout(x, 0.5) * torch.nn.functional.dropout(x[:3], 0.25).sum(), lowering)
+    x = torch.ones(62, device=dev)
     torch.manual_seed(3)
     first = fn(x).cpu()
     torch.manual_seed(3)
     again = fn(x).cpu()
     fn(x)
     assert torch.equal(first, again)
-    assert lowering.seeds[0] == lowering.seeds[1] != lowering.seeds[2]
+    seeded, repeated, third = lowering.draws
+    assert [(d.seed, d.offset) for d in seeded] == [(d.seed, d.offset) for d in repeated]
+    # Node by node in graph order, as eagerly: 62 counters (aligned to 64) for the first mask,
+    # then 3 (4) for the second; the next call starts where this one ended.
+    assert [d.offset for d in seeded] == [0, 64]
+    assert [d.offset for d in third] == [68, 132]
+    assert {d.seed for d in seeded + third} == {3}
+    assert torch.ref.get_rng_state()[8:].view(torch.int64).item() == 136
 
 
 def test_a_refused_node_splits_the_graph_and_runs_eagerly(dev):

@@ -30,6 +30,7 @@ from accelkit._runtime._core_ops import core_ops
 from accelkit._runtime._decomp_guards import guard_decompositions
 from accelkit._runtime._device_module import DeviceModule
 from accelkit._runtime._dispatch import Pipeline
+from accelkit._runtime._patches import install_flex_attention
 from accelkit._runtime._distributed import install_distributed
 from accelkit._runtime._dynamo_hooks import install as install_dynamo_hooks
 from accelkit._runtime._fallback import CPU_EQUIVALENTS, HOST_MEMORY_COMPOSITES, ROUTED_COMPOSITES
@@ -216,7 +217,7 @@ def _install_native_hooks(ctx: BackendContext, module: DeviceModule) -> None:
                 f"device generators and torch.accelerator's memory figures need accelkit's native extension, "
                 f"which is unavailable: {exc}", stacklevel=3)
         return
-    native.install_generators(ctx.generator, ctx.device_count)
+    ctx.generator = native.install_generators(ctx.device_count)
     native.install_hooks(ctx.probe.available)
     native.install_device_memory(module)
 
@@ -343,6 +344,7 @@ def _install(ctx: BackendContext) -> None:
         _tensors.use_native_devices(native)
     module = DeviceModule(ctx)
     _install_native_hooks(ctx, module)
+    install_flex_attention(ctx.name)
     _setup_privateuseone_for_python_backend(  # its Python hooks stand in if the native ones are absent
         rename=ctx.name, backend_module=module, hook=_Hooks(ctx), device_guard=_guard or _Guard()
     )

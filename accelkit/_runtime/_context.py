@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from accelkit._errors import AccelkitError, FallbackDeniedError
+from accelkit._runtime._random import PhiloxGenerator
 from accelkit._stats import OpCounters
 from accelkit.sdk import (
     FALLBACK_POLICIES,
@@ -64,7 +65,9 @@ class BackendContext:
     allocators: tuple[DeviceAllocator, ...] = ()
     #: The current-device switch of a process with several devices, else None.
     devices: Any = None
-    generator: torch.Generator = field(default_factory=torch.Generator)
+    #: The device generator (shared by the process's devices): a Philox state, the native
+    #: extension's ``torch.Generator`` once it is installed, else a :class:`PhiloxGenerator`.
+    generator: Any = field(default_factory=PhiloxGenerator)
     counters: OpCounters = field(default_factory=OpCounters)
     _warned: set = field(default_factory=set)
     _local: threading.local = field(default_factory=threading.local)

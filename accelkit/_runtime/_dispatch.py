@@ -187,7 +187,7 @@ class Pipeline:
         except HostOperand as e:
             raise host_operand_error(self.ctx, op, args, kwargs, e.tensor) from None
         if gen is not None:
-            fill_generator(self.ctx, gen, arrays, array_kwargs)
+            fill_generator(self.ctx, gen, op, args, kwargs, arrays, array_kwargs)
         return fn(*arrays, **array_kwargs)
 
     def _lane(self, op: OpOverload, fn: Callable) -> Lane | None:

@@ -27,6 +27,7 @@ def install_distributed(ctx: Any, record: BackendRecord) -> None:
     def create(store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
         from accelkit._runtime._collective_checks import CollectiveError
         from accelkit._runtime._collective_stats import STATS
+        from accelkit._runtime._patches import install_dtensor_random
 
         if not supported:
             raise CollectiveError(
@@ -42,6 +43,7 @@ def install_distributed(ctx: Any, record: BackendRecord) -> None:
         if group is None:
             raise CollectiveError(f"backend {ctx.name!r}: accelkit_make_process_group answered None")
         STATS.group_created(f"rank {rank} of {world_size}", world_size, ctx.model.interconnect)
+        install_dtensor_random(ctx.name)
         return group
 
     dist.Backend.register_backend(ctx.name, create, devices=[ctx.name, "cpu"])

@@ -13,25 +13,12 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
+from accelkit._runtime import _host_random
 from accelkit._runtime import _tensors as T
 from accelkit._runtime._context import BackendContext
-from accelkit._runtime._schema import UNDECLARED_WRITES, fill_generator, generator_slot, is_write
+from accelkit._runtime._schema import UNDECLARED_WRITES, generator_slot, is_write
 
 _Tensor = torch.Tensor
-
-
-def _on_device_stream(ctx: BackendContext, kernel: Callable, args: list, kwargs: dict) -> Any:
-    """Run a random CPU kernel whose schema takes no generator (``native_dropout``) on the
-    device's stream: it draws from the CPU default generator, so lend it the device state."""
-    cpu = torch.default_generator
-    saved = cpu.get_state()
-    cpu.set_state(ctx.generator.get_state())
-    try:
-        result = kernel(*args, **kwargs)
-        ctx.generator.set_state(cpu.get_state())
-    finally:
-        cpu.set_state(saved)
-    return result
 
 
 def _category(dtype: torch.dtype) -> int:
@@ -171,15 +158,12 @@ class HostCall:
         cpu_kwargs = {k: self._convert(v, by_name.get(k), tensors) for k, v in kwargs.items()}
         if "pin_memory" in cpu_kwargs:
             cpu_kwargs["pin_memory"] = None
-        gen = generator_slot(op)
-        if gen is not None:
-            fill_generator(ctx, gen, cpu_args, cpu_kwargs)
         before = {id(v): (tuple(v.shape), v.stride(), v.storage_offset())
                   for d, v in self.twins if id(d) in mutated}
 
         kernel = CPU_EQUIVALENTS.get(op, op)
-        if gen is None and torch.Tag.nondeterministic_seeded in op.tags:
-            result = _on_device_stream(ctx, kernel, cpu_args, cpu_kwargs)
+        if _host_random.draws(op):  # its values come from the device's stream
+            result = _host_random.run(ctx, op, kernel, cpu_args, cpu_kwargs, generator_slot(op))
         else:
             result = kernel(*cpu_args, **cpu_kwargs)
 

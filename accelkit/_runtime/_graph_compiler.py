@@ -11,8 +11,10 @@ aten graph is then prepared here and lowered by the backend (:class:`accelkit.sd
   dispatch; the version counter is bumped as ``copy_`` would). Mutations in training graphs
   (BatchNorm's running statistics) are written back by AOTAutograd after the run, through the
   eager ``copy_``. Outputs that alias inputs are rebuilt by AOTAutograd as views of the inputs.
-- **random ops**: each program call draws one seed from the device generator and passes it
-  to the program, so ``torch.manual_seed`` makes a compiled dropout reproducible;
+- **random ops**: each program call reserves, for each random node in graph order, the counters
+  it draws from the device generator (:class:`RandomNodes`), exactly as the same ops would
+  eagerly, and passes the draws to the program: a compiled dropout takes the mask eager code takes
+  for the same seed, and ``torch.manual_seed`` makes it reproducible;
 - **splitting**: a node the backend cannot lower (or that computes on the CPU) is cut out: the
   graph becomes compiled segments and eager nodes between them, which run through the
   dispatcher like eager code and are counted per op in ``stats()["compile"]["eager_nodes"]``.
@@ -36,6 +38,8 @@ from accelkit._errors import FallbackDeniedError
 from accelkit._runtime import _tensors as T
 from accelkit._runtime._compile_stats import STATS
 from accelkit._runtime._decomp_guards import replacements_while_tracing
+from accelkit._runtime._random import reserve
+from accelkit.sdk.random_stream import counters_drawn
 
 CACHE_ENV = "ACCELKIT_COMPILE_CACHE"
 
@@ -224,7 +228,7 @@ class Segment:
         random_nodes = [n for n in gm.graph.nodes if _is_random(n)]
         self._ctx = ctx
         self._compiler = compiler
-        self._random = bool(random_nodes)
+        self._draws = RandomNodes(random_nodes, placeholders) if random_nodes else None
         self._program = lowering.lower(gm, random_nodes)
         self._tensor_outputs = [isinstance(_val(a), torch.Tensor) for a in outputs[: len(outputs) - stored]]
         self._tensor_outputs += [False] * stored
@@ -241,10 +245,10 @@ class Segment:
         inputs = [_array_of(ctx, a) if isinstance(a, torch.Tensor) else a for a in args]
         kept = {p: args[p] for p in self._passthrough if p is not None}
         args.clear()
-        seed = int(torch.randint(0, 2**31 - 1, (), generator=ctx.generator)) if self._random else 0
+        draws = self._draws.reserve(ctx, inputs) if self._draws is not None else []
         before = self._compiler.programs_compiled()
         started = time.perf_counter()
-        outputs = self._program(inputs, seed)
+        outputs = self._program(inputs, draws)
         after = self._compiler.programs_compiled()
         if after != before:
             STATS.add(compile_seconds=time.perf_counter() - started, calls=1, programs=after - before)
@@ -373,6 +377,48 @@ def _on_device(node: torch.fx.Node, name: str) -> bool:
             if t.device.type != name and not (t.device.type == "cpu" and t.dim() == 0):
                 return False
     return True
+
+
+class RandomNodes:
+    """The random nodes of a graph and the counters each draws per call, from their fake
+    values' shapes, symbolic sizes resolved against the call's inputs."""
+
+    def __init__(self, nodes: list[torch.fx.Node], placeholders: list[torch.fx.Node]):
+        self._counts = [counters_drawn(n.target, *_meta_arguments(n)) for n in nodes]
+        self._symbolic = any(not isinstance(c, int) for c in self._counts)
+        self._placeholders = placeholders
+
+    def reserve(self, ctx: Any, inputs: list) -> list:
+        counts = self._counts if not self._symbolic else self._concrete(ctx, inputs)
+        return [reserve(ctx, None, count) for count in counts]
+
+    def _concrete(self, ctx: Any, inputs: list) -> list[int]:
+        bindings: dict = {}
+        for node, value in zip(self._placeholders, inputs):
+            val = node.meta.get("val")
+            if isinstance(val, torch.SymInt):
+                bindings[val.node.expr] = value
+            elif isinstance(val, torch.Tensor) and not isinstance(value, int | float | bool | type(None)):
+                shape, _ = ctx.allocator.array_meta(value)
+                bindings.update((size.node.expr, actual) for size, actual in zip(val.shape, shape)
+                                if isinstance(size, torch.SymInt))
+        counts = []
+        for count in self._counts:
+            if not isinstance(count, int):
+                resolved = count.node.expr.xreplace(bindings)
+                if not resolved.is_number:
+                    raise RuntimeError(f"accelkit: a random op's size {count} depends on values the "
+                                       f"compiled graph does not receive; cannot reserve its random counters")
+                count = int(resolved)
+            counts.append(count)
+        return counts
+
+
+def _meta_arguments(node: torch.fx.Node) -> tuple[tuple, dict]:
+    def meta(value: Any) -> Any:
+        return value.meta.get("val") if isinstance(value, torch.fx.Node) else value
+
+    return torch.fx.node.map_aggregate(node.args, meta), dict(torch.fx.node.map_aggregate(node.kwargs, meta))
 
 
 def _is_random(node: torch.fx.Node) -> bool:

@@ -12,6 +12,8 @@ import torch
 from torch._ops import OpOverload
 
 from accelkit._runtime._context import BackendContext
+from accelkit._runtime._random import reserve
+from accelkit.sdk.random_stream import counters_drawn
 
 
 def overload_named(name: str) -> OpOverload | None:
@@ -125,28 +127,18 @@ def generator_slot(op: OpOverload) -> tuple[int, str] | None:
     return None
 
 
-def fill_generator(ctx: BackendContext, slot: tuple[int, str], args: list, kwargs: dict) -> None:
-    """Put the generator a kernel draws from in the generator ``slot``: the device generator when
-    the caller left it None, and for a generator of the device (``torch.Generator(device=...)``)
-    the CPU generator it draws from."""
+def fill_generator(ctx: BackendContext, slot: tuple[int, str], op: OpOverload, args: tuple, kwargs: dict,
+                   kernel_args: list, kernel_kwargs: dict) -> None:
+    """Put the draw ``op`` makes in its generator ``slot`` of the kernel's arguments: the
+    counters it takes from the generator the caller passed (the device generator when None), as
+    an :class:`accelkit.sdk.RandomDraw` (see :mod:`accelkit.sdk.random_stream`)."""
     index, name = slot
-    if index < len(args):
-        args[index] = _kernel_generator(ctx, args[index])
+    given = args[index] if index < len(args) else kwargs.get(name)
+    draw = reserve(ctx, given, counters_drawn(op, args, kwargs))
+    if index < len(kernel_args):
+        kernel_args[index] = draw
     else:
-        kwargs[name] = _kernel_generator(ctx, kwargs.get(name))
-
-
-def _kernel_generator(ctx: BackendContext, generator: torch.Generator | None) -> torch.Generator:
-    if generator is None:
-        return ctx.generator
-    if generator.device.type == ctx.name:
-        from accelkit import _native
-
-        native = _native.loaded()
-        host = native.host_generator(generator) if native is not None else None
-        if host is not None:
-            return host
-    return generator
+        kernel_kwargs[name] = draw
 
 
 #: Ops that write to arguments their schema does not mark as mutable: batch norm updates its

@@ -14,7 +14,12 @@ entry-point group ``accelkit.backends``; ``accelkit new-backend NAME`` writes on
   policies, :func:`default_decompositions`, :func:`meta_tensor` / :func:`meta_call` for output
   geometry, :func:`register_kernel` after activation;
 - the active runtime: :func:`active_backend`, :func:`active_device_model`,
-  :func:`device_generator`, :func:`op_coverage` (which path each aten overload takes);
+  :func:`device_generator`, :func:`device_draw`, :func:`op_coverage` (which path each aten
+  overload takes);
+- random numbers: :mod:`accelkit.sdk.random_stream`, the counter-based stream every device
+  computes (Philox4x32-10 keyed by the seed, one counter per element, and each distribution's
+  values written against an array namespace), and the :class:`RandomDraw` a random kernel gets
+  in its ``generator`` argument (with a :class:`ShardWindow` for a DTensor shard);
 - discovery, read-only: :func:`backends` (:class:`BackendView`);
 - compiling: :class:`GraphLowering` (what a backend's compiler supplies) and
   :func:`graph_compiler` (the shared ``torch.compile`` machinery around it); the entry points
@@ -30,6 +35,7 @@ from accelkit.sdk._active import (
     active_backend,
     active_device_model,
     as_overload,
+    device_draw,
     device_generator,
     meta_call,
     meta_tensor,
@@ -64,6 +70,8 @@ from accelkit.sdk._records import (
 )
 from accelkit.sdk._options import FAST_COMPILE_ENV, device_count_from_env, env_choice, env_count, fast_compile
 from accelkit.sdk._registry_view import BackendView, backends
+from accelkit.sdk import random_stream
+from accelkit.sdk.random_stream import RandomDraw, ShardWindow
 
 __all__ = [
     "CAPABILITIES",
@@ -88,6 +96,8 @@ __all__ = [
     "KernelDeclined",
     "KernelEntry",
     "KernelTable",
+    "RandomDraw",
+    "ShardWindow",
     "Tolerance",
     "UnsupportedDtypeError",
     "ViewSpec",
@@ -96,6 +106,7 @@ __all__ = [
     "as_overload",
     "backends",
     "default_decompositions",
+    "device_draw",
     "device_generator",
     "device_count_from_env",
     "env_choice",
@@ -109,6 +120,7 @@ __all__ = [
     "meta_call",
     "meta_tensor",
     "op_coverage",
+    "random_stream",
     "register_kernel",
     "size_class",
 ]

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from accelkit.sdk._records import DeviceModel
+from accelkit.sdk.random_stream import RandomDraw
 
 
 def _context(what: str) -> Any:
@@ -37,13 +38,27 @@ def active_device_model() -> DeviceModel:
     return _context("the device model").model
 
 
-def device_generator() -> torch.Generator:
+def device_generator() -> Any:
     """The active device's default random generator, the one ``torch.manual_seed`` and
-    ``torch.<name>.manual_seed`` seed; random kernels draw from it when the op gets none.
+    ``torch.<name>.manual_seed`` seed; random kernels draw from it when the op gets none (a
+    Philox state: ``get_state()`` is 16 bytes, see :mod:`accelkit.sdk.random_stream`).
 
     :raises accelkit.AccelkitError: no backend is active.
     """
     return _context("the device generator").generator
+
+
+def device_draw(count: int) -> RandomDraw:
+    """The counters a random op that takes no generator argument (``native_dropout``) draws from
+    the device generator: ``count`` of them (one per element of its random result); the
+    generator's offset advances past them. Ops with a generator argument get their draw from the
+    runtime in that argument instead (see :mod:`accelkit.sdk.random_stream`).
+
+    :raises accelkit.AccelkitError: no backend is active.
+    """
+    from accelkit._runtime._random import reserve
+
+    return reserve(_context("a random draw"), None, count)
 
 
 def as_overload(op: Any) -> torch._ops.OpOverload:

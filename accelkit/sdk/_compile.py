@@ -4,7 +4,7 @@ each captured graph into its own executable.
 The runtime owns everything that is the same for every backend (see
 ``accelkit/_runtime/_graph_compiler.py``): Dynamo capture, AOTAutograd's functional forward and
 backward aten graphs (with the backend's decompositions for ops it has no kernel for), input
-mutations written back into the real tensors, random ops seeded from the device generator, the
+mutations written back into the real tensors, random ops' draws from the device generator, the
 split at nodes the backend cannot lower (those run through the eager pipeline and are counted),
 the compile statistics and bucketing. A backend supplies a :class:`GraphLowering`.
 """
@@ -41,10 +41,13 @@ class GraphLowering:
 
         :param random_nodes: the nodes that draw random numbers (dropout, ``rand``, ...), in
             graph order.
-        :returns: ``program(inputs, seed) -> outputs``: ``inputs`` holds, per placeholder, the
+        :returns: ``program(inputs, draws) -> outputs``: ``inputs`` holds, per placeholder, the
             backend array of a device tensor (what the allocator's ``read`` returns for it) or a
-            Python int for a symbolic size; ``seed`` is an int drawn from the device generator
-            at every call (random node ``i`` must derive its stream from ``(seed, i)``).
+            Python int for a symbolic size; ``draws`` holds, per random node in graph order, the
+            :class:`~accelkit.sdk.RandomDraw` the runtime reserved for it from the device
+            generator at this call (the counters the same op would draw eagerly): the node
+            computes :mod:`accelkit.sdk.random_stream` from it, as the eager kernel does, so a
+            compiled random op equals the eager one.
             ``outputs`` are, per graph output, a backend array or a Python number. The program
             must raise PyTorch's error for bad values as the eager kernels do.
         """

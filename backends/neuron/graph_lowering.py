@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from accelkit.sdk import GraphLowering, graph_parts
+from accelkit.sdk import GraphLowering, RandomDraw, graph_parts
 from accelkit_backends.neuron import fusion, launch, runtime
 from accelkit_backends.neuron.conversion import convert
 from accelkit_backends.neuron.kernels.shape import copy_view
@@ -82,7 +82,6 @@ def _refuse_requested_dynamic_shapes(graph: torch.fx.GraphModule) -> None:
 
 
 _count_lock = threading.Lock()
-_NO_SCHEMA = torch._C.parse_schema("none() -> ()")
 
 
 class GraphProgram:
@@ -96,10 +95,9 @@ class GraphProgram:
 
     def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]):
         self._placeholders, self._body, self._outputs = graph_parts(graph)
-        # Random nodes whose op takes a generator draw from the call's seed and their position;
-        # the others (native_dropout) draw from the device generator, as eagerly.
-        self._random = {node: i for i, node in enumerate(random_nodes)
-                        if any(a.name == "generator" for a in getattr(node.target, "_schema", _NO_SCHEMA).arguments)}
+        # Random nodes get the call's draws in their generator argument (native_dropout, whose
+        # schema has none, too: its kernel takes the keyword).
+        self._random = {node: i for i, node in enumerate(random_nodes)}
         self._steps = {node: _step(node) for node in self._body}
         with _count_lock:
             GraphProgram.built += 1
@@ -116,7 +114,7 @@ class GraphProgram:
         #: Per recording that calls kernels: its replay written out as one function.
         self._straight: dict[tuple, Any] = {}
 
-    def __call__(self, inputs: list, seed: int) -> list:
+    def __call__(self, inputs: list, draws: Sequence[RandomDraw]) -> list:
         structure = tuple(_structure_of(value) for value in inputs)
         if structure not in self._structures:
             self._structures.add(structure)
@@ -126,11 +124,11 @@ class GraphProgram:
         instance = (self, structure)
         arrays = [v for v in inputs if isinstance(v, np.ndarray)]
         if self._random or os.environ.get(launch.REPLAY_ENV) == "0":
-            return self._run(inputs, seed, instance)
+            return self._run(inputs, draws, instance)
         key = (structure, replay.aliasing(arrays))
         recording = self._recordings.get(key)
         if recording is None and not core.record_instructions:
-            return self._record(inputs, seed, instance, key, arrays)
+            return self._record(inputs, draws, instance, key, arrays)
         if recording is not None and recording.refused is None and core.can_replay_program(instance) \
                 and recording.lock.acquire(blocking=False):
             verify = os.environ.get(launch.VERIFY_ENV) == "1"
@@ -142,11 +140,11 @@ class GraphProgram:
                 recording.lock.release()
             core.replayed_program(instance, self.label)
             if verify:
-                self._verify(inputs, seed, instance, arrays, before, outputs)
+                self._verify(inputs, draws, instance, arrays, before, outputs)
             return outputs
-        return self._run(inputs, seed, instance)
+        return self._run(inputs, draws, instance)
 
-    def _record(self, inputs: list, seed: int, instance: tuple, key: tuple, arrays: list[np.ndarray]) -> list:
+    def _record(self, inputs: list, draws: Sequence[RandomDraw], instance: tuple, key: tuple, arrays: list[np.ndarray]) -> list:
         """Run the program, recording it as the calls of its kernels' recordings: a later call
         with the same structure replays those (numerics only) once the schedule is known. A
         program with a kernel that cannot replay, or work outside kernels (a dtype conversion
@@ -155,7 +153,7 @@ class GraphProgram:
         recording = replay.Recording(arrays)
         before = core.kernels_run
         with replay.program_into(recording):
-            outputs = self._run(inputs, seed, instance)
+            outputs = self._run(inputs, draws, instance)
         if recording.calls != core.kernels_run - before:
             recording.refuse("a kernel of the program is not static")
         recording.finish(list(outputs))
@@ -163,25 +161,25 @@ class GraphProgram:
         self._straight[key] = straight_line(recording)
         return outputs
 
-    def _verify(self, inputs: list, seed: int, instance: tuple, arrays: list[np.ndarray],
+    def _verify(self, inputs: list, draws: Sequence[RandomDraw], instance: tuple, arrays: list[np.ndarray],
                 before: list[np.ndarray], outputs: list) -> None:
         """Run the program in full on copies of its inputs as they were (leaving no trace on the
         clock or the estimates); its outputs must equal the replay's bit for bit."""
         copies = iter(before)
         fresh = [next(copies) if isinstance(v, np.ndarray) else v for v in inputs]
         with runtime.core().detached():
-            expected = self._run(fresh, seed, instance)
+            expected = self._run(fresh, draws, instance)
         if not replay.same_bits(list(outputs), list(expected)):
             raise launch.ReplayMismatch(f"neuron {self.label}: a replay of the program differs from running it")
 
-    def _run(self, inputs: list, seed: int, instance: tuple) -> list:
+    def _run(self, inputs: list, draws: Sequence[RandomDraw], instance: tuple) -> list:
         env: dict[torch.fx.Node, Any] = dict(zip(self._placeholders, inputs))
 
         def run_node(node: torch.fx.Node) -> Any:
             args = torch.fx.node.map_arg(node.args, env.__getitem__)
             kwargs = dict(torch.fx.node.map_arg(node.kwargs, env.__getitem__))
             if node in self._random:
-                kwargs["generator"] = torch.Generator().manual_seed(_stream_seed(seed, self._random[node]))
+                kwargs["generator"] = draws[self._random[node]]
             return self._steps[node](node, args, kwargs)
 
         arrays = [v for v in inputs if isinstance(v, np.ndarray)]
@@ -203,10 +201,6 @@ def _structure_of(value: Any) -> Any:
         return (value.shape, value.dtype.str, value.strides)
     return ("static", value)
 
-
-def _stream_seed(seed: int, position: int) -> int:
-    """The random stream of the graph's ``position``-th random node for this call."""
-    return (seed * 1_000_003 + position) % (2**63)
 
 
 def _own(value: Any, inputs: list[np.ndarray]) -> Any:

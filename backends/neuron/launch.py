@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from accelkit.sdk import KernelTable, meta_call, meta_tensor
+from accelkit.sdk import KernelTable, RandomDraw, meta_call, meta_tensor
 from accelkit_backends.neuron import cost, runtime
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim import replay
@@ -198,8 +198,8 @@ def _key_of(value: Any) -> Any:
         return tuple(_key_of(v) for v in value)
     if isinstance(value, float):
         return ("float",)  # a runtime input: a new value is not a new kernel
-    if isinstance(value, torch.Generator):
-        return ("generator",)
+    if isinstance(value, RandomDraw):  # a runtime input: the window shapes the program
+        return ("draw", value.window)
     if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
         return str(value)
     return value
@@ -216,7 +216,7 @@ def _to_meta(value: Any) -> Any:
         return meta_tensor(value.shape, nx.torch_dtype(value.dtype), strides)
     if isinstance(value, (list, tuple)):
         return type(value)(_to_meta(v) for v in value)
-    if isinstance(value, torch.Generator):
+    if isinstance(value, RandomDraw):
         return None
     return value
 
@@ -228,7 +228,9 @@ def _output_specs(op: OpOverload, key: tuple, args: tuple, kwargs: dict) -> list
     cache_key = (op, key, _float_values(args, kwargs))
     specs = _SPECS.get(cache_key)
     if specs is None:
-        result = meta_call(op, *_to_meta(args), **{k: _to_meta(v) for k, v in kwargs.items()})
+        # A draw given to an op whose schema has no generator (native_dropout in a program).
+        names = {a.name for a in op._schema.arguments}
+        result = meta_call(op, *_to_meta(args), **{k: _to_meta(v) for k, v in kwargs.items() if k in names})
         results = result if isinstance(result, (tuple, list)) else (result,)
         specs = [OutSpec(tuple(r.shape), r.dtype) if isinstance(r, torch.Tensor) else None for r in results]
         if len(_SPECS) > 65536:

@@ -13,7 +13,8 @@ AOTAutograd, input mutations, splitting, statistics) is the runtime's, reached t
 - **shapes**: a program is specialised to its inputs' shapes and views; symbolic sizes
   (``dynamic=True``) arrive as Python ints and are static, so each new concrete shape compiles
   one more XLA executable of the same graph — counted in ``stats()["compile"]``.
-- **random ops** derive their key from the call's seed and their position in the graph.
+- **random ops** compute the device stream from the draw the runtime reserved for each random
+  node at the call (the counters the same op draws eagerly), so compiled and eager values agree.
 - **device-side checks** (an index out of range) are folded into one status per program and
   raised as eagerly: at the call in debug mode, at the next synchronisation in strict mode.
 - **persistent cache**: JAX's compilation cache in the directory the user names.

@@ -10,9 +10,10 @@ from typing import Any
 
 import jax
 import jax.monitoring
+import numpy as np
 import torch
 
-from accelkit.sdk import GraphLowering, ViewSpec, graph_parts
+from accelkit.sdk import GraphLowering, RandomDraw, ShardWindow, ViewSpec, graph_parts
 from accelkit_backends.tpu import checks, modes, stored_programs
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize
 from accelkit_backends.tpu.graph_ops import GRAPH_OPS, RANDOM, indexed_view, is_view
@@ -101,7 +102,7 @@ class GraphProgram:
         self._statics: dict[tuple, dict[int, Any]] = {}  # per structure: non-array outputs
         self.name = f"compiled graph ({len(self._body)} ops)"
 
-    def __call__(self, inputs: list, seed: int) -> list:
+    def __call__(self, inputs: list, draws: Sequence[RandomDraw]) -> list:
         arrays, structure = [], []
         for value in inputs:
             kind = type(value)
@@ -113,13 +114,16 @@ class GraphProgram:
                 structure.append(None)
             else:
                 structure.append(("static", value))
-        key = tuple(structure)
+        windows = tuple(None if d.window is None else (d.window.whole_shape, d.window.start, d.window.shape)
+                        for d in draws)
+        rng = [(np.asarray(d.seed, dtype=np.uint64), np.asarray(d.offset, dtype=np.uint64)) for d in draws]
+        key = (tuple(structure), windows)
         program = self._jitted.get(key)
         if program is None:
             program = self._jitted[key] = LOADED.track(Program(jax.jit(self._program(key))))
             self._statics[key] = {}
         program.last_use = next_use()
-        outputs = modes.run_program(self.name, inputs, program.jitted, arrays, seed)
+        outputs = modes.run_program(self.name, inputs, program.jitted, arrays, rng)
         compiled = program.newly_compiled()
         if compiled:
             with _count_lock:
@@ -131,11 +135,12 @@ class GraphProgram:
                 outputs[position] = value
         return outputs
 
-    def _program(self, structure: tuple) -> Any:
+    def _program(self, key: tuple) -> Any:
         placeholders, body, outputs, random = self._placeholders, self._body, self._outputs, self._random
         statics = self._statics
+        structure, windows = key
 
-        def program(arrays: list, seed: Any) -> Any:
+        def program(arrays: list, rng: list) -> Any:
             env: dict[torch.fx.Node, Any] = {}
             supplied = iter(arrays)
             for node, code in zip(placeholders, structure):
@@ -145,18 +150,19 @@ class GraphProgram:
                     env[node] = materialize(next(supplied), code)
                 else:
                     env[node] = code[1]
-            key = jax.random.key(seed) if random else None
             with checks.conditions() as stated:
                 for node in body:
                     args = torch.fx.node.map_arg(node.args, env.__getitem__)
                     kwargs = dict(torch.fx.node.map_arg(node.kwargs, env.__getitem__))
                     if node in random:
-                        kwargs = {**kwargs, "generator": jax.random.fold_in(key, random[node])}
+                        i = random[node]
+                        window = None if windows[i] is None else ShardWindow(*windows[i])
+                        kwargs = {**kwargs, "generator": RandomDraw(rng[i][0], rng[i][1], window)}
                     env[node] = _evaluate(node, args, kwargs)
             results = [env[o] if isinstance(o, torch.fx.Node) else o for o in outputs]
             for position, value in enumerate(results):
                 if not isinstance(value, jax.Array):
-                    statics[structure][position] = value  # known while tracing: not a program output
+                    statics[key][position] = value  # known while tracing: not a program output
                     results[position] = None
             return results, stated.status()
 
@@ -202,7 +208,7 @@ def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
 
 
 def _key_as_generator(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Put the node's key (``kwargs["generator"]``) where the schema has its generator."""
+    """Put the node's draw (``kwargs["generator"]``) where the schema has its generator."""
     names = [a.name for a in op._schema.arguments]
     if "generator" in names and names.index("generator") < len(args):
         position = names.index("generator")

@@ -20,8 +20,9 @@ and the machinery here does the rest, identically for every op:
   ints, bools, shapes and dtypes are static; with ``ACCELKIT_COMPILE_CACHE`` the executables
   are also kept on disk under the same key and loaded by later processes without tracing
   (:mod:`.stored_programs`);
-- **random ops** receive ``key`` — a JAX PRNG key seeded from the device generator — in place
-  of their ``generator`` argument;
+- **random ops** receive, in their ``generator`` argument, the :class:`~accelkit.sdk.RandomDraw`
+  the runtime reserved for them, its seed and offset as the program's inputs (a new draw never
+  recompiles): they compute the device stream (:mod:`accelkit.sdk.random_stream`) in the program;
 - **device-side checks**: a lowering that refuses some values states its conditions with
   :func:`checks.require`; the program then returns a status beside its result, and the error is
   raised at the op (debug) or at the next synchronisation (strict), see :mod:`.checks`;
@@ -37,10 +38,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
-from accelkit.sdk import CallLayout, KernelTable, ViewSpec, meta_tensor
+from accelkit.sdk import CallLayout, KernelTable, RandomDraw, ShardWindow, ViewSpec, meta_tensor
 from accelkit_backends.tpu import checks, modes, stored_programs
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize, torch_dtype
 from accelkit_backends.tpu.cost import COSTS, ProgramCost, Tally
@@ -124,9 +126,11 @@ class Lowering:
         if isinstance(value, float | complex):
             scalars.append(_device_scalar(value))
             return (_SCALAR, len(scalars) - 1, type(value))
-        if isinstance(value, torch.Generator):
-            scalars.append(int(torch.randint(0, 2**31 - 1, (), generator=value)))
-            return (_KEY, len(scalars) - 1)
+        if kind is RandomDraw:
+            scalars.append(np.asarray(value.seed, dtype=np.uint64))
+            scalars.append(np.asarray(value.offset, dtype=np.uint64))
+            window = value.window
+            return (_KEY, len(scalars) - 2, None if window is None else (window.whole_shape, window.start, window.shape))
         if isinstance(value, list | tuple):
             return (_SEQ, tuple(self._encode(v, arrays, scalars) for v in value))
         return (_STATIC, value)
@@ -156,7 +160,8 @@ class Lowering:
         if kind == _SCALAR:
             return scalars[code[1]]
         if kind == _KEY:
-            return jax.random.key(scalars[code[1]])
+            window = None if code[2] is None else ShardWindow(*code[2])
+            return RandomDraw(scalars[code[1]], scalars[code[1] + 1], window)
         if kind == _SEQ:
             return [Lowering._decode(c, arrays, scalars) for c in code[1]]
         return code[1]

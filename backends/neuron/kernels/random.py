@@ -1,19 +1,21 @@
-"""Random tile programs: the engines' hardware PRNG, seeded from the device generator.
+"""Random tile programs: the device's counter-based stream, computed on the engines.
 
-Each program draws one 32-bit seed from the op's ``generator`` (the device's ``torch.Generator``
-unless the caller passed one), so ``torch.manual_seed`` governs every draw, identically seeded
-runs repeat, and the generator's state advances with each call. The seed goes to the engines'
-PRNG (``set_rng_seed``); ``rng`` then writes 32 random bits per element, of which the top 24
-become a uniform float ``k * 2^-24`` — exact in fp32 — on the Vector engine. The numbers are not
-PyTorch's CPU stream: they agree with it in distribution, not element by element.
+Every random op gets the :class:`~accelkit.sdk.RandomDraw` the runtime reserved for it (in its
+``generator`` argument; ``native_dropout``, whose schema has none, reserves its own with
+:func:`accelkit.sdk.device_draw`). GpSimd computes each element's four random words from its
+counter (``philox``, :mod:`accelkit.sdk.random_stream`); the Vector and Scalar engines turn
+them into values exactly as the stream defines, in fp32, rounded once into the result's tile:
 
-- ``uniform``: ``u * (to - from) + from``;
-- ``normal_``: Box–Muller, ``sqrt(-2 ln u1) * cos(2π u2)`` on the Scalar engine (``u1`` in
-  ``(0, 1]`` so the logarithm is finite);
+- ``uniform``: ``u * (to - from) + from``, ``u = (w0 >> 8) * 2^-24`` (exact in fp32);
+- ``normal_``: Box–Muller, ``sqrt(-2 ln u1) * cos(2π u2)`` on the Scalar engine, ``u1 =
+  ((w0 >> 9) * 2 + 1) * 2^-24`` in (0, 1) and ``u2`` from ``w1``;
 - ``bernoulli``: ``u < p`` (``p`` a number or a tensor of probabilities);
-- ``random_`` (``randint``): 31 random bits modulo the range, within the 32-bit datapath;
-- ``native_dropout``: mask ``u < 1 - p``, output ``x * mask / (1 - p)`` (``p == 1`` drops all);
-  its schema has no generator, so it draws from the device generator, as the CPU fallback does.
+- ``random_`` (``randint``): ``w0`` modulo the range, within the 32-bit datapath;
+- ``native_dropout``: mask ``u < 1 - p``, output ``x * mask / (1 - p)`` (``p == 1`` drops all).
+
+So the values are every accelkit device's for the same seed and offset (up to the last bit of
+the Scalar engine's log and cos), and a DTensor shard (the draw's window) equals its part of the
+whole tensor.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from accelkit.sdk import device_generator
+from accelkit.sdk import RandomDraw, device_draw
 from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.tiling import flat_chunks
 from accelkit_backends.neuron.sim.isa import Kernel
@@ -36,37 +38,57 @@ aten = torch.ops.aten
 MANTISSA_BITS = 24
 
 
-def _seed(k: Kernel, generator: torch.Generator | None) -> None:
-    """Seed the engines' PRNG with 31 bits drawn from ``generator`` (advancing its state)."""
-    if generator is None:
-        generator = device_generator()
-    seed = int(torch.randint(0, 2**31 - 1, (), generator=generator))
-    k.set_rng_seed(seed)
+class _Chunk:
+    """One ``[rows, cols]`` chunk of a random result: elements ``start ...`` of ``shape``."""
+
+    def __init__(self, k: Kernel, draw: RandomDraw, shape: tuple[int, ...], start: int, rows: int, cols: int):
+        self.k, self.draw, self.shape, self.start, self.tile = k, draw, shape, start, (rows, cols)
+        self._words: list[Tile] | None = None
+
+    def word(self, i: int) -> Tile:
+        """Random word ``i`` (0 or 1) of each element (GpSimd computes both at once)."""
+        if self._words is None:
+            self._words = [self.k.sbuf(self.tile, np.uint32, f"w{j}") for j in range(2)]
+            self.k.philox(self._words, self.draw, self.shape, self.start)
+        return self._words[i]
+
+    def uniform(self, name: str, word: int = 0) -> Tile:
+        """An fp32 tile uniform in [0, 1): ``(w >> 8) * 2^-24``."""
+        k = self.k
+        top = k.sbuf(self.tile, np.int32, name + "_top")
+        k.tensor_scalar(top, self.word(word), "right_shift", 32 - MANTISSA_BITS)
+        values = k.sbuf(self.tile, np.float32, name)
+        k.tensor_copy(values, top)
+        k.tensor_scalar(values, values, "multiply", 2.0**-MANTISSA_BITS)
+        return values
+
+    def open_uniform(self, name: str, word: int = 0) -> Tile:
+        """An fp32 tile uniform in (0, 1): ``((w >> 9) * 2 + 1) * 2^-24``."""
+        k = self.k
+        odd = k.sbuf(self.tile, np.int32, name + "_odd")
+        k.tensor_scalar(odd, self.word(word), "right_shift", 32 - MANTISSA_BITS + 1)
+        k.tensor_scalar(odd, odd, "multiply", 2)
+        k.tensor_scalar(odd, odd, "add", 1)
+        values = k.sbuf(self.tile, np.float32, name)
+        k.tensor_copy(values, odd)
+        k.tensor_scalar(values, values, "multiply", 2.0**-MANTISSA_BITS)
+        return values
 
 
-def _uniform(k: Kernel, shape: tuple[int, int], name: str, open_at_zero: bool = False) -> Tile:
-    """An fp32 tile of uniform values in ``[0, 1)`` (or ``(0, 1]``)."""
-    bits = k.sbuf(shape, np.uint32, name + "_bits")
-    k.rng(bits)
-    top = k.sbuf(shape, np.int32, name + "_top")
-    k.tensor_scalar(top, bits, "right_shift", 32 - MANTISSA_BITS)
-    if open_at_zero:
-        k.tensor_scalar(top, top, "add", 1)
-    values = k.sbuf(shape, np.float32, name)
-    k.tensor_copy(values, top)
-    k.tensor_scalar(values, values, "multiply", 2.0**-MANTISSA_BITS)
-    return values
+def _draw(generator: Any) -> RandomDraw:
+    if not isinstance(generator, RandomDraw):
+        raise RuntimeError("neuron random kernel called without its draw (the generator argument)")
+    return generator
 
 
-def _generate(k: Kernel, out: OutSpec, generator: Any, sample) -> np.ndarray:
-    """A fresh array of ``out``'s geometry, chunk by chunk ``sample(k, (rows, cols)) -> fp32
-    tile``, rounded once into the result's dtype."""
+def _generate(k: Kernel, out: OutSpec, draw: RandomDraw, sample) -> np.ndarray:
+    """A fresh array of ``out``'s geometry, chunk by chunk ``sample(chunk) -> fp32 tile``,
+    rounded once into the result's dtype."""
     result = hbm_empty(out)
     flat = result.reshape(-1)
-    _seed(k, generator)
     for start, rows, cols in flat_chunks(result.size, k.spec.partitions):
         with k.scope():
-            values = sample(k, (rows, cols))
+            values = sample(_Chunk(k, draw, tuple(out.shape), start, rows, cols))
             stored = k.sbuf((rows, cols), chip_dtype(result.dtype), "stored")
             k.tensor_copy(stored, values)
             k.dma(flat[start : start + rows * cols].reshape(rows, cols), stored)
@@ -78,31 +100,33 @@ def uniform(k: Kernel, out: list[OutSpec], x: np.ndarray, from_: float = 0.0, to
             generator: Any = None, **kwargs: Any) -> np.ndarray:
     low = kwargs.get("from", from_)  # the schema's name is the Python keyword ``from``
 
-    def sample(k: Kernel, shape: tuple[int, int]) -> Tile:
-        values = _uniform(k, shape, "u")
-        k.tensor_scalar(values, values, "multiply", to - low)
-        k.tensor_scalar(values, values, "add", low)
+    def sample(chunk: _Chunk) -> Tile:
+        values = chunk.uniform("u")
+        chunk.k.tensor_scalar(values, values, "multiply", to - low)
+        chunk.k.tensor_scalar(values, values, "add", low)
         return values
 
-    return _generate(k, out[0], generator, sample)
+    return _generate(k, out[0], _draw(generator), sample)
 
 
 @tile_kernel(aten.normal_.default, derive_variants=False)
 def normal_(k: Kernel, out: list[OutSpec], x: np.ndarray, mean: float = 0.0, std: float = 1.0, *,
             generator: Any = None) -> np.ndarray:
-    """The new value of ``x``: normal samples (Box–Muller)."""
+    """The new value of ``x``: normal samples (Box–Muller on each element's words 0 and 1)."""
 
-    def sample(k: Kernel, shape: tuple[int, int]) -> Tile:
-        radius = _uniform(k, shape, "u1", open_at_zero=True)
+    def sample(chunk: _Chunk) -> Tile:
+        k = chunk.k
+        radius = chunk.open_uniform("u1", 0)
         k.activation(radius, radius, "log")
         k.activation(radius, radius, "sqrt", scale=-2.0)
-        angle = _uniform(k, shape, "u2")
+        angle = chunk.uniform("u2", 1)
         k.activation(angle, angle, "cos", scale=2 * math.pi)
         k.tensor_tensor(radius, radius, angle, "multiply")
-        k.activation(radius, radius, "identity", scale=std, bias=mean)
+        k.tensor_scalar(radius, radius, "multiply", std)
+        k.tensor_scalar(radius, radius, "add", mean)
         return radius
 
-    return _generate(k, out[0], generator, sample)
+    return _generate(k, out[0], _draw(generator), sample)
 
 
 def _bernoulli(k: Kernel, out: OutSpec, probability: Any, generator: Any) -> np.ndarray:
@@ -110,10 +134,10 @@ def _bernoulli(k: Kernel, out: OutSpec, probability: Any, generator: Any) -> np.
     result = hbm_empty(out)
     flat = result.reshape(-1)
     p_flat = np.ascontiguousarray(probability).reshape(-1) if isinstance(probability, np.ndarray) else None
-    _seed(k, generator)
+    draw = _draw(generator)
     for start, rows, cols in flat_chunks(result.size, k.spec.partitions):
         with k.scope():
-            u = _uniform(k, (rows, cols), "u")
+            u = _Chunk(k, draw, tuple(out.shape), start, rows, cols).uniform("u")
             keep = k.sbuf((rows, cols), chip_dtype(result.dtype), "keep")
             if p_flat is None:
                 k.tensor_scalar(keep, u, "less", probability)
@@ -143,25 +167,27 @@ def bernoulli(k: Kernel, out: list[OutSpec], x: np.ndarray, *, generator: Any = 
 
 
 @tile_kernel(aten.native_dropout.default)
-def native_dropout(k: Kernel, out: list[OutSpec], x: np.ndarray, p: float, train: bool | None) -> tuple:
+def native_dropout(k: Kernel, out: list[OutSpec], x: np.ndarray, p: float, train: bool | None, *,
+                   generator: Any = None) -> tuple:
     """``(x * mask / (1 - p), mask)``, mask kept with probability ``1 - p``; when not training,
-    ``(x, all-true mask)``."""
+    ``(x, all-true mask)``. Its draw is reserved here from the device generator (the schema has
+    no generator), or given as ``generator`` by a compiled program."""
     result, mask = hbm_empty(out[0]), hbm_empty(out[1])
     flat_x = np.ascontiguousarray(x).reshape(-1)
     flat_out, flat_mask = result.reshape(-1), mask.reshape(-1)
     training = train is None or train
     keep = 1.0 - p
     scale = 1.0 / keep if keep > 0 else 0.0
-    if training:
-        _seed(k, None)
+    draw = (generator if generator is not None else device_draw(x.size)) if training and x.size else None
     for start, rows, cols in flat_chunks(result.size, k.spec.partitions):
         with k.scope():
             part = slice(start, start + rows * cols)
             values = k.sbuf((rows, cols), chip_dtype(x.dtype), "x")
             k.dma(values, flat_x[part].reshape(rows, cols))
             kept = k.sbuf((rows, cols), np.bool_, "mask")
-            if training:
-                k.tensor_scalar(kept, _uniform(k, (rows, cols), "u"), "less", keep)
+            if draw is not None:
+                u = _Chunk(k, draw, tuple(x.shape), start, rows, cols).uniform("u")
+                k.tensor_scalar(kept, u, "less", keep)
             else:
                 k.memset(kept, 1)
             dropped = k.sbuf((rows, cols), chip_dtype(result.dtype), "dropped")
@@ -195,8 +221,8 @@ def native_dropout_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, mas
 
 
 def _random_integers(k: Kernel, out: OutSpec, low: int, high: int, generator: Any) -> np.ndarray:
-    """Integers uniform in ``[low, high)``: 31 random bits modulo the range (a bias below
-    ``range / 2^31``), shifted by ``low``, in the 32-bit datapath."""
+    """Integers uniform in ``[low, high)``: random word 0 modulo the range (a bias below
+    ``range / 2^32``), shifted by ``low``, in the 32-bit datapath."""
     span = high - low
     if span <= 0:
         raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
@@ -204,16 +230,15 @@ def _random_integers(k: Kernel, out: OutSpec, low: int, high: int, generator: An
         raise NeuronDtypeError(f"random_: the range [{low}, {high}) does not fit the NeuronCore's 32-bit "
                                "integer datapath; draw a narrower range or on the CPU")
 
-    def sample(k: Kernel, shape: tuple[int, int]) -> Tile:
-        bits = k.sbuf(shape, np.uint32, "bits")
-        k.rng(bits)
-        value = k.sbuf(shape, np.int32, "value")
-        k.tensor_scalar(value, bits, "right_shift", 1)
-        k.tensor_scalar(value, value, "remainder", span)
-        k.tensor_scalar(value, value, "add", low)
+    def sample(chunk: _Chunk) -> Tile:
+        k = chunk.k
+        modulo = k.sbuf(chunk.tile, np.uint32, "modulo")
+        k.tensor_scalar(modulo, chunk.word(0), "remainder", span)
+        value = k.sbuf(chunk.tile, np.int32, "value")
+        k.tensor_scalar(value, modulo, "add", low)
         return value
 
-    return _generate(k, out, generator, sample)
+    return _generate(k, out, _draw(generator), sample)
 
 
 _MANTISSA_DIGITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}

@@ -38,8 +38,6 @@ class NeuronCore:
         #: records went to :attr:`listeners`).
         self.program_listeners: list[Callable[[str, list[KernelRecord]], None]] = []
         self.record_instructions = False
-        #: The engines' pseudo-random generator state (see :meth:`Kernel.set_rng_seed`).
-        self.rng: np.random.Generator | None = None
         #: Per kernel instance, its timing as first computed (see :meth:`kernel`).
         self._timings: dict[Any, tuple[int, KernelRecord]] = {}
         #: Per program instance, its kernels' timings as first computed (see :meth:`program`).

@@ -27,6 +27,11 @@ import torch
 from accelkit_backends.neuron.device import CoreSpec
 
 ACCESS_OVERHEAD_CYCLES = 60
+#: GpSimd lane operations per element of Philox4x32-10 (the device stream, ``isa.philox``): each
+#: of ten rounds takes two 32x32->64 multiplies as high and low halves (4), two key additions
+#: and four exclusive ors, about 10 operations; plus the element's counter (an estimate: no
+#: published figure exists for this operator).
+PHILOX_LANE_OPERATIONS = 104
 MM_INIT_LATENCY_CYCLES = 64
 #: A 128-column LoadStationary takes about 32 cycles (N-arch2): a quarter cycle per column.
 LOAD_STATIONARY_CYCLES_PER_COLUMN = 0.25

@@ -23,13 +23,14 @@ from __future__ import annotations
 import bisect
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from numpy.lib.array_utils import byte_bounds
 
+from accelkit.sdk import RandomDraw, random_stream
 from accelkit_backends.neuron.sim import cost
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.alu import (
@@ -636,29 +637,33 @@ class Kernel:
         self._run(lambda: self._store(dst, base + p * partition_step + f * free_step))
         self._schedule("iota", "gpsimd", cost.gpsimd_seconds(self.spec, dst.free_size), (), (dst,))
 
-    def set_rng_seed(self, seed: int) -> None:
-        """Seed the engines' pseudo-random generator (nki.isa.set_rng_seed). The state persists
-        on the core across kernels, as the hardware's does within a loaded program."""
-        core = self.core
-        self._run(lambda: setattr(core, "rng", np.random.Generator(np.random.PCG64(int(seed) & 0xFFFFFFFF))))
-        self._schedule("set_rng_seed", "vector", cost.vector_seconds(self.spec, 1, 0, False))
+    def philox(self, words: Sequence[Tile], draw: RandomDraw, shape: tuple[int, ...], first: int) -> None:
+        """The device stream's random words on GpSimd (:mod:`accelkit.sdk.random_stream`):
+        element ``(p, f)`` of the ``[P, F]`` uint32 tiles ``words`` (one to four of them: words 0,
+        1, ...) gets the words of element ``first + p * F + f`` of a random result of ``shape``
+        drawn at ``draw``: Philox4x32-10 of its counter under the draw's seed.
 
-    def rng(self, dst: Tile) -> None:
-        """32 pseudo-random bits per element, truncated to ``dst``'s integer dtype (its least
-        significant bits), on the Vector engine (nki.isa.rng). The simulator's generator is
-        numpy's PCG64, not the hardware's XORWOW: the bits are statistically, not bitwise, alike."""
-        if dst.dtype.kind not in "iu":
-            raise NeuronDtypeError(f"{self.name}: rng writes an integer tile, not {dst.dtype}")
-        core, width = self.core, np.dtype(f"u{dst.dtype.itemsize}")
+        Counter-based generation is a custom operator on GpSimd's 32-bit integer lanes (the
+        engines' own ``rng`` is a sequential XORWOW with no counter to address an element by):
+        each element costs :data:`cost.PHILOX_LANE_OPERATIONS` lane operations (ten rounds of two
+        32x32->64 multiplies, key additions and exclusive ors)."""
+        if not 1 <= len(words) <= 4 or any(w.dtype != np.uint32 for w in words):
+            raise NeuronDtypeError(f"{self.name}: philox writes one to four uint32 tiles")
+        tile_shape = words[0].shape
+        for w in words:
+            self._same_partitions(w, words[0])
+            if w.shape != tile_shape:
+                raise TileShapeError(f"{self.name}: philox tiles of shapes {tile_shape} and {w.shape}")
 
-        def draw() -> None:
-            if core.rng is None:
-                core.rng = np.random.Generator(np.random.PCG64(0))
-            bits = core.rng.integers(0, 1 << 32, size=dst.shape, dtype=np.uint64).astype(np.uint32)
-            dst.data[...] = bits.astype(width).view(dst.dtype)  # keeps the low bits
+        def compute() -> None:
+            index = np.arange(first, first + math.prod(tile_shape), dtype=np.uint64).reshape(tile_shape)
+            drawn = random_stream.philox4x32(random_stream.counters_at(draw, shape, index, np), draw.seed, np)
+            for tile, values in zip(words, drawn):
+                tile.data[...] = values
 
-        self._run(draw)
-        self._elementwise("rng", dst, (), np.dtype(np.int64), engine="vector")
+        self._run(compute)
+        seconds = cost.gpsimd_seconds(self.spec, words[0].free_size, inputs=cost.PHILOX_LANE_OPERATIONS)
+        self._schedule("philox", "gpsimd", seconds, (), tuple(words))
 
     def memset(self, dst: Tile, value: float) -> None:
         """``dst = value``, the number converted to ``dst``'s type as PyTorch converts it."""

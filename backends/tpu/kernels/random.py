@@ -1,10 +1,12 @@
-"""Random lowerings, drawn from the device generator.
+"""Random lowerings: the device's counter-based stream, computed inside the op's XLA program.
 
-The machinery turns an op's ``generator`` argument (the device's ``torch.Generator`` unless the
-caller passed one) into a JAX PRNG key seeded from it, so ``torch.manual_seed`` and ``fork_rng``
-govern every draw and two identically seeded runs produce identical values. The values are
-JAX's (threefry) stream, not PyTorch's CPU stream: they agree with CPU in distribution, not
-element by element.
+Every random op receives in its ``generator`` argument the :class:`~accelkit.sdk.RandomDraw` the
+runtime reserved for it (the seed and first counter, program inputs, so a new draw never
+recompiles) and computes its values with :mod:`accelkit.sdk.random_stream` on ``jax.numpy``:
+Philox4x32-10 of each element's counter, then the distribution's transform. The values are those
+of every accelkit device for the same seed and offset (up to the last bit of transcendental
+functions), not PyTorch's CPU stream; a DTensor shard draws its elements' counters in the whole
+tensor (the draw's window), so a sharded random op equals the op on the whole tensor.
 
 Three kinds of registration:
 
@@ -13,34 +15,35 @@ Three kinds of registration:
 - in-place ops with no functional twin of the same overload (``normal_``, ``bernoulli_.float``):
   registered with ``derive_variants=False``; the lowering returns the new value of ``self`` and
   the runtime stores it;
-- ``native_dropout``, whose schema has no generator: :class:`DeviceGeneratorLowering` supplies
-  the device generator, as the CPU fallback does (``_on_device_stream``).
+- ``native_dropout``, whose schema has no generator: :class:`DeviceGeneratorLowering` reserves
+  its draw from the device generator (:func:`accelkit.sdk.device_draw`), as the CPU fallback does.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 import torch
 
-from accelkit.sdk import device_generator
+from accelkit.sdk import RandomDraw, device_draw
+from accelkit.sdk import random_stream as stream
 from accelkit_backends.tpu import checks
+from accelkit_backends.tpu.buffers import JaxView, torch_dtype
 from accelkit_backends.tpu.lowering import Lowering, kernels, lowering
 
 aten = torch.ops.aten
 
 
-def _sample_dtype(x: jax.Array) -> Any:
-    """Floats are sampled in float32 (float64 if the tensor is float64) and rounded once."""
-    return jnp.float64 if x.dtype == jnp.float64 else jnp.float32
+def _double(*values: Any) -> bool:
+    """Floats are drawn in float32, in float64 when a tensor among ``values`` is float64."""
+    return any(getattr(v, "dtype", None) == jnp.float64 for v in values)
 
 
-def _key(generator: Any) -> jax.Array:
-    if generator is None:
-        raise RuntimeError("tpu random lowering called without a PRNG key (generator)")
+def _draw(generator: Any) -> RandomDraw:
+    if not isinstance(generator, RandomDraw):
+        raise RuntimeError("tpu random lowering called without its draw (the generator argument)")
     return generator
 
 
@@ -52,47 +55,41 @@ def _key(generator: Any) -> jax.Array:
 @lowering(aten.normal_.default, derive_variants=False)
 @lowering(aten.normal_functional.default)
 def normal(x, mean=0.0, std=1.0, *, generator=None):
-    noise = jax.random.normal(_key(generator), x.shape, _sample_dtype(x))
-    return noise * std + mean
+    return stream.normal(_draw(generator), x.shape, mean, std, _double(x), jnp)
 
 
 @lowering(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor)
 def normal_tensor(mean, std=1.0, *, generator=None):
     """Normal samples with elementwise ``mean`` and ``std`` (either may be a tensor; broadcast)."""
     shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
-    tensors = [v for v in (mean, std) if isinstance(v, jax.Array) and not jax.typeof(v).weak_type]
-    noise = jax.random.normal(_key(generator), shape, _sample_dtype(tensors[0]))
-    return noise * std + mean
+    return stream.normal(_draw(generator), shape, mean, std, _double(mean, std), jnp)
 
 
 @lowering(aten.log_normal_.default, derive_variants=False)
 def log_normal(x, mean=1.0, std=2.0, *, generator=None):
-    """``exp`` of normal samples with ``mean`` and ``std``."""
-    return jnp.exp(jax.random.normal(_key(generator), x.shape, _sample_dtype(x)) * std + mean)
+    return stream.log_normal(_draw(generator), x.shape, mean, std, _double(x), jnp)
 
 
 @lowering(aten.cauchy_.default, derive_variants=False)
 def cauchy(x, median=0.0, sigma=1.0, *, generator=None):
-    return jax.random.cauchy(_key(generator), x.shape, _sample_dtype(x)) * sigma + median
+    return stream.cauchy(_draw(generator), x.shape, median, sigma, _double(x), jnp)
 
 
 @lowering(aten.geometric_.default, derive_variants=False, static=("p",))  # Meta checks p
 def geometric(x, p, *, generator=None):
     """The number of Bernoulli(``p``) trials up to the first success (1, 2, ...)."""
-    dtype = _sample_dtype(x) if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
-    u = jax.random.uniform(_key(generator), x.shape, dtype, minval=jnp.finfo(dtype).tiny, maxval=1.0)
-    return jnp.ceil(jnp.log(u) / jnp.log1p(-jnp.asarray(p, dtype)))
+    return stream.geometric(_draw(generator), x.shape, p, _double(x), jnp)
 
 
 @lowering(aten.uniform.default)
 def uniform(x, from_=0.0, to=1.0, *, generator=None, **kwargs):
     low = kwargs.get("from", from_)  # the schema's name is the Python keyword ``from``
-    return jax.random.uniform(_key(generator), x.shape, _sample_dtype(x), 0.0, 1.0) * (to - low) + low
+    return stream.uniform(_draw(generator), x.shape, low, to, _double(x), jnp)
 
 
 @lowering(aten.exponential.default)
 def exponential(x, lambd=1.0, *, generator=None):
-    return jax.random.exponential(_key(generator), x.shape, _sample_dtype(x)) / lambd
+    return stream.exponential(_draw(generator), x.shape, lambd, _double(x), jnp)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,28 +97,26 @@ def exponential(x, lambd=1.0, *, generator=None):
 # ---------------------------------------------------------------------------------------------
 
 
-def _draw(generator: Any, shape: tuple, p: Any) -> jax.Array:
-    """True with probability ``p`` (broadcast to ``shape``), as ``uniform < p``."""
-    dtype = jnp.float64 if getattr(p, "dtype", None) == jnp.float64 else jnp.float32
-    p = p.astype(dtype) if isinstance(p, jax.Array) else p
-    return jax.random.uniform(_key(generator), shape, dtype) < p
+def _bernoulli(generator: Any, shape: tuple, p: Any) -> Any:
+    """True with probability ``p`` (broadcast to ``shape``)."""
+    return stream.bernoulli(_draw(generator), shape, p, _double(p), jnp)
 
 
 @lowering(aten.bernoulli.default)
 def bernoulli(x, *, generator=None):
     """``x`` holds the probabilities."""
-    return _draw(generator, x.shape, x)
+    return _bernoulli(generator, x.shape, x)
 
 
 @lowering(aten.bernoulli.Tensor)
 def bernoulli_tensor(x, p, *, generator=None):
-    return _draw(generator, x.shape, p)
+    return _bernoulli(generator, x.shape, p)
 
 
 @lowering(aten.bernoulli_.float, derive_variants=False)
 @lowering(aten.bernoulli.p)
 def bernoulli_float(x, p=0.5, *, generator=None):
-    return _draw(generator, x.shape, p)
+    return _bernoulli(generator, x.shape, p)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -129,74 +124,47 @@ def bernoulli_float(x, p=0.5, *, generator=None):
 # ---------------------------------------------------------------------------------------------
 
 
-def _default_high(dtype: Any) -> int:
-    """The inclusive upper bound of ``random_()`` without ``to``: the largest integer a float
-    dtype holds exactly (2**mantissa digits), or the integer dtype's maximum."""
-    if dtype == jnp.bool_:
-        return 1
-    if jnp.issubdtype(dtype, jnp.floating):
-        return 2 ** (jnp.finfo(dtype).nmant + 1)
-    return int(jnp.iinfo(dtype).max)
-
-
-def _integers(generator: Any, x: jax.Array, low: int, high: int) -> jax.Array:
-    """Integers uniform in ``[low, high]`` (static, inclusive) in the tensor's shape.
-
-    Computed on 64 random bits modulo the span, as PyTorch's CPU kernel does, so any span up
-    to the whole int64 range works.
-    """
-    span = high - low + 1
-    bits = jax.random.bits(_key(generator), x.shape, jnp.uint64)
-    offset = bits if span == 2**64 else bits % np.uint64(span)
-    values = jax.lax.bitcast_convert_type(offset + np.uint64(low % 2**64), jnp.int64)
-    return values  # cast to the tensor's dtype by the machinery
+def _integers(generator: Any, x: Any, low: int = 0, to: int | None = None) -> Any:
+    """Integers uniform in ``random_``'s range for ``x``'s dtype (static bounds), in its shape;
+    int64, cast to the tensor's dtype by the machinery."""
+    low, high = stream.random_bounds(torch_dtype(x.dtype), low, to)
+    return stream.integers(_draw(generator), x.shape, low, high, jnp)
 
 
 @lowering(getattr(aten.random, "from"))  # ``from`` is a Python keyword
 def random_from(x, from_=0, to=None, *, generator=None, **kwargs):
-    low = kwargs.get("from", from_)
-    high = _default_high(x.dtype) if to is None else to - 1
-    return _integers(generator, x, low, high)
+    return _integers(generator, x, kwargs.get("from", from_), to)
 
 
 @lowering(aten.random.to)
 def random_to(x, to, *, generator=None):
-    return _integers(generator, x, 0, to - 1)
+    return _integers(generator, x, 0, to)
 
 
 @lowering(aten.random.default)
 def random_(x, *, generator=None):
-    return _integers(generator, x, 0, _default_high(x.dtype))
+    return _integers(generator, x)
 
 
 @lowering(aten.multinomial.default)
 def multinomial(weights, num_samples, replacement=False, *, generator=None):
     """``num_samples`` category indices per row of ``weights`` (1-d or 2-d, non-negative, not
-    necessarily normalised), drawn with probability proportional to the weights: with
-    replacement by ``jax.random.categorical``; without, as the ``num_samples`` largest
-    ``log(w) + Gumbel`` keys (the Gumbel-top-k trick), so each row's indices are distinct.
+    necessarily normalised), drawn with probability proportional to the weights
+    (:func:`accelkit.sdk.random_stream.multinomial`: by the cumulative weights with replacement;
+    by the exponential race without, so each row's indices are distinct).
 
     Weights that are negative, infinite or NaN, and rows that sum to zero, fail with CPU's
     errors (device-side checks). Without replacement, a zero-weight category is drawn only after
     every positive one (CPU refuses more samples than positive weights; that is not checked).
     """
-    rows = weights.reshape(-1, weights.shape[-1]).astype(_sample_dtype(weights))
+    double = _double(weights)
+    rows = weights.reshape(-1, weights.shape[-1]).astype(jnp.float64 if double else jnp.float32)
     checks.require(jnp.all(jnp.isfinite(rows) & (rows >= 0)), RuntimeError,
                    "probability tensor contains either `inf`, `nan` or element < 0")
     checks.require(jnp.all(jnp.sum(rows, axis=-1) > 0), RuntimeError,
                    "invalid multinomial distribution (sum of probabilities <= 0)")
-    logits = jnp.where(rows > 0, jnp.log(jnp.where(rows > 0, rows, 1)), -jnp.inf)
-    key = _key(generator)
-    if replacement:
-        drawn = jax.random.categorical(key, logits, axis=-1, shape=(num_samples, rows.shape[0])).T
-    else:
-        gumbel_key, tie_key = jax.random.split(key)
-        keys = logits + jax.random.gumbel(gumbel_key, logits.shape, logits.dtype)
-        # A zero weight gets a finite, very low key: ranked after every positive one, randomly.
-        lowest = jnp.finfo(keys.dtype).min / 2 + jax.random.uniform(tie_key, keys.shape, keys.dtype)
-        keys = jnp.where(rows > 0, keys, lowest)
-        drawn = jax.lax.top_k(keys, num_samples)[1]
-    return drawn.astype(jnp.int64).reshape(weights.shape[:-1] + (num_samples,))
+    drawn = stream.multinomial(_draw(generator), rows, num_samples, replacement, double, jnp)
+    return drawn.reshape(weights.shape[:-1] + (num_samples,))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,10 +174,13 @@ def multinomial(weights, num_samples, replacement=False, *, generator=None):
 
 class DeviceGeneratorLowering(Lowering):
     """A random op whose schema takes no generator (``native_dropout``): the lowering receives
-    a key drawn from the device generator as ``generator``, as if the schema had one."""
+    the draw it reserves from the device generator as ``generator``, as if the schema had one
+    (one counter per element of its first argument)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return super().__call__(*args, generator=device_generator(), **kwargs)
+        x = args[0]
+        count = math.prod(x.spec.size if isinstance(x, JaxView) else x.shape)
+        return super().__call__(*args, generator=device_draw(count), **kwargs)
 
 
 def native_dropout(x, p, train, *, generator=None):
@@ -218,9 +189,9 @@ def native_dropout(x, p, train, *, generator=None):
     if train is False or x.size == 0:
         return x, jnp.ones(x.shape, jnp.bool_)
     keep = 1 - p
-    mask = jax.random.uniform(_key(generator), x.shape, _sample_dtype(x)) < keep
+    mask = stream.dropout_mask(_draw(generator), x.shape, keep, jnp)
     scale = jnp.where(keep == 0, 0.0, 1 / jnp.where(keep == 0, 1.0, keep))
-    compute = _sample_dtype(x)
+    compute = jnp.float64 if _double(x) else jnp.float32
     return x.astype(compute) * mask.astype(compute) * scale.astype(compute), mask
 
 
@@ -229,5 +200,5 @@ kernels.add(aten.native_dropout.default, DeviceGeneratorLowering(aten.native_dro
 
 @lowering(aten.native_dropout_backward.default)
 def native_dropout_backward(grad, mask, scale):
-    compute = _sample_dtype(grad)
+    compute = jnp.float64 if _double(grad) else jnp.float32
     return grad.astype(compute) * mask.astype(compute) * scale
