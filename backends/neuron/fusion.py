@@ -7,16 +7,18 @@ every input is loaded once per chunk, each op computes from the tiles of the ops
 only values used after the chain (or returned by the graph) are stored. Each op's arithmetic is
 its eager body's, on the same chunks and tile dtypes, so results are bit-for-bit the eager ones.
 
-:func:`plan` groups a graph's nodes. A group is a run of fusable nodes (ops whose body is one
-:func:`.tiling.map_flat` and looks at no values) with one static output shape; a node that does
-not use the group's results (a view of an input, a constant) runs before it, so it does not end
-the group. A long chain streams narrower chunks so that all its tiles fit in a share of SBUF; one
+:func:`plan` groups a graph's nodes by their concrete shapes at the call (a graph Dynamo made
+dynamic is planned per call shape: :mod:`.graph_shapes`). A group is a run of fusable nodes (ops
+whose body is one :func:`.tiling.map_flat` and looks at no values) with one static output shape;
+a node that does not use the group's results (a view of an input, a constant) runs before it, so
+it does not end the group. A long chain streams narrower chunks so that all its tiles fit in a share of SBUF; one
 that would need chunks narrower than :data:`.tiling.MIN_FUSED_COLUMNS` is split into groups.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,9 @@ from accelkit_backends.neuron.launch import OutSpec, body_of, hbm_empty, run_sta
 from accelkit_backends.neuron.sim.errors import SbufOverflowError
 
 aten = torch.ops.aten
+
+#: The concrete shape of a graph's nodes for one call (:func:`.graph_shapes.node_shapes`).
+Shapes = Mapping[torch.fx.Node, tuple[int, ...]]
 
 #: Ops whose eager body is a single elementwise map that never reads values to decide what to
 #: run (integer division checks its divisor first, so it is not here).
@@ -56,8 +61,8 @@ class FusedGroup:
     the graph's output uses it); only those are written to HBM.
     """
 
-    def __init__(self, nodes: Sequence[torch.fx.Node], stored: Sequence[bool], columns: int = tiling.FMAX,
-                 head: torch.fx.Node | None = None, head_stored: bool = False):
+    def __init__(self, nodes: Sequence[torch.fx.Node], stored: Sequence[bool], shapes: Shapes,
+                 columns: int = tiling.FMAX, head: torch.fx.Node | None = None, head_stored: bool = False):
         self.nodes = list(nodes)
         self.stored = list(stored)
         #: The chunk width that keeps every buffer of the chain in the planned share of SBUF.
@@ -67,7 +72,8 @@ class FusedGroup:
         #: Every node the program computes, in order: the head first.
         self.computed = ([head] if head is not None else []) + self.nodes
         self.name = "fused(" + "+".join(_op_name(n) for n in self.computed) + ")"
-        self._specs = [[_spec(n)] for n in self.computed]
+        self._shapes = shapes
+        self._specs = [[OutSpec(shapes[n], n.meta["val"].dtype)] for n in self.computed]
         self._bodies = [body_of(n.target) for n in self.computed]
         #: False once the chain turned out not to fuse (it then runs op by op).
         self.fuses = True
@@ -111,7 +117,7 @@ class FusedGroup:
                       for n, keep in zip(part, self.stored[cut])]
             head = self.head if not halves else None  # the matmul stays with the first half
             head_stored = head is not None and (self.head_stored or any(u in self.nodes[middle:] for u in head.users))
-            halves.append(FusedGroup(part, stored, self.columns, head, head_stored))
+            halves.append(FusedGroup(part, stored, self._shapes, self.columns, head, head_stored))
         return halves
 
     def _run_fused(self, env: dict[torch.fx.Node, Any]) -> None:
@@ -170,9 +176,11 @@ class FusedGroup:
         return (head_out if head is not None and self.head_stored else None), stored
 
 
-def plan(body: Sequence[torch.fx.Node], outputs: Sequence[Any], partitions: int,
+def plan(body: Sequence[torch.fx.Node], outputs: Sequence[Any], shapes: Shapes, partitions: int,
          sbuf_partition_bytes: int) -> list[torch.fx.Node | FusedGroup]:
-    """The graph's body as the units a program runs in order: single nodes and fused groups."""
+    """The graph's body as the units a program runs in order: single nodes and fused groups.
+    ``shapes`` has the concrete shape of the nodes whose value is one tensor; a node without
+    one is never fused."""
     returned = {o for o in outputs if isinstance(o, torch.fx.Node)}
     budget = int(sbuf_partition_bytes * SBUF_SHARE)
     units: list[torch.fx.Node | FusedGroup] = []
@@ -182,20 +190,20 @@ def plan(body: Sequence[torch.fx.Node], outputs: Sequence[Any], partitions: int,
     def close() -> None:
         units.extend(hoisted)
         hoisted.clear()
-        head, readers = _take_head(group, units) if group else (None, [])
+        head, readers = _take_head(group, units, shapes) if group else (None, [])
         if len(group) > 1 or head is not None:
             members = set(group)
             stored = [n in returned or any(u not in members for u in n.users) for n in group]
             head_stored = head is not None and (head in returned or any(u not in members for u in head.users))
-            units.append(FusedGroup(group, stored, _columns(group, budget), head, head_stored))
+            units.append(FusedGroup(group, stored, shapes, _columns(group, budget), head, head_stored))
         else:
             units.extend(group)
         units.extend(readers)
         group.clear()
 
     for node in body:
-        if _fusable(node):
-            if group and not _fits(group, node, partitions, budget):
+        if _fusable(node, shapes):
+            if group and not _fits(group, node, shapes, partitions, budget):
                 close()  # another shape, or SBUF is full: a new group begins
             group.append(node)
             continue
@@ -214,14 +222,15 @@ HEADS = frozenset({aten.mm.default, aten.addmm.default})
 _HEAD_LOOKBACK = 16
 
 
-def _take_head(group: list[torch.fx.Node], units: list) -> tuple[torch.fx.Node | None, list[torch.fx.Node]]:
+def _take_head(group: list[torch.fx.Node], units: list,
+               shapes: Shapes) -> tuple[torch.fx.Node | None, list[torch.fx.Node]]:
     """The matmul feeding ``group``, removed from ``units`` to run in the group's program, and
     the units after it that read its result, removed to run after the group.
 
     The matmul is a 2-D ``mm``/``addmm`` of the group's shape that a member reads, among the
     last few units. The units after it then run before it (none can depend on it, except its
     readers); its readers must be read by neither the group nor those units."""
-    shape = tuple(group[0].meta["val"].shape)
+    shape = shapes[group[0]]
     if len(shape) != 2:
         return None, []
     read = {a for n in group for a in n.all_input_nodes}
@@ -229,8 +238,7 @@ def _take_head(group: list[torch.fx.Node], units: list) -> tuple[torch.fx.Node |
         unit = units[position]
         if isinstance(unit, FusedGroup):
             return None, []
-        if unit in read and unit.target in HEADS and body_of(unit.target) is not None \
-                and isinstance(unit.meta.get("val"), torch.Tensor) and tuple(unit.meta["val"].shape) == shape:
+        if unit in read and unit.target in HEADS and body_of(unit.target) is not None and shapes.get(unit) == shape:
             later = units[position + 1:]
             readers = [u for u in later if unit in u.all_input_nodes]
             if any(r in read or any(r in u.all_input_nodes for u in later) for r in readers):
@@ -240,24 +248,20 @@ def _take_head(group: list[torch.fx.Node], units: list) -> tuple[torch.fx.Node |
     return None, []
 
 
-def _spec(node: torch.fx.Node) -> OutSpec:
-    return OutSpec(tuple(node.meta["val"].shape), node.meta["val"].dtype)
-
-
-def _fusable(node: torch.fx.Node) -> bool:
+def _fusable(node: torch.fx.Node, shapes: Shapes) -> bool:
     if node.op != "call_function" or node.target not in FUSABLE or body_of(node.target) is None:
         return False
-    val = node.meta.get("val")
-    return isinstance(val, torch.Tensor) and all(isinstance(d, int) for d in val.shape) and val.numel() > 0
+    shape = shapes.get(node)
+    return shape is not None and math.prod(shape) > 0
 
 
-def _fits(group: list[torch.fx.Node], node: torch.fx.Node, partitions: int, budget: int) -> bool:
+def _fits(group: list[torch.fx.Node], node: torch.fx.Node, shapes: Shapes, partitions: int, budget: int) -> bool:
     """``node`` joins ``group``: same shape, and the chain's buffers still fit in ``budget`` with
     chunks no narrower than :data:`.tiling.MIN_FUSED_COLUMNS` (a chain too small to fill the
     widest chunks fits with narrower ones anyway)."""
-    if tuple(node.meta["val"].shape) != tuple(group[0].meta["val"].shape):
+    if shapes[node] != shapes[group[0]]:
         return False
-    needed = min(tiling.MIN_FUSED_COLUMNS, -(-group[0].meta["val"].numel() // partitions))
+    needed = min(tiling.MIN_FUSED_COLUMNS, -(-math.prod(shapes[node]) // partitions))
     return _columns([*group, node], budget) >= needed
 
 

@@ -11,7 +11,12 @@ runs are counted and estimated as the eager ones are.
 
 Shapes are static, as neuronx-cc's are: ``dynamic=True`` is refused with the rule and the way
 round it (``accelkit.bucketed``); every new input shape is a new program, counted in
-``stats()["compile"]`` (also when Dynamo makes a graph dynamic by itself after a shape change).
+``stats()["compile"]``. A graph Dynamo makes dynamic by itself (after a shape change, or
+``mark_dynamic``) is accepted, and a program takes every shape from the call, never a symbolic
+size from the graph's fake values: kernels, views and factories read the arrays and the sizes
+the call passes (a symbolic size arrives as a Python int), and what is planned before the run
+(fusion) uses the nodes' sizes evaluated at the call's (:mod:`.graph_shapes`), so the program
+at a shape is fused as a static graph of that shape is.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from accelkit.sdk import GraphLowering, RandomDraw, graph_parts
-from accelkit_backends.neuron import fusion, launch, runtime
+from accelkit_backends.neuron import fusion, graph_shapes, launch, runtime
 from accelkit_backends.neuron.conversion import convert
 from accelkit_backends.neuron.kernels.shape import copy_view
 from accelkit_backends.neuron.launch import kernels
@@ -106,8 +111,12 @@ class GraphProgram:
                if isinstance(n.target, torch._ops.OpOverload) and not _is_view(n.target)]
         #: The program's name in estimates and traces: its number and first and last ops.
         self.label = f"graph {number} ({ops[0]} ... {ops[-1]}, {len(ops)} ops)" if ops else f"graph {number}"
-        spec = runtime.core().spec
-        self._units = fusion.plan(self._body, self._outputs, spec.partitions, spec.sbuf_partition_bytes)
+        #: The units (nodes and fused groups) a call runs: one plan for a static graph, one per
+        #: input structure for a graph with symbolic sizes (see :meth:`_units`).
+        self._symbolic = graph_shapes.symbolic(self._placeholders)
+        self._plans: dict[tuple, list] = {}
+        if not self._symbolic:
+            self._plans[()] = self._plan({})
         self._structures: set[tuple] = set()
         #: Per input structure (and aliasing), the program's recording (see :meth:`_record`).
         self._recordings: dict[tuple, replay.Recording] = {}
@@ -172,8 +181,25 @@ class GraphProgram:
         if not replay.same_bits(list(outputs), list(expected)):
             raise launch.ReplayMismatch(f"neuron {self.label}: a replay of the program differs from running it")
 
+    def _plan(self, bound: dict) -> list:
+        """Nodes and fused groups, from the nodes' shapes at the symbols' values ``bound``."""
+        spec = runtime.core().spec
+        shapes = graph_shapes.node_shapes(self._body, bound)
+        return fusion.plan(self._body, self._outputs, shapes, spec.partitions, spec.sbuf_partition_bytes)
+
+    def _units(self, structure: tuple, inputs: list) -> list:
+        """The plan for a call with this input structure: planned from the call's own sizes
+        when the graph's are symbolic."""
+        if not self._symbolic:
+            return self._plans[()]
+        units = self._plans.get(structure)
+        if units is None:
+            units = self._plans[structure] = self._plan(graph_shapes.bind(self._placeholders, inputs))
+        return units
+
     def _run(self, inputs: list, draws: Sequence[RandomDraw], instance: tuple) -> list:
         env: dict[torch.fx.Node, Any] = dict(zip(self._placeholders, inputs))
+        units = self._units(instance[1], inputs)
 
         def run_node(node: torch.fx.Node) -> Any:
             args = torch.fx.node.map_arg(node.args, env.__getitem__)
@@ -184,7 +210,7 @@ class GraphProgram:
 
         arrays = [v for v in inputs if isinstance(v, np.ndarray)]
         with runtime.core().program(instance, self.label) as program:
-            for unit in self._units:
+            for unit in units:
                 if isinstance(unit, fusion.FusedGroup):
                     unit.run(env, run_node)
                 else:
@@ -376,13 +402,18 @@ def _batch_norm_no_stats(node: torch.fx.Node, x: Any, weight: Any, bias: Any, tr
     return _batch_norm(x, weight, bias, None, None, training, momentum, eps)[:3]
 
 
+def _like(x: np.ndarray) -> torch.Tensor:
+    """A meta tensor with the array's sizes, strides and dtype: PyTorch's rules for a result's
+    layout (a clone's, a ``*_like`` factory's) applied to the concrete array."""
+    itemsize = x.dtype.itemsize
+    return torch.empty_strided(x.shape, tuple(s // itemsize for s in x.strides), dtype=nx.torch_dtype(x.dtype),
+                               device="meta")
+
+
 def _clone(node: torch.fx.Node, x: np.ndarray, **kwargs: Any) -> np.ndarray:
-    """A copy in the layout PyTorch gives the clone (``node.meta["val"]``'s strides)."""
-    val = node.meta["val"]
-    try:
-        shape, stride = tuple(int(d) for d in val.shape), tuple(int(d) for d in val.stride())
-    except TypeError:  # symbolic sizes (automatic dynamic shapes): a contiguous copy
-        shape, stride = x.shape, tuple(int(np.prod(x.shape[i + 1:])) for i in range(x.ndim))
+    """A copy in the layout PyTorch gives the clone of ``x`` (its ``memory_format``)."""
+    made = _like(x).clone(**kwargs)
+    shape, stride = tuple(made.shape), made.stride()
     itemsize = x.dtype.itemsize
     extent = 1 + sum((size - 1) * step for size, step in zip(shape, stride) if size)
     strides = tuple(s * itemsize for s in stride)
@@ -437,14 +468,18 @@ _LIKE_FACTORIES = {
 
 
 def _filled_like(node: torch.fx.Node, *args: Any, **kwargs: Any) -> np.ndarray:
-    """A ``*_like``/``new_*`` factory: its result's shape, strides and dtype are the node's
-    (static), its values one number; made as a graph constant is (an empty one reads as zeros)."""
-    val = node.meta["val"]
+    """A ``*_like``/``new_*`` factory: its result's shape, strides and dtype are PyTorch's for
+    the call's array and sizes, its values one number; made as a graph constant is (an empty one
+    reads as zeros)."""
     how, fill = _LIKE_FACTORIES[node.target]
     value = args[fill] if how == "argument" else fill
+    kwargs = {**kwargs, "device": "meta"}
+    kwargs.pop("pin_memory", None)
+    made = node.target(_like(args[0]), *args[1:], **kwargs)
+    shape, stride, dtype = tuple(made.shape), made.stride(), made.dtype
 
     def make() -> np.ndarray:
-        return nx.from_torch(torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype).fill_(value))
+        return nx.from_torch(torch.empty_strided(shape, stride, dtype=dtype).fill_(value))
 
     recording = replay.active_program()
     return make() if recording is None else recording.made(make)

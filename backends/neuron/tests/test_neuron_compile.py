@@ -7,6 +7,7 @@ out of a program and run eagerly.
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import torch._dynamo
 from torch import nn
 
 import accelkit
-from accelkit_backends.neuron.graph_lowering import NeuronStaticShapeError
+from accelkit_backends.neuron.graph_lowering import NeuronGraphLowering, NeuronStaticShapeError
 
 
 @pytest.fixture(autouse=True)
@@ -108,6 +109,97 @@ def test_dynamic_shapes_are_refused_with_the_static_shape_rule_and_the_way_round
     with pytest.raises(Exception, match="neuronx-cc compiles static shapes only") as refused:
         scaled(torch.ones(3, device=dev))
     assert NeuronStaticShapeError.__name__ in str(refused.value) and "accelkit.bucketed" in str(refused.value)
+
+
+@pytest.fixture
+def symbolic_graphs(monkeypatch):
+    """Per graph the neuron compiler is given, whether it has symbolic sizes (the tests below
+    need Dynamo to have made graphs dynamic by itself, or they test nothing)."""
+    seen = []
+    lower = NeuronGraphLowering.lower
+
+    def spy(self, graph, random_nodes):
+        vals = [node.meta.get("val") for node in graph.graph.nodes if node.op == "placeholder"]
+        sizes = [size for val in vals for size in (val.shape if isinstance(val, torch.Tensor) else (val,))]
+        seen.append(any(isinstance(size, torch.SymInt) for size in sizes))
+        return lower(self, graph, random_nodes)
+
+    monkeypatch.setattr(NeuronGraphLowering, "lower", spy)
+    return seen
+
+
+def test_an_mlp_a_cnn_and_an_encoder_layer_compiled_in_one_process_give_eager_results(dev, symbolic_graphs):
+    # One Dynamo cache for the three models (no reset between them): the recompiles make Dynamo
+    # turn the later graphs dynamic by itself, and their factories (zeros_like, full_like in the
+    # backward) must take their shapes from the call, not from the graph's symbolic sizes.
+    layer = functools.partial(nn.TransformerEncoderLayer, 16, 2, 32, dropout=0.0, batch_first=True)
+    for make_model, shape in ((MODELS["mlp"][0], (8, 16)), (MODELS["cnn"][0], (4, 3, 8, 8)), (layer, (2, 5, 16))):
+        torch.manual_seed(0)
+        eager = make_model().to(dev)
+        compiled_model = copy.deepcopy(eager)
+        compiled = torch.compile(compiled_model, backend="neuron")
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(dev)
+        want, got = eager(x), compiled(x)
+        want.square().mean().backward()
+        got.square().mean().backward()
+        assert torch.equal(got.cpu(), want.cpu())
+        for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled_model.parameters()):
+            assert torch.equal(p_compiled.grad.cpu(), p_eager.grad.cpu()), name
+    stats = accelkit.stats()["compile"]
+    assert stats["aot_graphs"] == {"forward": 3, "backward": 3} and stats["eager_nodes"] == {}, stats
+    assert sum(symbolic_graphs) >= 2, symbolic_graphs  # the CNN's and the layer's graphs at least
+
+
+def _shaped_by_the_call(x, w):
+    # Factories sized by a symbolic size or shaped like a tensor, a contiguous copy, views and an
+    # expand with symbolic sizes, and an elementwise chain fed by a matmul (fused).
+    n = x.shape[0]
+    h = (x @ w).relu() * 2 + 1
+    rows = torch.arange(n, device=x.device, dtype=x.dtype).unsqueeze(1)
+    filled = torch.zeros_like(h) + torch.full_like(h, 0.5) + h.new_ones(n, 1)
+    flat = (h + rows + filled).t().contiguous().reshape(-1)
+    return flat.expand(2, -1).reshape(2, n, -1).sum(0).sigmoid()
+
+
+def _run_shaped(dev, rows, compiled, mark_dynamic=False):
+    g = torch.Generator().manual_seed(rows)
+    x, w = torch.randn(rows, 8, generator=g), torch.randn(8, 8, generator=g)
+    x, w = x.to(dev).requires_grad_(), w.to(dev).requires_grad_()
+    if mark_dynamic:
+        torch._dynamo.mark_dynamic(x, 0)
+    out = compiled(x, w)
+    out.square().sum().backward()
+    return out.detach().cpu(), x.grad.cpu(), w.grad.cpu()
+
+
+def _programs(per_program):
+    """The programs' kernels, HBM bytes and bytes kept on chip, sorted (the estimate orders
+    programs by label, whose graph numbers differ between runs)."""
+    return sorted((e["kernels"], e["hbm_bytes"], e["kept_bytes"], e["calls"]) for e in per_program.values())
+
+
+def test_a_graph_dynamo_made_dynamic_runs_one_program_per_shape_as_a_static_graph_would(dev, symbolic_graphs):
+    compiled = torch.compile(_shaped_by_the_call, backend="neuron")
+    built, programs = [], {}
+    for rows, mark in ((3, True), (5, False), (3, False), (5, False)):
+        accelkit.reset_stats()
+        got = _run_shaped(dev, rows, compiled, mark_dynamic=mark)
+        want = _run_shaped(dev, rows, _shaped_by_the_call)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and torch.equal(g, w)
+        built.append(accelkit.stats()["compile"]["programs_compiled"])
+        programs.setdefault(rows, _programs(accelkit.stats()["neuron"]["estimate"]["per_program"]))
+    assert symbolic_graphs == [True, True]  # one forward and one backward graph, both dynamic
+    assert built == [2, 2, 0, 0], built  # a forward and a backward program per new shape
+    assert accelkit.stats()["compile"]["eager_nodes"] == {}
+
+    # Each shape's programs are those of a static graph of that shape: fused alike, same traffic.
+    for rows, dynamic in programs.items():
+        torch._dynamo.reset()
+        accelkit.reset_stats()
+        _run_shaped(dev, rows, torch.compile(_shaped_by_the_call, backend="neuron", dynamic=False))
+        assert _programs(accelkit.stats()["neuron"]["estimate"]["per_program"]) == dynamic, rows
+    assert symbolic_graphs[2:] == [False, False, False, False]
 
 
 def test_bucketing_compiles_one_program_for_lengths_in_one_bucket(dev):
