@@ -17,6 +17,7 @@ from torch import nn
 
 import accelkit
 from accelkit_backends.tpu import execution_mode
+from accelkit_backends.tpu.graph_lowering import TpuGraphLowering
 
 from conftest import run_python
 
@@ -102,6 +103,43 @@ def test_transformer_encoder_trains_as_on_cpu(dev):
         assert tpu_loss == pytest.approx(cpu_loss, rel=1e-4)
     assert_same_state(cpu_model, tpu_model, atol=1e-4)
     assert_compiled()
+
+
+def test_an_mlp_a_cnn_and_an_encoder_layer_compiled_in_one_process_match_eager(dev, monkeypatch):
+    # One Dynamo cache for the three models (no reset between them): the recompiles make Dynamo
+    # turn the later graphs dynamic by itself; every program takes its shapes from the call.
+    symbolic = []  # per graph lowered: whether it has symbolic sizes (else the test tests nothing)
+    lower = TpuGraphLowering.lower
+
+    def spy(self, graph, random_nodes):
+        vals = [node.meta.get("val") for node in graph.graph.nodes if node.op == "placeholder"]
+        sizes = [size for val in vals for size in (val.shape if isinstance(val, torch.Tensor) else (val,))]
+        symbolic.append(any(isinstance(size, torch.SymInt) for size in sizes))
+        return lower(self, graph, random_nodes)
+
+    monkeypatch.setattr(TpuGraphLowering, "lower", spy)
+    models = (
+        (lambda: nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)), (8, 16)),
+        (lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+                               nn.Flatten(), nn.Linear(8 * 4 * 4, 5)), (4, 3, 8, 8)),
+        (lambda: nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), (2, 5, 16)),
+    )
+    for make_model, shape in models:
+        torch.manual_seed(0)
+        eager = make_model().to(dev)
+        compiled_model = copy.deepcopy(eager)
+        compiled = torch.compile(compiled_model, backend="tpu")
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(1)).to(dev)
+        want, got = eager(x), compiled(x)
+        want.square().mean().backward()
+        got.square().mean().backward()
+        torch.testing.assert_close(got.cpu(), want.cpu(), rtol=1e-5, atol=1e-6)
+        for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled_model.parameters()):
+            torch.testing.assert_close(p_compiled.grad.cpu(), p_eager.grad.cpu(), rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"{name}: {m}")
+    stats = accelkit.stats()["compile"]
+    assert stats["aot_graphs"] == {"forward": 3, "backward": 3} and stats["eager_nodes"] == {}, stats
+    assert sum(symbolic) >= 2, symbolic  # the CNN's and the layer's graphs at least
 
 
 def test_gru_trains_as_on_cpu(dev, monkeypatch):
