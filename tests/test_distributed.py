@@ -203,3 +203,32 @@ def test_the_device_models_carry_their_interconnect_with_sources():
     assert v5e.name == "ICI" and v5e.bandwidth == 200e9 and "G-v5e" in v5e.sources["bandwidth"]
     trn2 = neuron_model("trn2").interconnect
     assert trn2.name == "NeuronLink-v3" and trn2.bandwidth == 640e9 and "N-trn2" in trn2.sources["bandwidth"]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sharded_random_ops_equal_the_op_on_the_whole_tensor(device):
+    ranks = _findings(device, "sharded_random")
+    _ok(ranks)
+    for rank in ranks:
+        f = rank.findings
+        assert f["compared"] == 18 and f["different"] == [], f
+        assert f["state_bytes"] == 16  # CUDA's Philox layout: seed and offset
+
+
+def test_sharded_random_ops_on_a_two_dimensional_mesh_equal_the_whole_tensor():
+    ranks = _findings("tpu", "sharded_random", world_size=4, deadline=420)
+    _ok(ranks)
+    for rank in ranks:
+        assert rank.findings["compared"] == 42 and rank.findings["different"] == [], rank.findings
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fsdp2_meta_init_with_mixed_precision_equals_whole_init_and_one_rank(device):
+    ranks = _findings(device, "fsdp2_meta_init", deadline=420)
+    _ok(ranks)
+    for rank in ranks:
+        f = rank.findings
+        assert f["init_equal"] and f["local_shape"] == [12, 8], f
+        # bfloat16 compute: each rank's half-batch backward rounds differently from the one
+        # rank's full-batch backward before the float32 reduction (bf16 resolution, 2**-8).
+        assert f["max_loss_difference"] < 1e-3 and f["max_parameter_difference"] < 2e-3, f

@@ -141,7 +141,11 @@ class GraphCompiler:
             run = Segment(ctx, self, gm, stored=len(writebacks)).run_owned
             segments = 1
         else:
-            run, segments = self._split(ctx, gm, eager)
+            # Split programs and eager nodes may run in another order than the graph's, which
+            # would hand random ops other counters than eagerly: random nodes run eagerly too,
+            # where their draws keep the graph's order.
+            random_nodes = [node for node in gm.graph.nodes if _is_random(node) and node not in eager]
+            run, segments = self._split(ctx, gm, eager + random_nodes)
         STATS.graph(kind, segments, eager_ops)
         STATS.add(programs=self.programs_compiled() - built)
         positions = [p for p, _ in writebacks]
