@@ -13,9 +13,12 @@ group on it) builds one :class:`HostStagedProcessGroup`. Each collective:
    tensors included, without bumping their version counters (see :class:`~._staging.Staged`).
 
 Semantics are gloo's on CPU tensors, which the conformance suite compares against per rank:
-same reduce ops (``PREMUL_SUM`` is NCCL's and refused), same dtypes, same results. ``Work.wait``
-and ``Work.get_future`` complete the collective on the calling thread; a failure (a rank that
-timed out or died) raises :class:`CollectiveError` naming the collective, the group and the fix.
+same dtypes, same results, same reduce ops, except the two gloo lacks or defines otherwise:
+``PREMUL_SUM`` and ``AVG`` run as NCCL's (what FSDP2 and DDP are written against), as gloo's
+SUM with an op on the device before it (the factor; AVG's ``1 / world`` on floating point) or
+after it (AVG's division on integers): see :mod:`._reductions`. ``Work.wait`` and
+``Work.get_future`` complete the collective on the calling thread; a failure (a rank that timed
+out or died) raises :class:`CollectiveError` naming the collective, the group and the fix.
 """
 
 from __future__ import annotations
@@ -45,9 +48,8 @@ from accelkit._runtime._collective_checks import (
     mismatch_message,
 )
 from accelkit._runtime._collective_stats import STATS
-from accelkit._runtime._staging import HostPool, Staged, hosts
-
-_REDUCE_OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
+from accelkit._runtime._reductions import Reduction, reduction
+from accelkit._runtime._staging import HostPool, Staged, assign, hosts
 
 
 CHECKS_ENV = "ACCELKIT_COLLECTIVE_CHECKS"
@@ -63,10 +65,6 @@ def checks_mode() -> str:
     from accelkit.sdk import env_choice
 
     return env_choice(CHECKS_ENV, ("on", "gloo", "off"), "on")
-
-
-def reduce_op_name(op: Any) -> str:
-    return next((name for name in _REDUCE_OPS if op == getattr(dist.ReduceOp, name)), str(op))
 
 
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
@@ -252,7 +250,10 @@ class HostStagedProcessGroup(dist.ProcessGroup):
             raise CollectiveMismatchError(mismatch_message(kind, self._name, found, summaries))
 
     def _run(self, kind: str, fingerprint: Fingerprint, launch: Callable[[], Any],
-             outputs: Sequence[Staged], result: Any, nbytes: int) -> _StagedWork:
+             outputs: Sequence[Staged], result: Any, nbytes: int,
+             after: Callable[[], None] | None = None) -> _StagedWork:
+        """Check agreement, launch gloo, and return the work that writes ``outputs`` back, then
+        runs ``after`` (a reduction's last step on the device)."""
         staged_here = self._claim_staged()
         self._agree(kind, fingerprint, staged_here)
         started = time.perf_counter()
@@ -262,6 +263,8 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         def finish() -> Any:
             for staged in outputs:
                 staged.write_back()
+            if after is not None:
+                after()
             for staged in staged_here:
                 staged.release()
             return result
@@ -281,14 +284,10 @@ class HostStagedProcessGroup(dist.ProcessGroup):
 
     # -- reductions ------------------------------------------------------------------------------
 
-    def _reduce_op(self, kind: str, op: Any) -> str:
-        name = reduce_op_name(op)
-        if name == "PREMUL_SUM":
-            raise ValueError(
-                f"{kind} with ReduceOp.PREMUL_SUM: that op is NCCL's, and gloo (which moves "
-                f"{self._device_type}'s bytes) has none; multiply the tensor by the factor, then use SUM"
-            )
-        return name
+    def _reduction(self, kind: str, op: Any, tensors: Sequence[torch.Tensor]) -> Reduction:
+        """How this group runs ``op`` on ``tensors`` (see :mod:`._reductions`); raises
+        ``TypeError`` on this rank, before anything is staged, for a dtype the op cannot reduce."""
+        return reduction(kind, op, {t.dtype for t in tensors}, self.size(), self._device_type)
 
     def _in_place(self, kind: str, call: str, tensors: list[torch.Tensor], same: tuple,
                   gloo_call: Callable[[list[torch.Tensor]], Any]) -> _StagedWork:
@@ -301,23 +300,65 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         fp = Fingerprint(f"{call} {', '.join(map(describe_tensor, tensors))}", (*same, _shapes(tensors)))
         return self._run(kind, fp, lambda: gloo_call(hosts(staged)), staged, tensors, _nbytes(tensors))
 
+    def _reduce_in_place(self, kind: str, call: str, tensors: list[torch.Tensor], same: tuple, red: Reduction,
+                         gloo_call: Callable[[list[torch.Tensor]], Any], results_here: bool = True) -> _StagedWork:
+        """A reduction that rewrites ``tensors`` with its result (all-reduce; reduce on the root).
+
+        An op gloo lacks runs on new tensors: each tensor's contribution (:meth:`Reduction.before`,
+        on its device: times the factor, or a copy) is staged, gloo sums the contributions, and
+        the result (:meth:`Reduction.after`) is written into ``tensors`` where ``results_here``:
+        a reduce's other ranks keep their tensors as they were, as with NCCL.
+        """
+        if red.plain:
+            return self._in_place(kind, call, tensors, same, gloo_call)
+        contributions = []
+        for tensor in tensors:
+            contribution = red.before(tensor)
+            contributions.append(tensor.detach().clone() if contribution is tensor else contribution)
+        staged = [self._stage(c, True, in_place=True) for c in contributions]
+        fp = Fingerprint(f"{call} {', '.join(map(describe_tensor, tensors))}", (*same, _shapes(tensors)))
+
+        def results() -> None:
+            if results_here:
+                for tensor, contribution in zip(tensors, contributions):
+                    assign(tensor, red.after(contribution))
+
+        return self._run(kind, fp, lambda: gloo_call(hosts(staged)), staged, tensors, _nbytes(tensors), after=results)
+
+    @staticmethod
+    def _finish_outputs(red: Reduction, outputs: Sequence[torch.Tensor]) -> Callable[[], None] | None:
+        """The last step of an out-of-place reduction on its outputs (integer AVG's division)."""
+        if red.plain:
+            return None
+
+        def results() -> None:
+            for out in outputs:
+                value = red.after(out)
+                if value is not out:
+                    assign(out, value)
+
+        return results
+
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.AllreduceOptions()
-        op = self._reduce_op("all_reduce", opts.reduceOp)
-        return self._in_place("all_reduce", f"all_reduce({op})", tensors, ("all_reduce", op),
-                              lambda hosts: self._gloo.allreduce(hosts, opts))
+        red = self._reduction("all_reduce", opts.reduceOp, tensors)
+        return self._reduce_in_place("all_reduce", f"all_reduce({red.label})", tensors, ("all_reduce", red.name), red,
+                                     lambda hosts: self._gloo.allreduce(hosts, red.gloo_options(opts)))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.AllreduceCoalescedOptions()
-        op = self._reduce_op("all_reduce_coalesced", opts.reduceOp)
-        return self._in_place("all_reduce", f"all_reduce_coalesced({op})", tensors, ("all_reduce_coalesced", op),
-                              lambda hosts: self._gloo.allreduce_coalesced(hosts, opts))
+        red = self._reduction("all_reduce_coalesced", opts.reduceOp, tensors)
+        return self._reduce_in_place("all_reduce", f"all_reduce_coalesced({red.label})", tensors,
+                                     ("all_reduce_coalesced", red.name), red,
+                                     lambda hosts: self._gloo.allreduce_coalesced(hosts, red.gloo_options(opts)))
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.ReduceOptions()
-        op = self._reduce_op("reduce", opts.reduceOp)
-        return self._in_place("reduce", f"reduce({op}, dst={opts.rootRank})", tensors, ("reduce", op, opts.rootRank),
-                              lambda hosts: self._gloo.reduce(hosts, opts))
+        red = self._reduction("reduce", opts.reduceOp, tensors)
+        return self._reduce_in_place("reduce", f"reduce({red.label}, dst={opts.rootRank})", tensors,
+                                     ("reduce", red.name, opts.rootRank), red,
+                                     lambda hosts: self._gloo.reduce(hosts, red.gloo_options(opts)),
+                                     results_here=self.rank() == opts.rootRank)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.BroadcastOptions()
@@ -361,36 +402,37 @@ class HostStagedProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        op = self._reduce_op("reduce_scatter", opts.reduceOp)
+        red = self._reduction("reduce_scatter", opts.reduceOp, [t for ins in input_lists for t in ins])
         problem = None
         for out, ins in zip(outputs, input_lists):
             if len(ins) != self.size():
                 problem = f"the input list has {len(ins)} tensors; the group has {self.size()} ranks"
             elif ins[self.rank()].numel() != out.numel() or any(t.dtype != out.dtype for t in ins):
                 problem = f"the output {describe_tensor(out)} does not fit this rank's input {describe_tensor(ins[self.rank()])}"
-        fp = Fingerprint(f"reduce_scatter({op}) inputs {[list(map(describe_tensor, ins)) for ins in input_lists]}",
-                         ("reduce_scatter", op, tuple(_shapes(ins) for ins in input_lists)), problem=problem)
+        fp = Fingerprint(f"reduce_scatter({red.label}) inputs {[list(map(describe_tensor, ins)) for ins in input_lists]}",
+                         ("reduce_scatter", red.name, tuple(_shapes(ins) for ins in input_lists)), problem=problem)
         staged_out = self._outputs(outputs)
-        staged_in = [self._inputs(ins) for ins in input_lists]
+        staged_in = [self._inputs([red.before(t) for t in ins]) for ins in input_lists]
         return self._run(
             "reduce_scatter", fp,
-            lambda: self._gloo.reduce_scatter(hosts(staged_out), [hosts(s) for s in staged_in], opts),
-            staged_out, outputs, sum(_nbytes(ins) for ins in input_lists),
+            lambda: self._gloo.reduce_scatter(hosts(staged_out), [hosts(s) for s in staged_in], red.gloo_options(opts)),
+            staged_out, outputs, sum(_nbytes(ins) for ins in input_lists), after=self._finish_outputs(red, outputs),
         )
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> _StagedWork:
         opts = opts if opts is not None else dist.ReduceScatterOptions()
-        op = self._reduce_op("reduce_scatter_tensor", opts.reduceOp)
+        red = self._reduction("reduce_scatter_tensor", opts.reduceOp, [input])
         problem = None
         if input.numel() != output.numel() * self.size() or output.dtype != input.dtype:
             problem = (f"the input is {describe_tensor(input)}; reduce_scatter_tensor needs "
                        f"{self.size()} x {describe_tensor(output)} elements of the output's dtype")
-        fp = Fingerprint(f"reduce_scatter_tensor({op}) {describe_tensor(input)} -> {describe_tensor(output)}",
-                         ("reduce_scatter_single", op, dtype_code(input.dtype), input.numel()), problem=problem)
-        staged_in, staged_out = self._stage(input, True), self._stage(output, False)
+        fp = Fingerprint(f"reduce_scatter_tensor({red.label}) {describe_tensor(input)} -> {describe_tensor(output)}",
+                         ("reduce_scatter_single", red.name, dtype_code(input.dtype), input.numel()), problem=problem)
+        staged_in, staged_out = self._stage(red.before(input), True), self._stage(output, False)
         return self._run("reduce_scatter", fp,
-                         lambda: self._gloo._reduce_scatter_base(staged_out.host, staged_in.host, opts),
-                         [staged_out], [output], _nbytes([input]))
+                         lambda: self._gloo._reduce_scatter_base(staged_out.host, staged_in.host,
+                                                                 red.gloo_options(opts)),
+                         [staged_out], [output], _nbytes([input]), after=self._finish_outputs(red, [output]))
 
     _reduce_scatter_base = reduce_scatter_single
 

@@ -135,10 +135,7 @@ class Staged:
             with ctx.on_device(self.tensor.device.index):
                 _tensors.write_values(ctx, self.tensor, ctx.allocator.adopt_host(self.host))
         else:
-            version = self.tensor._version
-            with torch.no_grad():
-                self.tensor.copy_(self.host)
-            torch._C._autograd._unsafe_set_version_counter((self.tensor,), (version,))
+            _copy_keeping_version(self.tensor, self.host)
 
     def release(self) -> None:
         """Drop the host buffer (after gloo and the write-back are done): a pooled one returns
@@ -146,6 +143,27 @@ class Staged:
         if self._pooled or self._lent:
             self.host = None
             self._pooled = self._lent = False
+
+
+def assign(tensor: torch.Tensor, values: torch.Tensor) -> None:
+    """Write ``values`` (a tensor of ``tensor``'s shape and dtype, on its device) into ``tensor``
+    as a collective writes its results: for the active backend's tensors through the device's
+    allocator, with no dispatch; in any case with no version-counter bump."""
+    from accelkit._runtime import active
+
+    ctx = active()
+    if ctx is not None and tensor.device.type == ctx.name:
+        with ctx.on_device(tensor.device.index):
+            _tensors.write_values(ctx, tensor, _tensors.read(ctx, values))
+    else:
+        _copy_keeping_version(tensor, values)
+
+
+def _copy_keeping_version(tensor: torch.Tensor, values: torch.Tensor) -> None:
+    version = tensor._version
+    with torch.no_grad():
+        tensor.copy_(values)
+    torch._C._autograd._unsafe_set_version_counter((tensor,), (version,))
 
 
 def hosts(staged: Sequence[Staged]) -> list[torch.Tensor]:

@@ -13,6 +13,8 @@ def host_staged_process_group(store: Any, rank: int, world_size: int, timeout: t
     that the ranks' arguments agree (else every rank raises ``CollectiveMismatchError``), stages
     device tensors through host memory, runs gloo's collective, and writes the results back into
     the device tensors. Timeouts and dead ranks raise ``CollectiveError`` within ``timeout``.
+    Reduce ops are gloo's, except ``PREMUL_SUM`` and ``AVG``, which are NCCL's: gloo's SUM with
+    the multiplication (or integer AVG's division) done on the device.
 
     The arguments are the hook's, passed through::
 
