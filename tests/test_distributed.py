@@ -132,6 +132,57 @@ def test_fsdp2_matches_single_process_training(precision):
         assert f["losses_close"] and f["parameters_close"], f
 
 
+#: Parameters and losses of FSDP2 in bfloat16 against the one-process reference in bfloat16
+#: (see ``_fsdp2_mixed``). The ranks' bfloat16 gradients are each over a slice of the batch,
+#: rounded to bfloat16 before the float32 reduction, where the reference's gradient is over the
+#: whole batch, rounded once: each gradient element may differ by 2^-8 of itself. Over 4 SGD
+#: steps at lr 0.1 with gradients up to ~0.2 that bounds the parameters' drift near
+#: 4 x 0.1 x 2^-8 x 0.2 = 3e-4 (measured: 1.8e-4 on 2 ranks, 1.5e-4 on 4, the same on ref, tpu and
+#: neuron); 1e-3 leaves room for a device's own bfloat16 kernels and is 1/60 of the parameters'
+#: change over the run (0.067): a factor applied wrongly moves them by 0.01 to 0.14.
+FSDP2_BF16_TOLERANCE = 1e-3
+
+
+@pytest.mark.parametrize("device,world,mesh", [("ref", 4, "2x2"), ("tpu", 2, "1x2"), ("neuron", 2, "1x2")])
+def test_premul_sum_and_avg_run_as_nccls_and_fsdp2_trains_with_them(device, world, mesh):
+    """PREMUL_SUM and AVG through every reducing collective against the same sums by hand in gloo
+    on the CPU, their refusals, then FSDP2 in bfloat16 with float32 reductions: with a gradient
+    divide factor (PREMUL_SUM) over every rank, and HSDP (AVG in both reduce-scatter and
+    all-reduce) on a 2-D mesh. One launch per device (a launch costs the ranks' startup); ref
+    takes 4 ranks, so its HSDP mesh has 2 replicas of 2 shards."""
+    from accelkit.sdk.testing.distributed_cases import reduction_cases
+
+    ranks = run_ranks(device, "reductions+fsdp2_mixed", world_size=world, env={"ACCELKIT_TEST_MESH": mesh})
+    _ok(ranks)
+    for rank in ranks:
+        assert "scenario_error" not in rank.findings, rank.findings.get("scenario_error")
+        found = rank.findings["reductions"]
+        cases = {name: found.pop(name) for name in reduction_cases(world)}
+        failed = {name: outcome for name, outcome in cases.items() if outcome != "ok"}
+        assert not failed, f"rank {rank.rank}: {failed}"
+        for case, dtype in (("refused.all_reduce.PREMUL_SUM.int32", "int32"),
+                            ("refused.reduce_scatter_tensor.PREMUL_SUM.int64", "int64")):
+            assert found[case]["raised"] == "TypeError", found[case]
+            assert f"ReduceOp.PREMUL_SUM on {dtype} data" in found[case]["message"]
+            assert "float16, bfloat16, float32, float64" in found[case]["message"]
+        assert found["refused.all_reduce.AVG.bool"]["raised"] == "TypeError"
+        assert "ReduceOp.AVG on bool data" in found["refused.all_reduce.AVG.bool"]["message"]
+        mismatch = found["op_mismatch"]
+        assert mismatch["raised"] == "CollectiveMismatchError", mismatch
+        assert "rank 0: all_reduce(SUM)" in mismatch["message"]
+        assert "rank 1: all_reduce(PREMUL_SUM(0.5))" in mismatch["message"]
+        assert found["usable_after"] is True and found["version_unchanged"] is True
+
+        fsdp, hsdp = rank.findings["fsdp2_mixed"]["fsdp"], rank.findings["fsdp2_mixed"]["hsdp"]
+        assert fsdp["mesh"] == [world] and hsdp["mesh"] == [int(n) for n in mesh.split("x")]
+        assert fsdp["reduce_ops"] == {"reduce_scatter": ["PREMUL_SUM"], "all_reduce": []}
+        assert hsdp["reduce_ops"] == {"reduce_scatter": ["AVG"], "all_reduce": ["AVG"]}
+        for run in (fsdp, hsdp):
+            assert run["max_parameter_change"] > 30 * FSDP2_BF16_TOLERANCE
+            assert run["max_parameter_difference"] < FSDP2_BF16_TOLERANCE, run
+            assert run["max_loss_difference"] < FSDP2_BF16_TOLERANCE, run
+
+
 def _local_devices(device: str) -> dict[str, str]:
     """Two devices per process, and each rank on the one of its local rank (CUDA's pattern:
     ``torch.device(name, local_rank)`` and ``set_device``)."""

@@ -8,6 +8,9 @@ that crashes, hangs past the deadline or exits early is reported, never waited o
 
     ranks = run_ranks("tpu", "collectives", world_size=2)
     assert all(r.findings == {...} for r in ranks)
+
+``run_ranks("tpu", "reductions+fsdp2_mixed")`` runs two scenarios in the same ranks (one startup),
+each one's findings under its name.
 """
 
 from __future__ import annotations

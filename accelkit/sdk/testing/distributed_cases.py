@@ -2,12 +2,13 @@
 
 ``python -m accelkit.sdk.testing.distributed_cases SCENARIO`` under torchrun's environment
 activates ``ACCELKIT_DEVICE``, joins the process group of that name and prints one JSON line of
-findings. Every comparison is made here, per rank, against an independent reference computed in
-the same process: gloo on CPU tensors (a second group of the same ranks) for collectives, a
+findings (``A+B`` runs scenarios A then B in the same ranks, their findings under their names).
+Every comparison is made here, per rank, against an independent reference computed in the same
+process: gloo on CPU tensors (a second group of the same ranks) for collectives, a
 single-process full-batch run on the CPU for training.
 
-Scenarios: ``collectives``, ``mismatch``, ``dead_rank``, ``timeout``, ``ddp``, ``fsdp2``,
-``dtensor``, ``checkpoint``.
+Scenarios: ``collectives``, ``reductions``, ``mismatch``, ``dead_rank``, ``timeout``, ``ddp``,
+``fsdp2``, ``fsdp2_mixed``, ``dtensor``, ``checkpoint``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,15 @@ from accelkit.sdk.testing.distributed import RESULT_PREFIX
 Case = Callable[[torch.device, Any, int, int], list[torch.Tensor]]
 
 
+_joined: tuple[torch.device, Any, int, int] | None = None
+
+
 def _join(timeout_s: float = 60.0) -> tuple[torch.device, Any, int, int]:
+    """Activate the device, join its process group and a gloo group of the same ranks, once per
+    process (scenarios run together share them): ``(device, gloo group, rank, world size)``."""
+    global _joined
+    if _joined is not None:
+        return _joined
     import torch.distributed as dist
 
     import accelkit
@@ -41,7 +50,8 @@ def _join(timeout_s: float = 60.0) -> tuple[torch.device, Any, int, int]:
     bound = {"device_id": device} if os.environ.get("ACCELKIT_TEST_DEVICE_ID") else {}
     dist.init_process_group(device.type, timeout=timedelta(seconds=timeout_s), **bound)
     gloo = dist.new_group(backend="gloo")
-    return device, gloo, dist.get_rank(), dist.get_world_size()
+    _joined = device, gloo, dist.get_rank(), dist.get_world_size()
+    return _joined
 
 
 # -- collectives against gloo on CPU -------------------------------------------------------------
@@ -226,13 +236,159 @@ def collective_cases(world: int) -> dict[str, Case]:
                functional_all_gather, barrier, results_outlive_the_next_collective,
                broadcast_into_storage_never_written):
         cases[fn.__name__] = fn
+    cases.update(reduction_cases(world))
     return cases
 
 
-def scenario_collectives() -> dict[str, Any]:
-    device, gloo, rank, world = _join()
+# -- PREMUL_SUM and AVG as NCCL defines them, against gloo's SUM on CPU ----------------------------
+
+#: The reduce ops a device group runs as NCCL's (gloo has no PREMUL_SUM; its AVG is not NCCL's):
+#: PREMUL_SUM with a Python float factor, with a one-element float32 tensor factor on the
+#: device, and AVG.
+NCCL_OPS = ("PREMUL_SUM", "PREMUL_SUM_device_factor", "AVG")
+
+
+def _nccl_op(name: str, d: torch.device, rank: int, world: int, dtype: torch.dtype) -> tuple[Any, torch.Tensor]:
+    """The op to pass on ``d``, and the factor NCCL multiplies each input by: a 0-dim tensor of
+    ``dtype`` (its value rounded to ``dtype`` from the float, or from the float32 tensor, given).
+    The ranks' factors differ (NCCL allows that): 1/3, 1/5, ... (no bfloat16 number among
+    them), and 0.7, 0.5, ..."""
+    import torch.distributed as dist
+
+    if name == "AVG":
+        return dist.ReduceOp.AVG, torch.tensor(1.0 / world, dtype=dtype)
+    if name == "PREMUL_SUM":
+        factor = 1.0 / (3 + 2 * rank)
+        return dist._make_nccl_premul_sum(factor), torch.tensor(factor, dtype=dtype)
+    factor32 = torch.tensor(0.7 - 0.2 * rank)
+    return dist._make_nccl_premul_sum(factor32.to(d)), factor32.to(dtype)
+
+
+def reduction_cases(world: int) -> dict[str, Case]:
+    """PREMUL_SUM and AVG through every reducing collective, on float32 and bfloat16, and AVG on
+    integers. On a device the collective runs as called; on the CPU (the reference, in plain
+    gloo) the same computation is done by hand: each rank's input times its factor (rounded to
+    the dtype, in the dtype: NCCL's PREMUL_SUM, and its AVG on floating point), gloo's SUM, and
+    for integer AVG the sum divided by the world size, rounded toward zero. Out-of-place
+    collectives also return their inputs, which must be unchanged; ``reduce`` returns every
+    rank's tensor: the root's result, and the others' tensors as they were (NCCL's)."""
+    import torch.distributed as dist
+
+    sum_op = dist.ReduceOp.SUM
+    cases: dict[str, Case] = {}
+
+    def op(name: str, d, rank, world, dtype: torch.dtype) -> Any:
+        return _nccl_op(name, d, rank, world, dtype)[0]
+
+    def mine(name: str, rank, world, x: torch.Tensor) -> torch.Tensor:
+        """This rank's contribution to gloo's SUM: ``x`` times its factor (a copy for integers)."""
+        return x * _nccl_op(name, x.device, rank, world, x.dtype)[1] if x.is_floating_point() else x.clone()
+
+    def average(total: torch.Tensor) -> torch.Tensor:
+        """The result from gloo's SUM: for integers divided by the world size, toward zero."""
+        return total if total.is_floating_point() else torch.div(total, world, rounding_mode="trunc")
+
+    def all_reduce(name: str, dtype: torch.dtype) -> Case:
+        def case(d, group, rank, world):
+            x = _values(rank, 4 * world, dtype).to(d)
+            if d.type != "cpu":
+                dist.all_reduce(x, op=op(name, d, rank, world, dtype), group=group)
+                return [x]
+            total = mine(name, rank, world, x)
+            dist.all_reduce(total, op=sum_op, group=group)
+            return [average(total)]
+        return case
+
+    def all_reduce_coalesced(name: str, dtype: torch.dtype) -> Case:
+        def case(d, group, rank, world):
+            xs = [_values(rank, n, dtype, salt=salt).to(d) for salt, n in enumerate((4 * world, 4 * world, 4))]
+            if d.type != "cpu":
+                with dist._coalescing_manager(group):
+                    for x in xs:
+                        dist.all_reduce(x, op=op(name, d, rank, world, dtype), group=group)
+                return xs
+            totals = [mine(name, rank, world, x) for x in xs]
+            with dist._coalescing_manager(group):  # gloo's coalesced sum: its order of additions
+                for total in totals:
+                    dist.all_reduce(total, op=sum_op, group=group)
+            return [average(total) for total in totals]
+        return case
+
+    def reduce(name: str, dtype: torch.dtype) -> Case:
+        def case(d, group, rank, world):
+            x = _values(rank, 4 * world, dtype).to(d)
+            if d.type != "cpu":
+                dist.reduce(x, dst=world - 1, op=op(name, d, rank, world, dtype), group=group)
+                return [x]
+            total = mine(name, rank, world, x)
+            dist.reduce(total, dst=world - 1, op=sum_op, group=group)
+            return [average(total) if rank == world - 1 else x]
+        return case
+
+    def reduce_scatter(name: str, dtype: torch.dtype) -> Case:
+        def case(d, group, rank, world):
+            out = torch.empty(4, dtype=dtype, device=d)
+            ins = [_values(rank, 4, dtype, salt=j).to(d) for j in range(world)]
+            if d.type != "cpu":
+                dist.reduce_scatter(out, ins, op=op(name, d, rank, world, dtype), group=group)
+                return [out, *ins]
+            dist.reduce_scatter(out, [mine(name, rank, world, t) for t in ins], op=sum_op, group=group)
+            return [average(out), *ins]
+        return case
+
+    def reduce_scatter_tensor(name: str, dtype: torch.dtype) -> Case:
+        def case(d, group, rank, world):
+            out = torch.empty(4, dtype=dtype, device=d)
+            inp = _values(rank, 4 * world, dtype).to(d)
+            if d.type != "cpu":
+                dist.reduce_scatter_tensor(out, inp, op=op(name, d, rank, world, dtype), group=group)
+                return [out, inp]
+            dist.reduce_scatter_tensor(out, mine(name, rank, world, inp), op=sum_op, group=group)
+            return [average(out), inp]
+        return case
+
+    def reduce_scatter_tensor_coalesced(name: str, dtype: torch.dtype) -> Case:
+        def case(d, group, rank, world):
+            outs = [torch.empty(4, dtype=dtype, device=d) for _ in range(2)]
+            ins = [_values(rank, 4 * world, dtype, salt=salt).to(d) for salt in range(2)]
+            if d.type != "cpu":
+                with dist._coalescing_manager(group):
+                    for out, inp in zip(outs, ins):
+                        dist.reduce_scatter_tensor(out, inp, op=op(name, d, rank, world, dtype), group=group)
+                return [*outs, *ins]
+            for out, inp in zip(outs, ins):
+                dist.reduce_scatter_tensor(out, mine(name, rank, world, inp), op=sum_op, group=group)
+            return [*(average(out) for out in outs), *ins]
+        return case
+
+    def all_reduce_view(d, group, rank, world):
+        base = _values(rank, 24).reshape(4, 6).to(d)
+        view = base[:, 1::2]
+        if d.type != "cpu":
+            dist.all_reduce(view, op=op("PREMUL_SUM", d, rank, world, view.dtype), group=group)
+        else:
+            total = mine("PREMUL_SUM", rank, world, view)
+            dist.all_reduce(total, op=sum_op, group=group)
+            view.copy_(total)
+        return [base]
+
+    collectives = (all_reduce, all_reduce_coalesced, reduce, reduce_scatter, reduce_scatter_tensor,
+                   reduce_scatter_tensor_coalesced)
+    for collective in collectives:
+        for name in NCCL_OPS:
+            for dtype in (torch.float32, torch.bfloat16):
+                cases[f"{collective.__name__}.{name}.{str(dtype).removeprefix('torch.')}"] = collective(name, dtype)
+    cases["all_reduce.AVG.int32"] = all_reduce("AVG", torch.int32)
+    cases["reduce.AVG.int64"] = reduce("AVG", torch.int64)
+    cases["reduce_scatter_tensor.AVG.int64"] = reduce_scatter_tensor("AVG", torch.int64)
+    cases["all_reduce.PREMUL_SUM.non_contiguous_view"] = all_reduce_view
+    return cases
+
+
+def _compare(cases: dict[str, Case], device: torch.device, gloo: Any, rank: int, world: int) -> dict[str, str]:
+    """Run each case on ``device`` and on the CPU through ``gloo``: ``"ok"`` or what differed."""
     findings = {}
-    for name, case in collective_cases(world).items():
+    for name, case in cases.items():
         try:
             got = [t.cpu() for t in case(device, None, rank, world)]
             want = case(torch.device("cpu"), gloo, rank, world)
@@ -241,10 +397,43 @@ def scenario_collectives() -> dict[str, Any]:
             findings[name] = "ok" if same else f"differs from gloo on CPU: {got} vs {want}"
         except Exception as exc:
             findings[name] = f"error: {type(exc).__name__}: {exc}"
+    return findings
+
+
+def scenario_collectives() -> dict[str, Any]:
+    device, gloo, rank, world = _join()
+    findings: dict[str, Any] = _compare(collective_cases(world), device, gloo, rank, world)
     import accelkit
 
     findings["stats"] = accelkit.stats()["distributed"]
     findings["stats"]["device"] = str(device)
+    return findings
+
+
+def scenario_reductions() -> dict[str, Any]:
+    """The cases of :func:`reduction_cases`, then what the group refuses: PREMUL_SUM on integers
+    and AVG on bool (``TypeError`` on every rank, as NCCL's process group), and one rank's SUM
+    against another's PREMUL_SUM (a mismatch); an in-place PREMUL_SUM keeps the tensor's
+    version counter, as every collective does."""
+    import torch.distributed as dist
+
+    device, gloo, rank, world = _join()
+    findings: dict[str, Any] = _compare(reduction_cases(world), device, gloo, rank, world)
+    half = dist._make_nccl_premul_sum(0.5)
+    findings["refused.all_reduce.PREMUL_SUM.int32"] = _outcome(
+        lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32, device=device), op=half))
+    findings["refused.reduce_scatter_tensor.PREMUL_SUM.int64"] = _outcome(lambda: dist.reduce_scatter_tensor(
+        torch.empty(2, dtype=torch.int64, device=device), torch.ones(2 * world, dtype=torch.int64, device=device),
+        op=half))
+    findings["refused.all_reduce.AVG.bool"] = _outcome(
+        lambda: dist.all_reduce(torch.ones(4, dtype=torch.bool, device=device), op=dist.ReduceOp.AVG))
+    findings["op_mismatch"] = _outcome(
+        lambda: dist.all_reduce(torch.ones(4, device=device), op=dist.ReduceOp.SUM if rank == 0 else half))
+    x = torch.full((4,), float(rank + 1), device=device)
+    version = x._version
+    dist.all_reduce(x, op=half)
+    findings["usable_after"] = x.cpu().tolist() == [0.5 * sum(range(1, world + 1))] * 4
+    findings["version_unchanged"] = x._version == version
     return findings
 
 
@@ -401,6 +590,102 @@ def scenario_fsdp2() -> dict[str, Any]:
     losses = _train(model, _batches(4, 8), device, rank, world)
     findings.update(_compare_training(model, losses, world, low_precision=precision != "float32"))
     return findings
+
+
+def _mixed_precision_reference(batches: list) -> tuple[torch.nn.Module, list[float]]:
+    """One process on the CPU, the whole batch, the model unsharded, computing what FSDP2's
+    ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`` computes: forward and
+    backward in a bfloat16 copy of the float32 parameters (on inputs cast to bfloat16, as FSDP's
+    root casts them), the bfloat16 gradients cast to float32 for SGD on the float32 parameters."""
+    import copy
+
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for x, y in batches:
+        low = copy.deepcopy(model).to(torch.bfloat16)
+        loss = torch.nn.functional.mse_loss(low(x.to(torch.bfloat16)), y)
+        loss.backward()
+        for param, low_param in zip(model.parameters(), low.parameters()):
+            param.grad = low_param.grad.float()
+        opt.step()
+        losses.append(float(loss))
+    return model, losses
+
+
+def _fsdp2_mixed(device: torch.device, rank: int, world: int, shape: tuple[int, ...],
+                 divide: float | None) -> dict[str, Any]:
+    """Train :func:`_model` with FSDP2 on a mesh of ``shape`` (HSDP on a 2-D one: replicas x
+    shards) and ``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)`` on every layer
+    and the root, ``reshard_after_forward=True``; compare with :func:`_mixed_precision_reference`.
+
+    ``divide`` sets FSDP's gradient divide factor F, which FSDP reduce-scatters with
+    ``PREMUL_SUM(1/F)`` (unless F is the shard group's size); each rank then scales its loss by
+    F / world so the gradients are still the batch mean's. Without it FSDP reduce-scatters (and
+    on a 2-D mesh all-reduces) with ``AVG``. The reduce ops FSDP passed are recorded.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, shape, mesh_dim_names=("replicate", "shard")[-len(shape):])
+    ops: dict[str, set[str]] = {"reduce_scatter": set(), "all_reduce": set()}
+    reduce_scatter, all_reduce = dist.reduce_scatter_single, dist.all_reduce
+
+    def seen(kind: str, collective: Callable) -> Callable:
+        def call(*args, **kwargs):
+            op = kwargs.get("op", dist.ReduceOp.SUM)
+            ops[kind].add(next(n for n in ("SUM", "AVG", "PREMUL_SUM") if op == getattr(dist.ReduceOp, n)))
+            return collective(*args, **kwargs)
+        return call
+
+    dist.reduce_scatter_single, dist.all_reduce = seen("reduce_scatter", reduce_scatter), seen("all_reduce", all_reduce)
+    try:
+        model = _model().to(device)
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for module in (model[0], model[2], model):
+            fully_shard(module, mesh=mesh, mp_policy=policy, reshard_after_forward=True)
+            if divide:
+                module.set_gradient_divide_factor(divide)  # each module's own parameters
+        scale = (divide or world) / world
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        batches = _batches(4, 8)
+        rows = 8 // world
+        losses = []
+        for x, y in batches:
+            xs, ys = x[rank * rows:(rank + 1) * rows].to(device), y[rank * rows:(rank + 1) * rows].to(device)
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(xs), ys)
+            (loss * scale).backward()
+            opt.step()
+            losses.append(loss.detach())
+        local = [float(v.cpu()) for v in losses]
+    finally:
+        dist.reduce_scatter_single, dist.all_reduce = reduce_scatter, all_reduce
+
+    reference, reference_losses = _mixed_precision_reference(batches)
+    mean = torch.tensor(local)  # the whole batch's loss is the mean of the ranks' slices' losses
+    dist.all_reduce(mean, group=dist.new_group(backend="gloo"))
+    mean /= world
+    got, want = _parameters(model), _parameters(reference)
+    return {
+        "mesh": list(mesh.shape), "shard_shape": list(model[0].weight.to_local().shape),
+        "reduce_ops": {kind: sorted(names) for kind, names in ops.items()},
+        "losses": mean.tolist(), "reference_losses": reference_losses,
+        "max_loss_difference": float((mean - torch.tensor(reference_losses)).abs().max()),
+        "max_parameter_difference": max(float((g - w).abs().max()) for g, w in zip(got, want)),
+        "max_parameter_change": max(float((w - s).abs().max()) for w, s in zip(want, _parameters(_model()))),
+    }
+
+
+def scenario_fsdp2_mixed() -> dict[str, Any]:
+    """FSDP2 in bfloat16 with float32 reductions (:func:`_fsdp2_mixed`), twice in the same ranks:
+    ``fsdp`` over every rank with a gradient divide factor (PREMUL_SUM), and ``hsdp`` on the 2-D
+    mesh ``ACCELKIT_TEST_MESH`` (``RxS``, default ``1xWORLD``) with FSDP's own AVG."""
+    device, _gloo, rank, world = _join()
+    shape = tuple(int(n) for n in os.environ.get("ACCELKIT_TEST_MESH", f"1x{world}").split("x"))
+    return {"fsdp": _fsdp2_mixed(device, rank, world, (world,), divide=4.0 * world),
+            "hsdp": _fsdp2_mixed(device, rank, world, shape, divide=None)}
 
 
 def scenario_dtensor() -> dict[str, Any]:
@@ -580,11 +865,13 @@ def scenario_checkpoint(directory: str) -> dict[str, Any]:
 
 SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
     "collectives": scenario_collectives,
+    "reductions": scenario_reductions,
     "mismatch": scenario_mismatch,
     "dead_rank": scenario_dead_rank,
     "timeout": scenario_timeout,
     "ddp": scenario_ddp,
     "fsdp2": scenario_fsdp2,
+    "fsdp2_mixed": scenario_fsdp2_mixed,
     "dtensor": scenario_dtensor,
     "checkpoint": scenario_checkpoint,
     "sharded_random": scenario_sharded_random,
@@ -595,7 +882,10 @@ SCENARIOS: dict[str, Callable[..., dict[str, Any]]] = {
 def main(argv: list[str]) -> int:
     name, *args = argv
     try:
-        findings = SCENARIOS[name](*args)
+        if "+" in name:  # several scenarios in one launch (a launch costs the ranks' startup)
+            findings = {part: SCENARIOS[part](*args) for part in name.split("+")}
+        else:
+            findings = SCENARIOS[name](*args)
     except Exception:
         findings = {"scenario_error": traceback.format_exc()}
     print(RESULT_PREFIX + json.dumps(findings, default=str), flush=True)
