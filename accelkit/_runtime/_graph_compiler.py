@@ -38,6 +38,7 @@ from accelkit._errors import FallbackDeniedError
 from accelkit._runtime import _tensors as T
 from accelkit._runtime._compile_stats import STATS
 from accelkit._runtime._decomp_guards import replacements_while_tracing
+from accelkit._runtime._flex_attention import inline_flex_attention
 from accelkit._runtime._random import reserve
 from accelkit.sdk.random_stream import counters_drawn
 
@@ -115,6 +116,7 @@ class GraphCompiler:
     # -- one aten graph ------------------------------------------------------------------------
 
     def _compile(self, ctx: Any, gm: torch.fx.GraphModule, kind: str) -> Callable[..., Any]:
+        inline_flex_attention(gm, self._decompositions_for(ctx))
         constants = _lift_constants(gm, ctx.device)
         writebacks = _lift_input_mutations(gm)
         eager = [node for node in gm.graph.nodes if node.op == "call_function" and not self._lowerable(ctx, node)]

@@ -8,7 +8,7 @@ process: gloo on CPU tensors (a second group of the same ranks) for collectives,
 single-process full-batch run on the CPU for training.
 
 Scenarios: ``collectives``, ``reductions``, ``mismatch``, ``dead_rank``, ``timeout``, ``ddp``,
-``fsdp2``, ``fsdp2_mixed``, ``dtensor``, ``checkpoint``.
+``fsdp2``, ``fsdp2_mixed``, ``dtensor``, ``checkpoint``, ``sharded_random``, ``fsdp2_meta_init``.
 """
 
 from __future__ import annotations
