@@ -276,6 +276,90 @@ def test_repeated_adoption_does_not_grow_reserved_memory():
     assert alloc.made == [4 * KiB]
 
 
+def _cuda_stat(stats, name):
+    return tuple(stats[f"{name}.all.{metric}"] for metric in ("current", "peak", "allocated", "freed"))
+
+
+def test_cuda_shaped_statistics_follow_what_the_backend_was_asked_for():
+    alloc = AdoptingAllocator(8 * MiB, max_cached=64 * KiB)
+    rng = random.Random(11)
+    live: list = []
+    handed = asked = dropped_bytes = dropped_asked = buffers = adopted = adopted_bytes = 0
+    peak_bytes = peak_asked = peak_live = peak_segments = 0
+    for _ in range(600):
+        roll = rng.random()
+        if live and roll < 0.4:
+            buf = live.pop(rng.randrange(len(live)))
+            dropped_bytes += buf.block_bytes
+            dropped_asked += buf.nbytes
+            del buf
+        elif roll < 0.42:
+            alloc.empty_cache()
+        else:
+            n = rng.choice([1, 700, 4 * KiB, 20 * KiB, 300 * KiB])
+            if roll < 0.6:
+                buf = alloc.adopt(bytearray(n))
+                adopted, adopted_bytes = adopted + 1, adopted_bytes + n
+            else:
+                buf = alloc.allocate(n)
+            live.append(buf)
+            buffers += 1
+            handed += buf.block_bytes
+            asked += buf.nbytes
+        segments = len(alloc.made) + adopted - len(alloc.freed)
+        peak_bytes = max(peak_bytes, handed - dropped_bytes)
+        peak_asked = max(peak_asked, asked - dropped_asked)
+        peak_live = max(peak_live, len(live))
+        peak_segments = max(peak_segments, segments)
+    stats = alloc.memory_stats()
+    assert _cuda_stat(stats, "allocated_bytes") == (handed - dropped_bytes, peak_bytes, handed, dropped_bytes)
+    assert _cuda_stat(stats, "active_bytes") == _cuda_stat(stats, "allocated_bytes")
+    assert _cuda_stat(stats, "requested_bytes") == (asked - dropped_asked, peak_asked, asked, dropped_asked)
+    assert _cuda_stat(stats, "allocation") == (len(live), peak_live, buffers, buffers - len(live))
+    assert _cuda_stat(stats, "segment") == (segments, peak_segments, len(alloc.made) + adopted, len(alloc.freed))
+    taken = sum(alloc.made) + adopted_bytes
+    assert _cuda_stat(stats, "reserved_bytes")[2:] == (taken, sum(alloc.freed))
+    assert stats["reserved_bytes.all.current"] == taken - sum(alloc.freed) == alloc.memory_reserved()
+    assert (stats["num_device_alloc"], stats["num_device_free"]) == (len(alloc.made) + adopted, len(alloc.freed))
+    assert stats["num_alloc_retries"] == stats["num_ooms"] == 0
+
+    alloc.reset_peak_stats()
+    stats = alloc.memory_stats()
+    for name in ("allocated_bytes", "requested_bytes", "reserved_bytes", "allocation", "segment", "active"):
+        current, peak, _, _ = _cuda_stat(stats, name)
+        assert peak == current, name
+    del live
+
+
+def test_a_request_that_fits_once_the_cache_is_given_back_counts_one_alloc_retry():
+    alloc = BytesAllocator(4 * MiB, max_cached=4 * MiB)
+    cached = [alloc.allocate(MiB) for _ in range(3)]
+    del cached
+    assert alloc.memory_stats()["num_alloc_retries"] == 0
+    big = alloc.allocate(3 * MiB)
+    stats = alloc.memory_stats()
+    assert (stats["num_alloc_retries"], stats["num_ooms"]) == (1, 0)
+    assert stats["num_device_free"] == 3 and stats["segment.all.current"] == 1
+    with pytest.raises(torch.OutOfMemoryError):  # nothing cached to give back: no retry, an OOM
+        alloc.allocate(2 * MiB)
+    stats = alloc.memory_stats()
+    assert (stats["num_alloc_retries"], stats["num_ooms"]) == (1, 1)
+    del big
+
+
+def test_a_backend_failure_leaves_no_trace_in_the_cuda_shaped_statistics():
+    alloc = BytesAllocator(64 * MiB)
+    before = alloc.memory_stats()
+    alloc.fail_next = True
+    with pytest.raises(MemoryError):
+        alloc.allocate(10 * KiB)
+    after = alloc.memory_stats()
+    for name in ("allocated_bytes", "requested_bytes", "reserved_bytes", "allocation", "segment"):
+        current, _, up, down = _cuda_stat(after, name)
+        assert (current, up, down) == (0, 0, 0), name
+    assert after["num_device_alloc"] == before["num_device_alloc"] == 0
+
+
 def _spans_overlap(buffers) -> bool:
     spans = sorted((b.address, b.address + b.nbytes) for b in buffers if b.nbytes)
     return any(end > start for (_, end), (start, _) in zip(spans, spans[1:]))

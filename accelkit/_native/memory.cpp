@@ -42,21 +42,31 @@ struct DeviceMemory final : public c10::DeviceAllocator {
 
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     py::gil_scoped_acquire gil;
+    // The device module's memory_stats() has CUDA's keys for the "all" pool; the struct's
+    // other pools and figures (splits, oversize blocks, private pools) stay zero.
     auto stats = module_.attr("memory_stats")(static_cast<int>(device)).cast<py::dict>();
-    auto get = [&](const char* key) { return stats.contains(key) ? stats[key].cast<int64_t>() : 0; };
+    auto get = [&](const std::string& key) {
+      return stats.contains(key.c_str()) ? stats[key.c_str()].cast<int64_t>() : 0;
+    };
+    auto fill = [&](c10::CachingAllocator::StatArray& array, const std::string& name) {
+      auto& stat = array[kAggregate];
+      stat.current = get(name + ".all.current");
+      stat.peak = get(name + ".all.peak");
+      stat.allocated = get(name + ".all.allocated");
+      stat.freed = get(name + ".all.freed");
+    };
     c10::CachingDeviceAllocator::DeviceStats out;
-    auto& allocated = out.allocated_bytes[kAggregate];
-    allocated.current = get("allocated_bytes.current");
-    allocated.peak = get("allocated_bytes.peak");
-    auto& reserved = out.reserved_bytes[kAggregate];
-    reserved.current = get("reserved_bytes.current");
-    reserved.peak = get("reserved_bytes.peak");
-    out.requested_bytes[kAggregate].current = get("requested_bytes.current");
-    auto& allocations = out.allocation[kAggregate];
-    allocations.allocated = get("num_allocations");
-    allocations.freed = get("num_frees");
-    allocations.current = allocations.allocated - allocations.freed;
+    fill(out.allocation, "allocation");
+    fill(out.segment, "segment");
+    fill(out.active, "active");
+    fill(out.allocated_bytes, "allocated_bytes");
+    fill(out.reserved_bytes, "reserved_bytes");
+    fill(out.active_bytes, "active_bytes");
+    fill(out.requested_bytes, "requested_bytes");
+    out.num_alloc_retries = get("num_alloc_retries");
     out.num_ooms = get("num_ooms");
+    out.num_device_alloc = get("num_device_alloc");
+    out.num_device_free = get("num_device_free");
     return out;
   }
   // The runtime's allocator keeps running totals only for its statistics (accelkit.stats()).

@@ -157,11 +157,21 @@ class DeviceAllocator:
         self._lock = threading.RLock()
         self._cache: dict[int, list[Any]] = {}
         self._cached_bytes = 0
+        self._cached_blocks = 0
+        # Live buffers: their blocks' bytes (size classes), the bytes they asked for, how many.
         self._allocated = 0
         self._requested = 0
+        self._live = 0
         self._peak_allocated = 0
         self._peak_reserved = 0
-        self._counts = {"allocations": 0, "frees": 0, "cache_hits": 0, "ooms": 0}
+        self._peak_requested = 0
+        self._peak_live = 0
+        self._peak_segments = 0  # segments: blocks taken from the backend, = live + cached blocks
+        # Running totals of what went away; what came is what went plus what is there now.
+        self._freed_bytes = 0  # blocks of freed buffers
+        self._freed_requested = 0  # what freed buffers had asked for
+        self._released_bytes = 0  # blocks given back to the backend
+        self._counts = {"frees": 0, "device_frees": 0, "cache_hits": 0, "ooms": 0, "alloc_retries": 0}
         # Device addresses: freed ones by size class for reuse, and the start of the unused rest.
         self._free_addresses: dict[int, list[int]] = {}
         self._next_address = _ADDRESS_BASE
@@ -266,6 +276,7 @@ class DeviceAllocator:
                 with self._lock:
                     self._allocated -= block_bytes
                     self._requested -= nbytes
+                    self._live -= 1
                     self._free_address(address, nbytes)
                 raise
         return Buffer(self, block, nbytes, block_bytes, address=address)
@@ -289,12 +300,18 @@ class DeviceAllocator:
             else:
                 address = self._claim_address(nbytes)
                 self._allocated = allocated
-                self._requested += nbytes
-                self._counts["allocations"] += 1
+                requested = self._requested = self._requested + nbytes
+                live = self._live = self._live + 1
                 if allocated > self._peak_allocated:
                     self._peak_allocated = allocated
                 if allocated + self._cached_bytes > self._peak_reserved:
                     self._peak_reserved = allocated + self._cached_bytes
+                if requested > self._peak_requested:
+                    self._peak_requested = requested
+                if live > self._peak_live:
+                    self._peak_live = live
+                if live + self._cached_blocks > self._peak_segments:
+                    self._peak_segments = live + self._cached_blocks
         return Buffer(self, block, nbytes, nbytes, cacheable=False, address=address)
 
     def _block_from_array(self, array: Any) -> tuple[Any, int] | None:
@@ -310,20 +327,32 @@ class DeviceAllocator:
             if cached:
                 block = cached.pop()
                 self._cached_bytes -= block_bytes
+                self._cached_blocks -= 1
                 self._counts["cache_hits"] += 1
             else:
                 block = None
-                if self._reserved() + block_bytes > self.capacity:
+                if self._reserved() + block_bytes > self.capacity and self._cached_blocks:
+                    # CUDA's "alloc retry": the request does not fit beside the cached blocks,
+                    # so they go back to the backend and the request is tried again.
+                    self._counts["alloc_retries"] += 1
                     self._empty_cache_locked()
                 if self._allocated + block_bytes > self.capacity:
                     self._counts["ooms"] += 1
                     self._free_address(address, nbytes)
                     raise torch.OutOfMemoryError(self._oom_message(nbytes))
-            self._allocated += block_bytes
-            self._requested += nbytes
-            self._counts["allocations"] += 1
-            self._peak_allocated = max(self._peak_allocated, self._allocated)
-            self._peak_reserved = max(self._peak_reserved, self._reserved())
+            allocated = self._allocated = self._allocated + block_bytes
+            requested = self._requested = self._requested + nbytes
+            live = self._live = self._live + 1
+            if allocated > self._peak_allocated:
+                self._peak_allocated = allocated
+            if allocated + self._cached_bytes > self._peak_reserved:
+                self._peak_reserved = allocated + self._cached_bytes
+            if requested > self._peak_requested:
+                self._peak_requested = requested
+            if live > self._peak_live:
+                self._peak_live = live
+            if live + self._cached_blocks > self._peak_segments:
+                self._peak_segments = live + self._cached_blocks
             return block, address
 
     def _claim_address(self, nbytes: int) -> int:
@@ -350,14 +379,21 @@ class DeviceAllocator:
         with self._lock:
             self._allocated -= block_bytes
             self._requested -= nbytes
-            self._counts["frees"] += 1
+            self._live -= 1
+            self._freed_bytes += block_bytes
+            self._freed_requested += nbytes
+            counts = self._counts
+            counts["frees"] += 1
             self._free_address(address, nbytes)
             # Adopted blocks are never cached: adoption does not draw on the cache, so caching
             # them would grow it by one block per kernel result until max_cached is reached.
             if cacheable and self._cached_bytes + block_bytes <= self.max_cached:
                 self._cache.setdefault(block_bytes, []).append(block)
                 self._cached_bytes += block_bytes
+                self._cached_blocks += 1
                 return
+            counts["device_frees"] += 1
+            self._released_bytes += block_bytes
         self._free_block(block)
 
     def _reserved(self) -> int:
@@ -365,7 +401,9 @@ class DeviceAllocator:
 
     def _empty_cache_locked(self) -> list[Any]:
         # Detach the cache first: a block released while we iterate lands in the new one.
-        cache, self._cache, self._cached_bytes = self._cache, {}, 0
+        self._counts["device_frees"] += self._cached_blocks
+        self._released_bytes += self._cached_bytes
+        cache, self._cache, self._cached_bytes, self._cached_blocks = self._cache, {}, 0, 0
         blocks = [b for bucket in cache.values() for b in bucket]
         for block in blocks:
             self._free_block(block)
@@ -400,20 +438,77 @@ class DeviceAllocator:
         return self._peak_reserved
 
     def reset_peak_stats(self) -> None:
+        """Make every peak, of bytes and of counts, its current value (CUDA's
+        ``reset_peak_memory_stats``)."""
         with self._lock:
             self._peak_allocated = self._allocated
             self._peak_reserved = self._reserved()
+            self._peak_requested = self._requested
+            self._peak_live = self._live
+            self._peak_segments = self._live + self._cached_blocks
 
     def memory_stats(self) -> dict[str, int]:
-        """A flat dict in the spirit of ``torch.cuda.memory_stats``."""
+        """The allocator's figures under ``torch.cuda.memory_stats()``'s keys, and accelkit's own.
+
+        CUDA's layout, for the ``all`` pool only (the base keeps no separate small and large
+        pools): ``<stat>.all.{current,peak,allocated,freed}`` — the value now, its highest since
+        :meth:`reset_peak_stats`, and the running totals of its increases and decreases since
+        the allocator was made — for
+
+        - ``allocated_bytes``: the blocks of live buffers (size classes);
+        - ``requested_bytes``: what those buffers asked for;
+        - ``reserved_bytes``: allocated plus cached: the blocks taken from the backend and not
+          given back;
+        - ``active_bytes``: equal to ``allocated_bytes``: a block is released the moment its
+          buffer is gone, as each device has one in-order queue (CUDA's active blocks also
+          count freed blocks that another stream may still use);
+        - ``allocation`` and ``active``: live buffers, counted;
+        - ``segment``: blocks taken from the backend (``_alloc_block`` and adopted kernel
+          results) and not given back, counted; the base never splits a block.
+
+        Event counters: ``num_alloc_retries`` (requests that fitted only once the cached blocks
+        were given back), ``num_ooms``, ``num_device_alloc`` and ``num_device_free`` (blocks taken
+        from and given back to the backend).
+
+        accelkit's flat keys (``accelkit.stats()``, the run report): ``allocated_bytes.current``
+        and ``.peak``, ``requested_bytes.current``, ``reserved_bytes.current`` and ``.peak``,
+        ``cached_bytes.current``, ``capacity_bytes``, ``num_allocations``, ``num_frees``,
+        ``num_cache_hits``.
+        """
         with self._lock:
-            return {
+            counts = self._counts
+            live, frees = self._live, counts["frees"]
+            segments, released = live + self._cached_blocks, counts["device_frees"]
+            reserved = self._reserved()
+            figures = {  # current, peak, freed
+                "allocation": (live, self._peak_live, frees),
+                "segment": (segments, self._peak_segments, released),
+                "allocated_bytes": (self._allocated, self._peak_allocated, self._freed_bytes),
+                "requested_bytes": (self._requested, self._peak_requested, self._freed_requested),
+                "reserved_bytes": (reserved, self._peak_reserved, self._released_bytes),
+            }
+            figures["active"] = figures["allocation"]
+            figures["active_bytes"] = figures["allocated_bytes"]
+            stats = {}
+            for name, (current, peak, freed) in figures.items():
+                stats[f"{name}.all.current"] = current
+                stats[f"{name}.all.peak"] = peak
+                stats[f"{name}.all.allocated"] = current + freed
+                stats[f"{name}.all.freed"] = freed
+            stats.update({
+                "num_alloc_retries": counts["alloc_retries"],
+                "num_ooms": counts["ooms"],
+                "num_device_alloc": segments + released,
+                "num_device_free": released,
                 "allocated_bytes.current": self._allocated,
                 "allocated_bytes.peak": self._peak_allocated,
                 "requested_bytes.current": self._requested,
-                "reserved_bytes.current": self._reserved(),
+                "reserved_bytes.current": reserved,
                 "reserved_bytes.peak": self._peak_reserved,
                 "cached_bytes.current": self._cached_bytes,
                 "capacity_bytes": self.capacity,
-                **{f"num_{k}": v for k, v in self._counts.items()},
-            }
+                "num_allocations": live + frees,
+                "num_frees": frees,
+                "num_cache_hits": counts["cache_hits"],
+            })
+            return stats
