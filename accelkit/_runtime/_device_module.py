@@ -22,7 +22,14 @@ from accelkit.sdk import DeviceModel
 
 @dataclass(frozen=True)
 class DeviceProperties:
-    """What ``torch.<name>.get_device_properties()`` returns."""
+    """What ``torch.<name>.get_device_properties()`` returns.
+
+    ``name`` is the hardware's name as its vendor's software reports it (``"TPU v5e"``,
+    ``"trn2"``: the device model's ``product``), on a simulated device too, which ``simulated``
+    says; ``get_device_name()`` adds the backend and whether it is simulated. ``peak_flops``
+    holds the target's peak FLOP/s per dtype name (``"bfloat16"``) and ``sources`` where each
+    figure comes from: model FLOP/s over ``peak_flops[dtype]`` is the MFU.
+    """
 
     name: str
     vendor: str
@@ -34,10 +41,9 @@ class DeviceProperties:
     sources: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, backend: str, model: DeviceModel) -> DeviceProperties:
-        kind = "simulated " if model.simulated else ""
+    def of(cls, model: DeviceModel) -> DeviceProperties:
         return cls(
-            name=f"{model.vendor} {model.name} ({kind}{backend})",
+            name=model.product,
             vendor=model.vendor,
             target=model.name,
             total_memory=model.memory_bytes,
@@ -145,10 +151,13 @@ class DeviceModule(types.ModuleType):
 
     def get_device_properties(self, device: Any = None) -> DeviceProperties:
         self._index(device)
-        return DeviceProperties.of(self._ctx.name, self._ctx.model)
+        return DeviceProperties.of(self._ctx.model)
 
     def get_device_name(self, device: Any = None) -> str:
-        return self.get_device_properties(device).name
+        """The hardware's name, the backend running it and whether it is simulated:
+        ``"TPU v5e (simulated tpu)"``."""
+        props = self.get_device_properties(device)
+        return f"{props.name} ({'simulated ' if props.simulated else ''}{self._ctx.name})"
 
     # -- RNG -------------------------------------------------------------------------------
 

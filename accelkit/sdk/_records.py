@@ -107,6 +107,9 @@ class DeviceModel:
     :ivar sources: where each figure comes from, keyed by field name.
     :ivar extra: further figures (MXU shape, SBUF size, ...), also with sources.
     :ivar interconnect: the device-to-device network, for collective estimates, if known.
+    :ivar product: the hardware's name as the vendor's own software reports it (JAX's
+        ``"TPU v5e"``, Neuron's ``"trn2"``): ``get_device_properties().name``, which tools such
+        as TorchTitan look up to find the peak FLOP/s. Default: ``"<vendor> <name>"``.
     """
 
     name: str
@@ -119,6 +122,7 @@ class DeviceModel:
     sources: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
     interconnect: Interconnect | None = None
+    product: str = ""
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
@@ -127,6 +131,8 @@ class DeviceModel:
         object.__setattr__(self, "sources", _frozen(self.sources))
         object.__setattr__(self, "extra", _frozen(self.extra))
         object.__setattr__(self, "dtypes", frozenset(self.dtypes))
+        if not self.product:
+            object.__setattr__(self, "product", f"{self.vendor} {self.name}")
 
 
 @dataclass(frozen=True)

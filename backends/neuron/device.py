@@ -206,12 +206,16 @@ def device_model(generation: str | None = None) -> DeviceModel:
     return DeviceModel(
         name=name,
         vendor="AWS Trainium",
+        # The instance family, as Neuron's PyTorch backend names a device (what TorchTitan's
+        # peak-FLOPs table looks up); one device here is one physical NeuronCore of it.
+        product=name,
         memory_bytes=spec["memory_bytes"],
         memory_bandwidth=core.hbm_bandwidth,
         peak_flops=spec["peak_flops"],
         dtypes=NATIVE_DTYPES,
         simulated=True,
-        sources=spec["sources"],
+        sources={**spec["sources"], "product": "instance family (trn1/trn2/trn3), the name TorchTitan's "
+                 "get_peak_flops expects from torch.neuron.get_device_properties().name"},
         extra=dict(
             core=core, neuroncore=core.version, cores_per_chip=spec["cores_per_chip"],
             chip_memory_bytes=spec["chip_memory_bytes"], partitions=core.partitions,

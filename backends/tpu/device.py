@@ -70,6 +70,11 @@ _GENERATIONS = {
 
 TARGETS = tuple(_GENERATIONS)
 
+#: Each generation's name as JAX reports a device of it (``device_kind``; v5e and v6e also go by
+#: "TPU v5 lite" / "TPU v6 lite"), used as ``get_device_properties().name``. TorchTitan's
+#: peak-FLOPs table recognises the first four; it looks for "v7" and so misses "TPU7x".
+_PRODUCTS = {"v4": "TPU v4", "v5e": "TPU v5e", "v5p": "TPU v5p", "v6e": "TPU v6e", "7x": "TPU7x"}
+
 #: Inter-chip interconnect per generation: (bidirectional bytes/s per chip, links, topology,
 #: source). Collective estimates use half the bidirectional figure per direction.
 _ICI = {
@@ -109,9 +114,10 @@ def device_model(name: str | None = None, simulated: bool = True) -> DeviceModel
     sources = dict(spec.pop("sources"))
     sources["float32 peak"] = "derived: XLA's default f32 matmul uses 3 bf16 passes (G-bf16, precision=HIGH)"
     sources["dtypes"] = "hardware-facts §1.3: no f64/c128 hardware; f16 converted"
+    sources["product"] = "JAX's device_kind names (jax/_src/pallas/mosaic/tpu_info.py)"
     return DeviceModel(
         name=name, vendor="Google TPU", peak_flops=peak, dtypes=_NATIVE, simulated=simulated,
-        sources=sources, interconnect=_interconnect(name), **spec,
+        sources=sources, interconnect=_interconnect(name), product=_PRODUCTS[name], **spec,
     )
 
 

@@ -55,10 +55,14 @@ def test_target_is_chosen_by_environment_and_bad_names_are_explained():
         import accelkit, torch
         dev = accelkit.select_device("neuron")
         props = torch.neuron.get_device_properties()
-        print(props.name if hasattr(props, "name") else props)
+        print(props.name, "|", torch.neuron.get_device_name(), "|", props.peak_flops["bfloat16"])
     """, env={"ACCELKIT_NEURON_TARGET": "trn1"})
     assert result.returncode == 0, result.stderr
-    assert "trn1" in result.stdout
+    # The instance family, as Neuron's PyTorch backend names a device; the name says the rest.
+    name, described, peak = result.stdout.strip().split(" | ")
+    assert name == device_model("trn1").product == "trn1"
+    assert described == "trn1 (simulated neuron)"
+    assert float(peak) == device_model("trn1").peak_flops[torch.bfloat16]
     bad = run_python("""
         import accelkit
         print([r.reason for r in accelkit.devices() if r.name == "neuron"][0])

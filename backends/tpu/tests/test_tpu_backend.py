@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from conftest import run_python
 
 import accelkit
 from accelkit import _runtime
@@ -41,10 +42,34 @@ def test_generations_follow_the_published_ordering():
     assert tpu_device.device_model("v5p").memory_bytes > tpu_device.device_model("v4").memory_bytes
 
 
+@pytest.mark.parametrize("target", tpu_device.TARGETS)
+def test_each_generation_is_named_as_jax_names_a_device_of_it(target):
+    from jax._src.pallas.mosaic import tpu_info
+
+    product = tpu_device.device_model(target).product
+    version = tpu_info.chip_version_from_device_kind(product)
+    assert version is not None and version.name == f"TPU_{target.upper()}", (product, version)
+
+
+def test_properties_name_the_chosen_generation_with_its_peak_flops():
+    result = run_python("""
+        import accelkit, torch
+        accelkit.select_device("tpu")
+        props = torch.tpu.get_device_properties()
+        print(props.name, "|", torch.tpu.get_device_name(), "|", props.peak_flops["bfloat16"])
+    """, env={tpu_device.TARGET_ENV: "v6e"})
+    assert result.returncode == 0, result.stderr
+    model = tpu_device.device_model("v6e")
+    name, described, peak = result.stdout.strip().split(" | ")
+    assert name == model.product == "TPU v6e"
+    assert described == "TPU v6e (simulated tpu)"
+    assert float(peak) == model.peak_flops[torch.bfloat16]
+
+
 def test_the_default_target_is_v5e_and_properties_say_simulated(dev):
     props = torch.tpu.get_device_properties()
     assert props.target == tpu_device.DEFAULT_TARGET == "v5e"
-    assert props.simulated and "simulated" in props.name
+    assert props.simulated and "simulated" in torch.tpu.get_device_name()
     assert props.total_memory == tpu_device.device_model("v5e").memory_bytes
 
 

@@ -1,16 +1,20 @@
-"""What training loops read from the device module: memory statistics under CUDA's keys.
+"""What training loops read from the device module: memory statistics under CUDA's keys, and the
+device's name and peak FLOP/s.
 
 TorchTitan's memory monitor calls ``reset_peak_memory_stats()`` and then reads
 ``memory_stats()["active_bytes.all.peak"]``, ``["reserved_bytes.all.peak"]``,
 ``["num_alloc_retries"]`` and ``["num_ooms"]``, taking a missing key as -1 (so it logged
-``memory: -0.00GiB(-0.00%)``); ``torch.accelerator.memory_stats()`` has the same layout. The
-device under test must answer with its allocator's figures.
+``memory: -0.00GiB(-0.00%)``); ``torch.accelerator.memory_stats()`` has the same layout. Its MFU
+divides by a peak FLOP/s looked up by ``get_device_name()`` and ``get_device_properties().name``.
+The device under test must answer with its allocator's figures and its device model's.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+import accelkit.sdk
 from accelkit.sdk.testing import device_under_test
 
 MODULE = torch.get_device_module(device_under_test().type)
@@ -94,3 +98,31 @@ def test_torch_accelerator_memory_stats_are_the_device_modules(dev, no_gc):
     for key in [f"{name}.all.{metric}" for name in STATS for metric in METRICS] + list(COUNTERS):
         assert theirs[key] == ours[key], key
     del kept
+
+
+def test_properties_name_and_peak_flops_come_from_the_device_model(dev):
+    model = accelkit.sdk.active_device_model()
+    props = MODULE.get_device_properties()
+    assert props == MODULE.get_device_properties(dev) == MODULE.get_device_properties(0)
+    assert props.name == model.product and props.name
+    assert (props.target, props.vendor, props.simulated) == (model.name, model.vendor, model.simulated)
+    assert props.total_memory == model.memory_bytes
+    assert props.memory_bandwidth == model.memory_bandwidth
+    assert props.peak_flops == {str(d).removeprefix("torch."): f for d, f in model.peak_flops.items()}
+    assert all(isinstance(f, float | int) and f > 0 for f in props.peak_flops.values())
+    if props.peak_flops:
+        assert props.sources.get("peak_flops"), "a peak FLOP/s figure without its source"
+
+
+def test_device_name_is_the_hardware_name_with_the_backend_and_whether_simulated(dev):
+    props = MODULE.get_device_properties()
+    name = MODULE.get_device_name()
+    assert name == MODULE.get_device_name(dev) == MODULE.get_device_name(0)
+    assert name.startswith(props.name)
+    assert dev.type in name.removeprefix(props.name)
+    assert ("simulated" in name) == props.simulated
+
+
+def test_a_device_that_does_not_exist_has_no_properties(dev):
+    with pytest.raises(ValueError, match="does not exist"):
+        MODULE.get_device_properties(MODULE.device_count())
