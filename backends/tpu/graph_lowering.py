@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from accelkit.sdk import GraphLowering, RandomDraw, ShardWindow, ViewSpec, graph_parts
-from accelkit_backends.tpu import checks, modes, stored_programs
+from accelkit_backends.tpu import cache_files, checks, modes, stored_programs
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize
 from accelkit_backends.tpu.graph_ops import GRAPH_OPS, RANDOM, indexed_view, is_view
 from accelkit_backends.tpu.lowering import Lowering, kernels
@@ -53,15 +53,14 @@ class TpuGraphLowering(GraphLowering):
 
     def use_cache_directory(self, path: str) -> None:
         """JAX's persistent compilation cache, for every program however quick to compile, and
-        tpu's store of eager op programs beside it (:mod:`.stored_programs`)."""
+        tpu's store of eager op programs beside it (:mod:`.stored_programs`), each entry written
+        atomically (:mod:`.cache_files`)."""
         if stored_programs.wanted():
             try:
                 stored_programs.open_store(path, jax.devices()[0])
             except RuntimeError as why:
                 warnings.warn(f"tpu's program store stays closed ({why}); eager programs use jax's cache", stacklevel=2)
-        jax.config.update("jax_compilation_cache_dir", path)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        cache_files.use_jax_cache(path)
         if not self._cache_counts:
             self._cache_counts.update(hits=0, requests=0)
             jax.monitoring.register_event_listener(self._cache_event)

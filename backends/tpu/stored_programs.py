@@ -37,7 +37,6 @@ import pickle
 import re
 import shutil
 import sys
-import tempfile
 import threading
 import zlib
 from importlib import metadata
@@ -49,7 +48,7 @@ import torch
 from torch._ops import OpOverload
 
 from accelkit.sdk import env_choice, fast_compile
-from accelkit_backends.tpu import checks
+from accelkit_backends.tpu import cache_files, checks
 
 FORMAT = "accelkit-tpu-programs/3"
 #: ``=0`` keeps the store closed: eager programs then use jax's persistent cache alone.
@@ -150,6 +149,7 @@ class ProgramStore:
         self.directory = root / fingerprint
         self.directory.mkdir(parents=True, exist_ok=True)
         os.utime(self.directory)  # marks it used, for _prune
+        cache_files.remove_stale_partials(self.directory)
         self.hits = self.misses = self.written = self.unreadable = 0
         self._lock = threading.Lock()
 
@@ -195,11 +195,7 @@ class ProgramStore:
             blob, in_tree, out_tree = serialize(executable)
             device_ids = [d.id for d in executable.runtime_executable().local_devices()]
             entry = (FORMAT, key, blob, in_tree, out_tree, list(stated), device_ids)
-            data = zlib.compress(pickle.dumps(entry), 1)
-            handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".part")
-            with os.fdopen(handle, "wb") as file:
-                file.write(data)
-            os.replace(temporary, self._path(key))
+            cache_files.write_atomically(self._path(key), zlib.compress(pickle.dumps(entry), 1))
         except Exception:
             return
         with self._lock:
@@ -288,27 +284,15 @@ def _compile_fresh(jitted: Any, arrays: list, scalars: list) -> tuple[Any, bool]
     fails to run with "Function ... not found") and call no host function another process
     would lack (:func:`_foreign_callouts`).
 
-    jax decides once per process whether its cache is used; that decision is set aside for
-    this compile (a private flag of jax's, hence the check of the outcome, which holds even if
-    another thread's compile or a newer jax undoes it).
+    jax's cache is set aside for this compile (:func:`.cache_files.jax_cache_set_aside`, hence
+    the check of the outcome, which holds even if another thread's compile or a newer jax undoes
+    it).
     """
-    from jax._src import compilation_cache
-
     with _compile_lock:
         _this_thread.jax_cache_hits = 0
-        try:
-            with compilation_cache._cache_initialized_mutex:
-                decided = compilation_cache._cache_checked, compilation_cache._cache_used
-                compilation_cache._cache_checked, compilation_cache._cache_used = True, False
-        except AttributeError:
-            decided = None
-        try:
+        with cache_files.jax_cache_set_aside():
             lowered = jitted.lower(arrays, scalars)
             executable = lowered.compile()
-        finally:
-            if decided is not None:
-                with compilation_cache._cache_initialized_mutex:
-                    compilation_cache._cache_checked, compilation_cache._cache_used = decided
         return executable, _this_thread.jax_cache_hits == 0 and not _foreign_callouts(lowered)
 
 
