@@ -52,12 +52,15 @@ class NativeUnavailableError(AccelkitError):
     """accelkit's native extension is disabled or cannot be built here; the message says why."""
 
 
+_FLAGS = ("-O2", "-shared", "-fPIC", "-std=c++20", "-w")
+
+
 def _compile_command(output: Path) -> list[str]:
     from torch.utils import cpp_extension
 
     libraries = cpp_extension.library_paths()
     return [
-        os.environ.get(COMPILER_ENV, "g++"), "-O2", "-shared", "-fPIC", "-std=c++20", "-w",
+        os.environ.get(COMPILER_ENV, "g++"), *_FLAGS,
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
         f"-DTORCH_EXTENSION_NAME={MODULE}", "-DTORCH_API_INCLUDE_EXTENSION_H",
         *(f"-I{path}" for path in cpp_extension.include_paths()),
@@ -77,8 +80,11 @@ def module_path() -> Path:
     key = hashlib.sha256()
     for source in SOURCES:
         key.update(source.read_bytes())
-    key.update(" ".join(_compile_command(Path("out"))[1:]).encode())
-    key.update(torch.__version__.encode())
+    # What the compile command holds, without importing torch.utils.cpp_extension (it imports
+    # setuptools: 0.1-0.2 s of every activation): the flags, and this torch's version and
+    # directory, where the headers and libraries it builds against are.
+    key.update(repr((_FLAGS, MODULE, int(torch._C._GLIBCXX_USE_CXX11_ABI), torch.__version__,
+                     os.path.dirname(torch.__file__), sysconfig.get_paths()["include"])).encode())
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     return Path(root) / f"{torch.__version__}-{key.hexdigest()[:16]}" / f"{MODULE}{suffix}"
 
