@@ -83,6 +83,14 @@ def _strides_for(size: tuple[int, ...], memory_format: Any) -> tuple[int, ...] |
 _COMPOSITE = torch._C.DispatchKeySet(torch._C.DispatchKey.CompositeExplicitAutograd)
 
 
+def _conjugates_on_device(ctx: BackendContext, dst: torch.Tensor, src: torch.Tensor) -> bool:
+    """Whether copying ``src`` into ``dst`` (both on the device) is one conjugation of the
+    stored elements that the backend has a kernel for: same shape and complex dtype, one of
+    them a conjugate view, the same negative bit."""
+    return (src.is_conj() != dst.is_conj() and src.dtype == dst.dtype and src.shape == dst.shape
+            and src.is_neg() == dst.is_neg() and aten._conj_physical.default in ctx.kernels)
+
+
 def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
     """The runtime-owned kernels for ``ctx``'s backend, keyed by aten overload."""
     allocator = ctx.allocator
@@ -193,8 +201,15 @@ def core_ops(ctx: BackendContext) -> dict[Any, Callable]:
                     T.write(ctx, dst, ctx.allocator.from_host(T.stored_form(dst, src)))
                 return dst
             if src.device.type == name:
+                if _conjugates_on_device(ctx, dst, src):
+                    # The stored elements differ by a conjugation (one of the two is a conjugate
+                    # view): the backend's kernel conjugates src's stored elements into dst's.
+                    stored = aten._conj_physical.default(torch._conj(src) if src.is_conj() else src)
+                    T.write(ctx, dst, T.read(ctx, stored))
+                    return dst
                 # Complex to real stays on the host path, which warns that the imaginary part
-                # goes; so do copies between views with different conjugate/negative bits.
+                # goes; so do copies between views with different conjugate/negative bits that
+                # the backend cannot conjugate.
                 if (
                     src.shape == dst.shape
                     and (dst.is_complex() or not src.is_complex())

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from accelkit.sdk import KernelTable, RandomDraw, meta_call, meta_tensor
+from accelkit.sdk import KernelDeclined, KernelTable, RandomDraw, meta_call, meta_tensor
 from accelkit_backends.neuron import cost, runtime
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim import replay
@@ -44,13 +44,35 @@ class OutSpec(NamedTuple):
     dtype: torch.dtype
 
 
-def tile_kernel(*ops: OpOverload, derive_variants: bool = True, static: bool = False) -> Callable[[Callable], Callable]:
-    """Register ``body`` as the neuron kernel of each op (see the module docstring)."""
+def tile_kernel(*ops: OpOverload, derive_variants: bool = True, static: bool = False,
+                complex_aware: bool = False) -> Callable[[Callable], Callable]:
+    """Register ``body`` as the neuron kernel of each op (see the module docstring).
+
+    ``complex_aware``: the body handles complex64 arguments and results (as float32 pairs, see
+    :mod:`.kernels.complex`); without it, a call that involves a complex tensor is declined
+    (``KernelDeclined``) and takes the CPU fallback."""
 
     def register(body: Callable) -> Callable:
         for op in ops:
-            kernels.add(op, _launcher(op, body, static), derive_variants=derive_variants)
+            kernels.add(op, _launcher(op, body, static, complex_aware), derive_variants=derive_variants)
             _BODIES[op] = body
+        return body
+
+    return register
+
+
+#: Each op's complex64 body, for ops whose registered body computes real dtypes only.
+_COMPLEX_BODIES: dict[OpOverload, Callable] = {}
+
+
+def complex_form(*ops: OpOverload) -> Callable[[Callable], Callable]:
+    """Register ``body`` as the static tile program each op runs when a complex tensor (or
+    number) is involved, beside the real body :func:`tile_kernel` registered for it (see
+    :mod:`.kernels.complex`)."""
+
+    def register(body: Callable) -> Callable:
+        for op in ops:
+            _COMPLEX_BODIES[op] = body
         return body
 
     return register
@@ -61,32 +83,50 @@ def body_of(op: OpOverload) -> Callable | None:
     return _BODIES.get(op)
 
 
-def _launcher(op: OpOverload, body: Callable, static: bool = False) -> Callable:
+def _launcher(op: OpOverload, body: Callable, static: bool = False, complex_aware: bool = False) -> Callable:
     name = str(op).removeprefix("aten.")
 
     def run(*args: Any, **kwargs: Any) -> Any:
         key = _instance_key(args, kwargs)
         out = _output_specs(op, key, args, kwargs)
+        body_now, static_now = body, static
+        if not complex_aware and _complex_involved(args, kwargs, out):
+            # The engines have no complex datapath: only programs written for float32 pairs
+            # take complex64; any other op goes to the CPU fallback, counted as one.
+            body_now, static_now = _COMPLEX_BODIES.get(op), True
+            if body_now is None:
+                raise KernelDeclined(f"neuron kernel {name} has no complex form")
         cost.LEDGER.note_instance(name, key)
         # The instance (with its result geometry, which a float argument can change) fixes the
         # program: its schedule is computed once (NeuronCore.kernel).
         instance = (op, key, tuple(out))
-        if static:
+        if static_now:
             arrays = replay.array_arguments(args, kwargs)
 
             def program(k: Any, given: list[np.ndarray]) -> Any:
                 if given is arrays:
-                    return body(k, out, *args, **kwargs)
+                    return body_now(k, out, *args, **kwargs)
                 given_args, given_kwargs = replay.with_arrays(args, kwargs, given)
-                return body(k, out, *given_args, **given_kwargs)
+                return body_now(k, out, *given_args, **given_kwargs)
 
             # Floats by their bits: a program that fills -0.0 is not the one that fills 0.0.
             return run_static(name, instance, arrays, tuple(v.hex() for v in _float_values(args, kwargs)), program)
         with runtime.core().kernel(name, instance) as k:
-            return body(k, out, *args, **kwargs)
+            return body_now(k, out, *args, **kwargs)
 
     run.__name__ = run.__qualname__ = f"neuron_{body.__name__}"
     return run
+
+
+def _complex_involved(args: tuple, kwargs: dict, out: list[OutSpec]) -> bool:
+    """Whether a call takes or makes a complex tensor (or takes a complex number)."""
+    if any(spec is not None and spec.dtype.is_complex for spec in out):
+        return True
+    for value in (*args, *kwargs.values()):
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, complex) or isinstance(item, np.ndarray) and item.dtype.kind == "c":
+                return True
+    return False
 
 
 # ---------------------------------------------------------------------------------------------

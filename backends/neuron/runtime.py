@@ -4,9 +4,13 @@ imported when the backend is activated.
 
 **Dtype policy** (Trainium has no 64-bit engines, N-ndt):
 
-- ``float64`` and ``complex`` are refused with a message naming the fix. Setting
+- ``float64`` and ``complex128`` are refused with a message naming the fix. Setting
   ``ACCELKIT_NEURON_FLOAT64=downcast`` stores float64 tensors but computes them in float32, as
-  torch-neuronx maps F64 to F32 (PTX-dtype); a warning says so once per process.
+  torch-neuronx maps F64 to F32 (PTX-dtype); a warning says so once per process. It leaves
+  complex128 refused.
+- ``complex64`` is stored as interleaved float32 (real, imaginary) pairs and computed as real
+  arithmetic on the engines, as the Neuron compiler lowers it (``kernels/complex.py``); an op
+  without a complex program takes the CPU fallback.
 - ``int64`` is stored at full width in HBM and computed as int32, as neuronx-cc does by default
   (N-cli); a value outside int32 raises :class:`NeuronDtypeError` instead of wrapping.
 """
@@ -27,9 +31,14 @@ if TYPE_CHECKING:
 FLOAT64_ENV = "ACCELKIT_NEURON_FLOAT64"
 FLOAT64_POLICIES = ("error", "downcast")
 
-_REFUSED = frozenset({torch.float64, torch.complex64, torch.complex128, torch.complex32,
+_REFUSED = frozenset({torch.float64, torch.complex128, torch.complex32,
                       torch.uint64})
 _warned_downcast = False
+_COMPLEX_HINT = (
+    "NeuronCores have no 64-bit floating-point or complex engines: complex64 is stored as "
+    "float32 (real, imaginary) pairs and computed on the engines, other complex dtypes are "
+    "refused. Cast to torch.complex64 before moving to neuron "
+    f"({FLOAT64_ENV}=downcast applies to float64 only).")
 
 
 @hookimpl
@@ -44,7 +53,7 @@ def accelkit_dtype_rules() -> DtypeRules:
         hint=("NeuronCores have no 64-bit floating-point or complex engines. Cast to float32 "
               f"(or bfloat16) before moving to neuron, or set {FLOAT64_ENV}=downcast to store "
               "float64 tensors and compute them in float32."),
-        hints={torch.uint64: (
+        hints={**dict.fromkeys((torch.complex128, torch.complex32), _COMPLEX_HINT), torch.uint64: (
             "NeuronCores have no 64-bit unsigned integers. Cast to int64 (values below 2**63) or "
             "to uint32 before moving to neuron.")},
     )

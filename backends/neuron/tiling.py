@@ -258,3 +258,76 @@ def _block_of(k: Kernel, array: np.ndarray, shape: tuple[int, ...], m0: int, m1:
     tile = k.sbuf((m1 - m0, n1 - n0), dtype, "in")
     k.dma(tile, np.broadcast_to(array, shape)[m0:m1, n0:n1])
     return tile
+
+
+# ---------------------------------------------------------------------------------------------
+# complex64 as float32 pairs
+# ---------------------------------------------------------------------------------------------
+
+
+def pairs(array: np.ndarray) -> np.ndarray:
+    """A complex64 HBM array's memory as float32 ``(real, imaginary)`` pairs: shape ``S + (2,)``
+    for an array of shape ``S``, same strides plus the 4-byte step inside a pair (a view, no
+    copy). This is how a complex64 tensor lies in HBM: interleaved float32."""
+    if array.dtype != np.complex64:
+        raise TypeError(f"pairs: expected a complex64 array, got {array.dtype}")
+    real = array.real  # a float32 view at the same address and strides
+    return np.lib.stride_tricks.as_strided(real, array.shape + (2,), array.strides + (4,))
+
+
+class PairOperand:
+    """An HBM input of a complex program read in the flat order of an output of shape ``S``:
+    a complex64 array as ``[rows, cols, 2]`` tiles of float32 pairs, a real array as
+    ``[rows, cols, 1]`` tiles (broadcast as needed, a single element included: the DMA walks
+    the broadcast pattern)."""
+
+    def __init__(self, array: np.ndarray, shape: tuple[int, ...]):
+        self.complex = array.dtype == np.complex64
+        source = pairs(array) if self.complex else array[..., None]
+        width = 2 if self.complex else 1
+        view = np.broadcast_to(source, shape + (width,))
+        self.pattern = view
+        if view.flags.c_contiguous:
+            self.flat = view.reshape(-1, width)
+        else:  # the values, densely, for the simulator to read (made again at each replay)
+            recording = replay.active()
+            dense = _dense(view) if recording is None else recording.derived(_dense, view)
+            self.flat = dense.reshape(-1, width)
+        self.width = width
+        self.tile_dtype = chip_dtype(array.dtype) if not self.complex else np.dtype(np.float32)
+
+    def load(self, pool: TilePool, start: int, rows: int, cols: int, name: str) -> Tile:
+        k = pool._kernel
+        tile = pool.tile((rows, cols, self.width), self.tile_dtype, name)
+        part = self.flat[start : start + rows * cols].reshape(rows, cols, self.width)
+        k.dma(tile, part, pattern=None if self.pattern.flags.c_contiguous else self.pattern)
+        return tile
+
+
+def map_pairs(
+    k: Kernel,
+    out: np.ndarray,
+    inputs: Sequence[np.ndarray],
+    compute: Callable[[Tile, list[Tile]], None],
+) -> np.ndarray:
+    """:func:`map_flat` for a complex64 result: ``compute(dst, srcs)`` fills a ``[rows, cols, 2]``
+    float32 tile of (real, imaginary) pairs from its inputs' tiles (:class:`PairOperand`:
+    ``[rows, cols, 2]`` for complex inputs, ``[rows, cols, 1]`` for real ones), chunk by chunk,
+    software-pipelined as :func:`map_flat` is. A pair never straddles two tiles, so the real
+    and imaginary parts of an element sit side by side in one partition, where the engines
+    reach them with a stride-2 access pattern (``tile[:, :, 0:1]`` and ``tile[:, :, 1:2]``)."""
+    if out.dtype != np.complex64 or not out.flags.c_contiguous:
+        raise TypeError("map_pairs writes a fresh contiguous complex64 array")
+    out_pool = k.pool(BUFFERS)
+    flat_out = out.reshape(-1).view(np.float32).reshape(-1, 2)
+
+    def step(srcs: list[Tile], start: int, rows: int, cols: int) -> list[Tile]:
+        dst = out_pool.tile((rows, cols, 2), np.float32, "out")
+        compute(dst, srcs)
+        k.dma(flat_out[start : start + rows * cols].reshape(rows, cols, 2), dst)
+        return [dst]
+
+    operands = [PairOperand(a, out.shape) for a in inputs]
+    # Half the columns of a real program: a chunk's tile holds FMAX float32 values per partition.
+    _pipelined(k, operands, flat_chunks(out.size, k.spec.partitions, FMAX // 2), step)
+    return out

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from accelkit.sdk import KernelDeclined
 from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.tiling import map_flat
 from accelkit_backends.neuron.sim import numerics as nx
@@ -280,6 +281,18 @@ def abs_(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
     if x.dtype == np.bool_:
         return binary(k, out[0], x, 0, "not_equal")
     return unary(k, out[0], x, "abs")
+
+
+@tile_kernel(aten.bitwise_not.default, static=True)
+def bitwise_not(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
+    """``~x``: logical not of a bool, an exclusive or with all ones (-1) of an integer on
+    GpSimd's integer lanes (-1 converted to the dtype as PyTorch converts it: uint8's 255)."""
+    if x.dtype == np.bool_:
+        return binary(k, out[0], x, False, "equal")
+    if x.dtype.kind != "i" and x.dtype != np.uint8:
+        # CPU's kernel has no floating or wider unsigned form: its error, through the fallback.
+        raise KernelDeclined(f"neuron bitwise_not: no {x.dtype} form")
+    return binary(k, out[0], x, -1, "bitwise_xor")
 
 
 @tile_kernel(aten.gelu.default, static=True)
