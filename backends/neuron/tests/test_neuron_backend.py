@@ -78,11 +78,11 @@ def test_out_of_memory_at_the_cores_hbm_share(dev):
     assert x.sum().item() == 4
 
 
-def test_float64_and_complex_are_refused_with_the_fix(dev):
+def test_float64_and_complex128_are_refused_with_the_fix(dev):
     with pytest.raises(UnsupportedDtypeError, match="ACCELKIT_NEURON_FLOAT64=downcast"):
         torch.ones(3, dtype=torch.float64).to(dev)
     with pytest.raises(UnsupportedDtypeError, match="complex"):
-        torch.ones(3, dtype=torch.complex64).to(dev)
+        torch.ones(3, dtype=torch.complex128).to(dev)
 
 
 def test_uint64_is_refused_with_an_integer_fix(dev):
