@@ -196,6 +196,12 @@ class HostCall:
                 continue
             buf = T.buffer_of(device)
             host_bytes = self.hosts[id(buf)][1]
+            # The CPU kernel may flip an out= argument's conjugate bit (linalg_lu_solve with
+            # left=False): the device tensor reads its stored elements the same way.
+            if host.is_conj() != device.is_conj():
+                torch._C._set_conj(device, host.is_conj())
+            if host.is_neg() != device.is_neg():
+                torch._C._set_neg(device, host.is_neg())
             geometry = (tuple(host.shape), host.stride(), host.storage_offset())
             if (
                 host.untyped_storage().data_ptr() == host_bytes.untyped_storage().data_ptr()

@@ -314,3 +314,18 @@ def test_an_op_without_a_complex_program_falls_back_and_is_counted(dev):
     assert ops["aten.div.Tensor"]["fallback"] == 1
     with accelkit.fallback_policy("deny"), pytest.raises(Exception, match="aten.sum.default"):
         z.to(dev).sum()
+
+
+def test_a_fallback_that_flips_its_out_conjugate_bit_keeps_the_device_tensor_in_step(dev):
+    """CPU's linalg_lu_solve with left=False solves the conjugate-transposed system and hands
+    back its out= tensor with the conjugate bit flipped: the device tensor must follow, or its
+    stored elements read conjugated."""
+    g = torch.Generator().manual_seed(7)
+    a = torch.complex(torch.randn(3, 3, generator=g), torch.randn(3, 3, generator=g))
+    b = torch.complex(torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g))
+    lu, pivots = torch.linalg.lu_factor(a)
+    expected = torch.linalg.lu_solve(lu, pivots, b, left=False)
+    with accelkit.fallback_policy("allow"):
+        actual = torch.linalg.lu_solve(lu.to(dev), pivots.to(dev), b.to(dev), left=False)
+    assert actual.is_conj() == expected.is_conj()
+    assert torch.equal(actual.cpu(), expected)
