@@ -172,7 +172,7 @@ class GraphCompiler:
     def _lowerable(self, ctx: Any, node: torch.fx.Node) -> bool:
         target = node.target
         if isinstance(target, torch._ops.OpOverload):
-            if not self.lowering.lowers(target):
+            if not self.lowering.lowers_node(node):
                 return False
             return _on_device(node, ctx.name)
         if target is operator.getitem:

@@ -36,6 +36,13 @@ class GraphLowering:
         of the program and run eagerly (through the backend's kernels or the CPU fallback)."""
         raise NotImplementedError
 
+    def lowers_node(self, node: torch.fx.Node) -> bool:
+        """Whether :meth:`lower` can compile this node (its ``meta["val"]`` and its inputs'
+        carry their dtypes and shapes): :meth:`lowers` of its op unless a backend whose
+        support depends on more than the op (a dtype it has programs for in some ops only)
+        overrides it. A False node is split out and run eagerly, as for :meth:`lowers`."""
+        return self.lowers(node.target)
+
     def lower(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]) -> Callable[..., Any]:
         """Compile ``graph`` into a program.
 

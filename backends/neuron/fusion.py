@@ -251,8 +251,15 @@ def _take_head(group: list[torch.fx.Node], units: list,
 def _fusable(node: torch.fx.Node, shapes: Shapes) -> bool:
     if node.op != "call_function" or node.target not in FUSABLE or body_of(node.target) is None:
         return False
+    if any(_is_complex(n) for n in (node, *node.all_input_nodes)):
+        return False  # complex64 runs as its own pair programs (kernels/complex.py)
     shape = shapes.get(node)
     return shape is not None and math.prod(shape) > 0
+
+
+def _is_complex(node: torch.fx.Node) -> bool:
+    value = node.meta.get("val")
+    return isinstance(value, torch.Tensor) and value.dtype.is_complex
 
 
 def _fits(group: list[torch.fx.Node], node: torch.fx.Node, shapes: Shapes, partitions: int, budget: int) -> bool:

@@ -39,6 +39,7 @@ from accelkit_backends.neuron.launch import kernels
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim import replay
 from accelkit_backends.neuron.sim.straight_line import straight_line
+from accelkit_backends.neuron.tiling import pairs
 
 
 class NeuronStaticShapeError(RuntimeError):
@@ -56,6 +57,18 @@ class NeuronGraphLowering(GraphLowering):
         # as_strided addresses the tensor's storage, which a program input (an HBM view) does
         # not carry; view.dtype reinterprets bytes. Both run eagerly.
         return _is_view(op) and op not in (torch.ops.aten.view.dtype, torch.ops.aten.as_strided.default)
+
+    def lowers_node(self, node: torch.fx.Node) -> bool:
+        if not self.lowers(node.target):
+            return False
+        if not any(_is_complex(n) for n in (node, *node.all_input_nodes)):
+            return True
+        # complex64 is float32 pairs in HBM: views are strides over them, copies and casts have
+        # pair programs, and of the kernels only those with a complex program take it; the
+        # rest run eagerly (where they take the CPU fallback).
+        op = node.target
+        return (op in _SIZE_QUERIES or op in _COMPLEX_GRAPH_OPS or launch.computes_complex(op)
+                or _is_view(op) and op not in _NOT_COMPLEX_VIEWS)
 
     def lower(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]) -> GraphProgram:
         _refuse_requested_dynamic_shapes(graph)
@@ -410,6 +423,17 @@ def _like(x: np.ndarray) -> torch.Tensor:
                                device="meta")
 
 
+def _is_complex(node: Any) -> bool:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    return isinstance(value, torch.Tensor) and value.dtype.is_complex
+
+
+def _conj(node: torch.fx.Node, x: np.ndarray) -> np.ndarray:
+    """A conjugate view, materialised: a functional graph only reads it, and an HBM array has
+    no conjugate bit (the eager kernel of ``_conj_physical``)."""
+    return kernels.get(torch.ops.aten._conj_physical.default).fn(x)
+
+
 def _clone(node: torch.fx.Node, x: np.ndarray, **kwargs: Any) -> np.ndarray:
     """A copy in the layout PyTorch gives the clone of ``x`` (its ``memory_format``)."""
     made = _like(x).clone(**kwargs)
@@ -421,7 +445,10 @@ def _clone(node: torch.fx.Node, x: np.ndarray, **kwargs: Any) -> np.ndarray:
     def body(k: Any, arrays: list[np.ndarray]) -> np.ndarray:  # a DMA copy on the core, as eagerly
         memory = launch.hbm_empty((extent if x.size else 0,), nx.torch_dtype(x.dtype))
         result = np.lib.stride_tricks.as_strided(memory, shape, strides)
-        copy_view(k, result, arrays[0])
+        if x.dtype == np.complex64:  # float32 pairs
+            copy_view(k, pairs(result), pairs(arrays[0]))
+        else:
+            copy_view(k, result, arrays[0])
         return result
 
     # Static: the copy's instructions follow from the layouts alone, so a program holding it replays.
@@ -494,7 +521,14 @@ _GRAPH_OPS = {
     torch.ops.aten._native_batch_norm_legit.no_stats: _batch_norm_no_stats,
     torch.ops.aten.clone.default: _clone,
     torch.ops.aten._to_copy.default: _to_copy,
+    torch.ops.aten._conj.default: _conj,
 }
+#: Graph ops that handle complex64 (as float32 pairs).
+_COMPLEX_GRAPH_OPS = frozenset({*_LIKE_FACTORIES, torch.ops.aten.clone.default, torch.ops.aten._to_copy.default,
+                                torch.ops.aten._conj.default})
+#: Views a complex64 node does not take in a program (``_neg_view`` sets a bit no array has).
+_NOT_COMPLEX_VIEWS = frozenset({torch.ops.aten.view.dtype, torch.ops.aten.as_strided.default,
+                                torch.ops.aten._neg_view.default})
 
 
 def _conform(out: Any, val: Any) -> Any:

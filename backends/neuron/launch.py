@@ -55,6 +55,8 @@ def tile_kernel(*ops: OpOverload, derive_variants: bool = True, static: bool = F
     def register(body: Callable) -> Callable:
         for op in ops:
             kernels.add(op, _launcher(op, body, static, complex_aware), derive_variants=derive_variants)
+            if complex_aware:
+                _COMPLEX_AWARE.add(op)
             _BODIES[op] = body
         return body
 
@@ -63,6 +65,13 @@ def tile_kernel(*ops: OpOverload, derive_variants: bool = True, static: bool = F
 
 #: Each op's complex64 body, for ops whose registered body computes real dtypes only.
 _COMPLEX_BODIES: dict[OpOverload, Callable] = {}
+#: Ops whose registered body handles complex64 itself.
+_COMPLEX_AWARE: set[OpOverload] = set()
+
+
+def computes_complex(op: OpOverload) -> bool:
+    """Whether ``op``'s kernel has a program for complex64 operands (otherwise it declines them)."""
+    return op in _COMPLEX_AWARE or op in _COMPLEX_BODIES
 
 
 def complex_form(*ops: OpOverload) -> Callable[[Callable], Callable]:

@@ -329,3 +329,38 @@ def test_a_fallback_that_flips_its_out_conjugate_bit_keeps_the_device_tensor_in_
         actual = torch.linalg.lu_solve(lu.to(dev), pivots.to(dev), b.to(dev), left=False)
     assert actual.is_conj() == expected.is_conj()
     assert torch.equal(actual.cpu(), expected)
+
+
+def test_compiled_rope_equals_eager_bit_for_bit(dev):
+    """torch.compile(backend="neuron"): the complex nodes run as the same pair programs inside
+    the graph's program (the backward's conjugate view materialised by ``_conj_physical``)."""
+    torch._dynamo.reset()
+    with torch.device(dev):
+        freqs = precompute_freqs_cis(HEAD_DIM, MAX_SEQ, 500000.0)
+    g = torch.Generator().manual_seed(3)
+    xq, xk = (torch.randn(BATCH, SEQ, HEADS, HEAD_DIM, generator=g) for _ in range(2))
+    compiled = torch.compile(apply_rotary_emb, backend="neuron")
+    results = []
+    with accelkit.fallback_policy("deny"):
+        for fn in (apply_rotary_emb, compiled):
+            q, k = xq.to(dev).requires_grad_(), xk.to(dev).requires_grad_()
+            out_q, out_k = fn(q, k, freqs)
+            (out_q.sum() + (out_k * 2).sum()).backward()
+            results.append([t.detach().cpu() for t in (out_q, out_k, q.grad, k.grad)])
+    for eager, program in zip(*results):
+        assert torch.equal(eager, program)
+    stats = accelkit.stats()["compile"]
+    assert stats["graph_breaks"] == 0 and stats["program_segments"] == 2  # forward and backward
+
+
+def test_a_compiled_complex_node_without_a_program_runs_eagerly(dev):
+    torch._dynamo.reset()
+    z = _c(6, 4)
+
+    def f(x):
+        return (x * (1 + 2j)).sum(dim=0) + 1
+
+    with accelkit.fallback_policy("allow"):
+        actual = torch.compile(f, backend="neuron")(z.to(dev))
+    torch.testing.assert_close(actual.cpu(), f(z), **TOLERANCES["aten.mul.Tensor"])
+    assert accelkit.stats()["ops"]["aten.sum.dim_IntList"]["fallback"] == 1
