@@ -24,6 +24,7 @@ from typing import Any, Union
 import numpy as np
 import torch
 
+from accelkit.sdk import KernelDeclined
 from accelkit_backends.neuron import runtime
 from accelkit_backends.neuron.conversion import copy_into
 from accelkit_backends.neuron.launch import OutSpec, complex_form, hbm_empty, tile_kernel
@@ -38,8 +39,12 @@ Part = Union[Tile, np.float32]
 
 
 def _check_result(out: OutSpec) -> None:
-    """complex128 is pairs of float64, which the engines do not have: the neuron dtype error."""
-    if out.dtype != torch.complex64 and out.dtype.is_complex:
+    """complex128 is pairs of float64, which the engines do not have: the neuron dtype error.
+    A real result from complex operands (a real tensor filled with a complex number) is the
+    CPU's to compute or refuse: declined."""
+    if not out.dtype.is_complex:
+        raise KernelDeclined(f"neuron complex programs make complex64 results, not {out.dtype}")
+    if out.dtype != torch.complex64:
         runtime.accelkit_dtype_rules().check(out.dtype, "neuron:0")
 
 
