@@ -217,8 +217,9 @@ def test_dtensor_sharding_redistribution_and_tensor_parallel_linear(device):
         assert f["local_device"] == f"{device}:0"
         assert f["local_shape"] == [4, 3] and f["tp_local_weight_shape"] == [8, 6]
         for check in ("shard_is_rows", "redistribute_replicate", "reshard_columns", "sum", "tp_output_close",
-                      "tp_grad_close"):
+                      "tp_grad_close", "tp_attention_close", "tp_attention_grad_close"):
             assert f[check] is True, (rank.rank, check)
+        assert f["tp_attention_placements"] == "(Shard(dim=1),)"
 
 
 def test_sharded_checkpoint_round_trip(tmp_path):

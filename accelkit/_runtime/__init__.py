@@ -30,7 +30,7 @@ from accelkit._runtime._core_ops import core_ops
 from accelkit._runtime._decomp_guards import guard_decompositions
 from accelkit._runtime._device_module import DeviceModule
 from accelkit._runtime._dispatch import Pipeline
-from accelkit._runtime._patches import install_flex_attention
+from accelkit._runtime._patches import install_flex_attention, install_triton_interpreter
 from accelkit._runtime._distributed import install_distributed
 from accelkit._runtime._dynamo_hooks import install as install_dynamo_hooks
 from accelkit._runtime._fallback import CPU_EQUIVALENTS, HOST_MEMORY_COMPOSITES, ROUTED_COMPOSITES
@@ -345,6 +345,7 @@ def _install(ctx: BackendContext) -> None:
     module = DeviceModule(ctx)
     _install_native_hooks(ctx, module)
     install_flex_attention(ctx.name)
+    install_triton_interpreter()
     _setup_privateuseone_for_python_backend(  # its Python hooks stand in if the native ones are absent
         rename=ctx.name, backend_module=module, hook=_Hooks(ctx), device_guard=_guard or _Guard()
     )

@@ -60,10 +60,27 @@ def _convolution_backward_on_cpu(grad, input, weight, stride, padding, dilation,
     )
 
 
-#: Ops that exist only as device hooks (no CPU kernel), and the CPU op computing the same thing.
+def _histc_on_cpu(x: _Tensor, bins: int = 100, min: float = 0, max: float = 0, *, out: _Tensor | None = None) -> _Tensor:
+    """``histc`` of any real dtype, as CUDA's kernel takes it (the CPU's takes floating point
+    only): integers are counted in float64, which holds them exactly, and the counts come back in
+    the input's dtype. MoE routers count tokens per expert so (TorchTitan's)."""
+    if x.is_floating_point():
+        counts = torch.ops.aten.histc.default(x, bins, min, max)
+    else:
+        counts = torch.ops.aten.histc.default(x.double(), bins, min, max).to(x.dtype)
+    if out is None:
+        return counts
+    out.resize_(counts.shape).copy_(counts)
+    return out
+
+
+#: Ops the CPU kernel cannot run as a device runs them, and the CPU computation that does: device
+#: hooks with no CPU kernel, and dtypes CUDA's kernel takes that the CPU's refuses.
 CPU_EQUIVALENTS: dict[OpOverload, Callable] = {
     torch.ops.aten.convolution_overrideable.default: torch.ops.aten.convolution.default,
     torch.ops.aten.convolution_backward_overrideable.default: _convolution_backward_on_cpu,
+    torch.ops.aten.histc.default: _histc_on_cpu,
+    torch.ops.aten.histc.out: _histc_on_cpu,
 }
 
 

@@ -18,6 +18,14 @@ Installed here:
   each element takes its counter in the whole tensor and a sharded random op equals the whole one
   for any placement (``Shard(1)``, several mesh dimensions, uneven shards).
 
+- ``TRITON_INTERPRET=1`` (at activation, unless the variable is set or CUDA is available):
+  Triton has no driver for an accelkit device, so a Triton kernel a library launches on one
+  (TorchTitan's MoE builds its token permutation with one) fails with "0 active drivers".
+  Triton's interpreter runs the kernel instead, on host copies of its tensors written back
+  after, which is what a device without a Triton backend can offer. Triton reads the variable
+  when a kernel is defined: activation through ``ACCELKIT_DEVICE`` at ``import torch`` comes
+  before any.
+
 Elsewhere, each beside the code it serves:
 
 - ``torch.UntypedStorage.resize_`` (:mod:`._tensors`) and the ``cpu``/``clone``/``new``/
@@ -43,6 +51,20 @@ _MARK = "_accelkit_patched_for"
 
 def _installed(function: Any) -> str | None:
     return getattr(function, _MARK, None)
+
+
+TRITON_INTERPRET = "TRITON_INTERPRET"
+
+
+def install_triton_interpreter() -> bool:
+    """Run Triton kernels in Triton's interpreter when no Triton driver can take them (above);
+    True when this set the variable."""
+    import os
+
+    if TRITON_INTERPRET in os.environ or torch.cuda.is_available():
+        return False
+    os.environ[TRITON_INTERPRET] = "1"
+    return True
 
 
 def install_flex_attention(device_type: str) -> None:

@@ -143,6 +143,23 @@ def split(node, x, sizes, dim=0):
     return pieces
 
 
+@graph_op(aten.view_as_complex.default)
+def view_as_complex(node, x):
+    """Pairs of the last dimension as (real, imaginary) parts."""
+    return jax.lax.complex(x[..., 0], x[..., 1])
+
+
+@graph_op(aten.view_as_real.default)
+def view_as_real(node, x):
+    return jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+
+
+@graph_op(aten._conj.default)
+def conj(node, x):
+    """The conjugate view, materialised (values in a program have no conjugate bit)."""
+    return jnp.conj(x)
+
+
 def indexed_view(node, x, *args, **kwargs):
     """Any view op: the elements PyTorch's own view of an index tensor picks (traced gather
     with indices fixed at trace time)."""

@@ -724,6 +724,21 @@ def scenario_dtensor() -> dict[str, Any]:
     findings["tp_local_weight_shape"] = list(tp[0].weight.to_local().shape)
     findings["tp_grad_close"] = bool(torch.allclose(tp[0].weight.grad.full_tensor().cpu(), plain[0].weight.grad,
                                                     rtol=1e-5, atol=1e-6))
+
+    # Tensor parallelism shards attention by heads: causal attention on head shards.
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(2, 2 * world, 5, 4, generator=g) for _ in range(3))
+    heads = [distribute_tensor(t.to(device), mesh, [Shard(1)]).requires_grad_() for t in (q, k, v)]
+    attended = torch.nn.functional.scaled_dot_product_attention(*heads, is_causal=True)
+    attended.sum().backward()
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want_attention = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True)
+    want_attention.sum().backward()
+    findings["tp_attention_placements"] = str(attended.placements)
+    findings["tp_attention_close"] = bool(torch.allclose(attended.full_tensor().cpu(), want_attention.detach(),
+                                                         rtol=1e-5, atol=1e-6))
+    findings["tp_attention_grad_close"] = all(
+        torch.allclose(d.grad.full_tensor().cpu(), w.grad, rtol=1e-5, atol=1e-6) for d, w in zip(heads, leaves))
     return findings
 
 

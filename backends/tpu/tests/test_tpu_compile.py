@@ -373,3 +373,26 @@ def test_ops_whose_pytorch_decomposition_differs_from_cpu_trace_as_cpu_computes(
     # Outside accelkit's compiler, PyTorch's kernel is back.
     op = torch.ops.aten.multilabel_margin_loss_forward.default
     assert op.py_kernels[torch._C.DispatchKey.Autograd].__module__ == "torch._decomp.decompositions"
+
+
+def test_complex_rotary_embeddings_compile_into_the_program(dev):
+    # TorchTitan's llama3 RoPE: view_as_complex, a complex multiply, view_as_real; its
+    # backward multiplies by the conjugate (a _conj view node in the graph).
+    torch._dynamo.reset()
+    angles = torch.outer(torch.arange(8.0), 1.0 / 500000 ** (torch.arange(0, 16, 2)[:8].float() / 16))
+    freqs = torch.polar(torch.ones_like(angles), angles)
+
+    def rope(x, freqs):
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * freqs.view(1, 8, 1, 8)).flatten(3).type_as(x)
+
+    x = torch.randn(2, 8, 4, 16, generator=torch.Generator().manual_seed(0))
+    want_x = x.clone().requires_grad_()
+    (rope(want_x, freqs) * torch.arange(16.0)).sum().backward()
+    dev_x = x.to(dev).requires_grad_()
+    accelkit.reset_stats()
+    got = torch.compile(rope, backend="tpu")(dev_x, freqs.to(dev))
+    (got * torch.arange(16.0, device=dev)).sum().backward()
+    torch.testing.assert_close(got.detach().cpu(), rope(x, freqs), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dev_x.grad.cpu(), want_x.grad, rtol=1e-6, atol=1e-6)
+    assert accelkit.stats()["compile"]["eager_nodes"] == {}

@@ -176,3 +176,16 @@ def test_attention_with_a_mask_and_is_causal_matches_cpu(dev, mask_kind):
     want.square().sum().backward()
     got.square().sum().backward()
     torch.testing.assert_close(query_dev.grad.cpu(), query.grad)  # float32's defaults (atol 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_histc_counts_integers_as_cuda_does(dev, dtype):
+    # The CPU kernel takes floating point only; CUDA's takes integers too (MoE routers count
+    # the tokens per expert this way) and returns counts in the input's dtype.
+    experts = torch.tensor([0, 3, 3, 7, 1, 3, 7, 2], dtype=dtype)
+    got = torch.histc(experts.to(dev), bins=8, min=0, max=8)
+    want = torch.histc(experts.double(), bins=8, min=0, max=8).to(dtype)
+    assert got.dtype == dtype and torch.equal(got.cpu(), want)
+    out = torch.empty(3, dtype=dtype, device=dev)
+    torch.histc(experts.to(dev), bins=8, min=0, max=8, out=out)
+    assert torch.equal(out.cpu(), want)
