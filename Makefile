@@ -6,12 +6,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-.PHONY: demo test bench conformance-quick chromium clean
+.PHONY: demo test bench conformance-quick chromium titan clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,tpu,neuron]'
+	$(BIN)/pip install --quiet -e '.[test,tpu,neuron,titan]'
 	env -u ACCELKIT_DEVICE $(BIN)/python -m accelkit native build || echo "accelkit: the native extension did not build; pinned memory, device generators and several devices per process need it"
 	touch $(STAMP)
 
@@ -58,6 +58,10 @@ test: $(STAMP) chromium
 	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest backends/tpu/tests
 	env -u ACCELKIT_DEVICE ACCELKIT_NEURON_FLOAT64=downcast $(NEURON_VERIFY) $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device neuron
 	env -u ACCELKIT_DEVICE $(NEURON_VERIFY) $(BIN)/python -m pytest backends/neuron/tests
+
+# TorchTitan's full matrix on tpu and neuron against ref (tests/titan; the quick part runs in `test`).
+titan: $(STAMP)
+	env -u ACCELKIT_DEVICE ACCELKIT_TITAN=full $(BIN)/python -m pytest tests/titan -rA --durations=0
 
 bench: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_ops.py

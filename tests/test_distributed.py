@@ -232,6 +232,18 @@ def test_sharded_checkpoint_round_trip(tmp_path):
         assert f["local_device"] == "tpu:0"
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_checkpoint_saved_by_two_ranks_loads_into_one_and_into_three(tmp_path, device):
+    directory = str(tmp_path / "checkpoint")
+    _ok(_findings(device, "checkpoint", args=(directory,)))
+    for world in (1, 3):  # 3 ranks: uneven shards of the 16-row weight
+        ranks = _findings(device, "checkpoint_reshard", world_size=world, args=(directory,))
+        _ok(ranks)
+        for rank in ranks:
+            assert rank.findings["world"] == world
+            assert rank.findings["fresh_differs"] and rank.findings["resharded_equal"], rank.findings
+
+
 def test_estimates_follow_the_ring_algorithms_on_the_device_models_interconnect():
     from accelkit._runtime._collective_stats import estimate_seconds
     from accelkit.sdk import Interconnect
