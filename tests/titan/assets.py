@@ -296,8 +296,8 @@ def write_titan_tree(root: str | Path, *, flux: bool = False, c4_docs: int = 600
     ``tests/assets/tokenizer`` and ``tests/assets/c4_test`` are the paths llama3's and
     qwen3's debug configs name, so a run started in ``root`` needs no path flag. With
     ``flux=True`` also ``tests/assets/cc12m_test`` (the path of flux's ``cc12m-test``) and
-    the two encoder configs under ``tests/assets/flux_encoders`` (these need flags; see
-    RECIPE.md).
+    the two encoder configs under ``tests/assets/flux_encoders`` (named in flux's
+    configuration by ``launch.py``).
     """
     root = Path(root)
     assets = root / "tests" / "assets"

@@ -128,7 +128,10 @@ def run(backend: str, model: str, flavor: str, workdir: Path, *, nproc: int = 1,
     toml = write_config(workdir / f"{model}_{flavor}.toml", model, flavor, config)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
                "-m", entry, "--job.config-file", str(toml), "--training.steps", str(steps), *extra]
-    child_env = {key: value for key, value in os.environ.items() if not key.startswith("ACCELKIT_DEVICE")}
+    # ACCELKIT_REF_MEMORY: the core tests' 1 GiB ref device (tests/conftest.py) is not TorchTitan's;
+    # ref keeps its default capacity unless ``env`` names one.
+    child_env = {key: value for key, value in os.environ.items()
+                 if not key.startswith("ACCELKIT_DEVICE") and key != "ACCELKIT_REF_MEMORY"}
     child_env.update({
         "ACCELKIT_DEVICE": backend, "HF_HOME": str(workdir / "hf-home"), "HF_HUB_OFFLINE": "1",
         "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -160,7 +163,12 @@ def run(backend: str, model: str, flavor: str, workdir: Path, *, nproc: int = 1,
         returncode = None
     reader.join(timeout=30)
     text = "".join(output)
-    (workdir / f"{model}_{flavor}_{backend}_{nproc}.log").write_text(text)
+    log = workdir / f"{model}_{flavor}_{backend}_{nproc}.log"
+    for attempt in range(2, 100):  # a run resumed in the same directory keeps the first one's log
+        if not log.exists():
+            break
+        log = workdir / f"{model}_{flavor}_{backend}_{nproc}.{attempt}.log"
+    log.write_text(text)
     losses: dict[int, float] = {}
     memory = []
     for line in text.splitlines():
