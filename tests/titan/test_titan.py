@@ -46,6 +46,7 @@ def _trained(run: launch.TitanRun, steps: int) -> dict[int, float]:
 def _close(got: dict[int, float], want: dict[int, float], rtol: float = RTOL) -> None:
     assert got.keys() == want.keys(), (got, want)
     worst = max(abs(got[s] - want[s]) / abs(want[s]) for s in want)
+    print(f"losses {got}\nagainst {want}\nworst relative difference {worst:.1e} (rtol {rtol:.0e})")  # make titan's log
     assert worst <= rtol, f"losses {got} against {want}: {worst:.2e} relative"
 
 
