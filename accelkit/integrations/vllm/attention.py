@@ -1,0 +1,188 @@
+"""Paged attention for vLLM written with plain torch ops, so it runs on any accelkit device.
+
+KV cache (one tensor per layer, a view vLLM makes of its one int8 allocation, on the device):
+``[num_blocks, num_kv_heads, block_size, 2 * head_size]``; a token's key is ``[..., :head_size]``
+and its value ``[..., head_size:]`` at (``slot // block_size``, head, ``slot % block_size``).
+
+- :meth:`AccelkitAttentionImpl.do_kv_cache_update` writes the step's keys and values into their
+  slots in place (one ``index_put_`` per layer).
+- :meth:`AccelkitAttentionImpl.forward` gathers each request's blocks, pads the step's queries
+  per request (``[num_reqs, max_query_len]``) and attends with a mask: causal over absolute
+  positions and bounded by each request's length. One program serves prefill, decode, chunked
+  prefill and mixed batches. Grouped-query attention groups the query heads of each key/value
+  head (no repeat of the cache). Scores and softmax are in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+    MultipleOf,
+)
+from vllm.v1.kv_cache_layout import KVCacheLayout
+
+
+class AccelkitAttentionBackend(AttentionBackend):
+    forward_includes_kv_cache_update: bool = False
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
+
+    @staticmethod
+    def get_name() -> str:
+        return "CUSTOM"
+
+    @staticmethod
+    def get_supported_kernel_block_sizes(kv_cache_spec=None) -> list[int | MultipleOf]:
+        return [MultipleOf(1)]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return []  # any
+
+    @classmethod
+    def supports_head_size(cls, head_size: int) -> bool:
+        return head_size > 0
+
+    @classmethod
+    def supported_kv_cache_layouts(cls) -> tuple[KVCacheLayout, ...]:
+        return (KVCacheLayout.LBHNC,)
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @staticmethod
+    def get_impl_cls() -> type[AccelkitAttentionImpl]:
+        return AccelkitAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[AccelkitMetadataBuilder]:
+        return AccelkitMetadataBuilder
+
+
+@dataclass
+class AccelkitAttentionMetadata:
+    """One step's batch, shared by every layer of a KV cache group (device tensors but sizes)."""
+
+    num_actual_tokens: int
+    slot_mapping: torch.Tensor  # [num_actual_tokens] flat slots
+    token_index: torch.Tensor  # [num_reqs, max_query_len] row of each query in the step's tokens
+    valid_flat: torch.Tensor  # [num_actual_tokens] the real entries of the flattened padded batch
+    query_pos: torch.Tensor  # [num_reqs, max_query_len] absolute position of each query
+    seq_lens: torch.Tensor  # [num_reqs] tokens in each request's cache after this step
+    blocks: torch.Tensor  # [num_reqs, blocks_needed] block table, cut to the longest request
+
+
+class AccelkitMetadataBuilder(AttentionMetadataBuilder[AccelkitAttentionMetadata]):
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.block_size = kv_cache_spec.block_size
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False):
+        m = common_attn_metadata
+        qsl = m.query_start_loc_cpu[: m.num_reqs + 1].to(torch.long)
+        seq_lens_cpu = m.seq_lens_cpu_upper_bound
+        if seq_lens_cpu is None:
+            seq_lens_cpu = m.seq_lens[: m.num_reqs].cpu()
+        seq_lens_cpu = seq_lens_cpu[: m.num_reqs].to(torch.long)
+        query_lens = qsl[1:] - qsl[:-1]
+        max_q = int(query_lens.max()) if m.num_reqs else 0
+        offsets = torch.arange(max_q, dtype=torch.long)
+        token_index = qsl[:-1, None] + offsets[None, :]
+        token_valid = offsets[None, :] < query_lens[:, None]
+        query_pos = (seq_lens_cpu - query_lens)[:, None] + offsets[None, :]
+        token_index = torch.where(token_valid, token_index, 0)
+        max_seq = int(seq_lens_cpu.max()) if m.num_reqs else 0
+        nblocks = -(-max_seq // self.block_size)
+        dev = self.device
+        return AccelkitAttentionMetadata(
+            num_actual_tokens=m.num_actual_tokens,
+            slot_mapping=m.slot_mapping[: m.num_actual_tokens],
+            token_index=token_index.to(dev),
+            valid_flat=token_valid.reshape(-1).nonzero().reshape(-1).to(dev),
+            query_pos=query_pos.to(dev),
+            seq_lens=seq_lens_cpu.to(dev),
+            blocks=m.block_table_tensor[: m.num_reqs, :nblocks].to(torch.long),
+        )
+
+
+class AccelkitAttentionImpl(AttentionImpl):
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int,
+        alibi_slopes: list[float] | None,
+        sliding_window: int | None,
+        kv_cache_dtype: str,
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
+    ) -> None:
+        unsupported = [
+            what
+            for what, present in (
+                ("ALiBi", alibi_slopes is not None),
+                ("sliding windows", sliding_window is not None),
+                ("logit soft-capping", bool(logits_soft_cap)),
+                ("attention sinks", sinks is not None),
+                (f"KV cache dtype {kv_cache_dtype}", kv_cache_dtype != "auto"),
+                (f"attention type {attn_type}", attn_type != AttentionType.DECODER),
+            )
+            if present
+        ]
+        if unsupported:
+            raise NotImplementedError("accelkit attention does not support " + ", ".join(unsupported) + " yet")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.attn_type = attn_type
+
+    def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
+        """Writes the step's keys and values (``[tokens, kv_heads, head_size]``) into their slots."""
+        n = slot_mapping.shape[0]
+        block_size = kv_cache.shape[2]
+        slots = slot_mapping.to(torch.long)
+        kv = torch.cat([key[:n], value[:n]], dim=-1).to(kv_cache.dtype)
+        kv_cache[slots // block_size, :, slots % block_size] = kv
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("accelkit attention: fused output quantization is not supported")
+        if attn_metadata is None:  # profiling run
+            return output
+        md: AccelkitAttentionMetadata = attn_metadata
+        d = self.head_size
+        num_reqs, max_q = md.token_index.shape
+        hkv = self.num_kv_heads
+        group = self.num_heads // hkv
+        # [R, nb, Hkv, B, 2D] -> [R, Hkv, nb*B, 2D]
+        ctx = kv_cache[md.blocks].permute(0, 2, 1, 3, 4)
+        ctx = ctx.reshape(num_reqs, hkv, -1, 2 * d)
+        keys, values = ctx[..., :d], ctx[..., d:]
+        ctx_len = keys.shape[2]
+        q = query[: md.num_actual_tokens][md.token_index]  # [R, Q, H, D]
+        q = q.view(num_reqs, max_q, hkv, group, d).permute(0, 2, 3, 1, 4)  # [R, Hkv, G, Q, D]
+        scores = torch.matmul(q.float(), keys.float().unsqueeze(2).transpose(-1, -2)) * self.scale  # [R,Hkv,G,Q,L]
+        kpos = torch.arange(ctx_len, device=query.device)
+        allowed = (kpos[None, None, :] <= md.query_pos[:, :, None]) & (kpos[None, None, :] < md.seq_lens[:, None, None])
+        scores = scores.masked_fill(~allowed[:, None, None, :, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        probs = torch.nan_to_num(probs, nan=0.0)  # padded query rows have no allowed key
+        out = torch.matmul(probs, values.float().unsqueeze(2))  # [R, Hkv, G, Q, D]
+        out = out.permute(0, 3, 1, 2, 4).reshape(num_reqs, max_q, self.num_heads, d).to(output.dtype)
+        # Requests' tokens are consecutive in the step, so the real entries, in order, are its rows.
+        output[: md.num_actual_tokens] = out.reshape(num_reqs * max_q, self.num_heads, d).index_select(0, md.valid_flat)
+        return output

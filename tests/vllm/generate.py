@@ -1,0 +1,49 @@
+"""Greedy generation with vLLM's offline `LLM`, printed as JSON (one run per process).
+
+    python tests/vllm/generate.py MODEL_DIR [--max-tokens 16] [--dtype float32]
+
+The platform is whatever vLLM picks: with ACCELKIT_DEVICE=tpu|neuron|ref accelkit's plugin,
+else vLLM's own CPU platform. vLLM's engine starts its worker with spawn, hence the
+`__main__` guard.
+"""
+
+import argparse
+import json
+import os
+import time
+
+PROMPTS = ["Hello world, the quick brown fox", "A paged key value cache", "bo ka te", "The"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--dtype", default="float32")
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+    from vllm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=128, enforce_eager=True, seed=0)
+    t1 = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, logprobs=1)
+    outs = llm.generate(PROMPTS, params, use_tqdm=False)
+    t2 = time.perf_counter()
+    result = {
+        "platform": type(__import__("vllm.platforms", fromlist=["current_platform"]).current_platform).__name__,
+        "load_s": round(t1 - t0, 2),
+        "generate_s": round(t2 - t1, 3),
+        "token_ids": [list(o.outputs[0].token_ids) for o in outs],
+        "logprobs": [
+            [max(step.values(), key=lambda l: l.logprob).logprob for step in o.outputs[0].logprobs]
+            for o in outs
+        ],
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
