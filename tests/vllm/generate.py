@@ -32,10 +32,18 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, logprobs=1)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     t2 = time.perf_counter()
+    again = llm.generate(PROMPTS, params, use_tqdm=False)
+    t3 = time.perf_counter()
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in outs]
+    stats = None
+    if os.environ.get("ACCELKIT_DEVICE"):
+        stats = llm.collective_rpc("accelkit_stats")[0]
     result = {
         "platform": type(__import__("vllm.platforms", fromlist=["current_platform"]).current_platform).__name__,
         "load_s": round(t1 - t0, 2),
         "generate_s": round(t2 - t1, 3),
+        "generate_again_s": round(t3 - t2, 3),
+        "accelkit": stats,
         "token_ids": [list(o.outputs[0].token_ids) for o in outs],
         "logprobs": [
             [max(step.values(), key=lambda l: l.logprob).logprob for step in o.outputs[0].logprobs]

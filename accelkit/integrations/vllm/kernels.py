@@ -27,7 +27,10 @@ def compute_slot_mapping(
         raise NotImplementedError("accelkit: context parallelism is not supported")
     bs = KV_CACHE_BLOCK_SIZE
     tokens = torch.arange(num_tokens, device=positions.device)
-    reqs = torch.searchsorted(query_start_loc[1:].to(torch.long), tokens, right=True)
+    # The request of each token: how many requests end at or before it (a comparison and a
+    # sum, which every backend has natively; searchsorted is not native on neuron).
+    ends = query_start_loc[1:].to(torch.long)
+    reqs = (tokens[:, None] >= ends[None, :]).sum(dim=1)
     pos = positions[:num_tokens].to(torch.long)
     blocks = block_table[reqs, pos // bs].to(torch.long)
     slot_mapping[:num_tokens] = blocks * bs + pos % bs

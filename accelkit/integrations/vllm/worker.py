@@ -97,6 +97,18 @@ class AccelkitWorker(Worker):
     def _maybe_get_memory_pool_context(self, tag: str):
         return contextlib.nullcontext()  # no sleep-mode memory pools: the accelkit allocator serves all
 
+    def accelkit_stats(self) -> dict:
+        """``accelkit.stats()`` of this worker's process (``LLM.collective_rpc("accelkit_stats")``),
+        without the per-op table: totals, the ops that ran on the CPU fallback, memory peaks."""
+        s = accelkit.stats()
+        return {
+            "backend": s["backend"],
+            "totals": s["totals"],
+            "fallback_ops": {op: c for op, c in s["ops"].items() if c.get("fallback")},
+            "peak_bytes": s["memory"].get("allocated_bytes.all.peak"),
+            "estimate": s.get("estimate"),
+        }
+
     def sleep(self, level: int = 1) -> None:
         _log.warning("accelkit: sleep mode is not supported; ignored")
 
