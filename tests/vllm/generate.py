@@ -12,7 +12,20 @@ import json
 import os
 import time
 
-PROMPTS = ["Hello world, the quick brown fox", "A paged key value cache", "bo ka te", "The"]
+PROMPTS = [
+    "Hello world, the quick brown fox",
+    "A paged key value cache",
+    "bo ka te",
+    "The",
+    # longer than two 16-token blocks: with a small token budget it is prefilled in chunks,
+    # next to the other requests' decodes
+    " ".join(["serving large language models needs continuous batching"] * 5),
+]
+
+
+def _margin(step) -> float:
+    top = sorted((lp.logprob for lp in step.values()), reverse=True)
+    return top[0] - top[1] if len(top) > 1 else float("inf")
 
 
 def main() -> None:
@@ -20,6 +33,7 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=None)
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -27,9 +41,12 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=128, enforce_eager=True, seed=0)
+    extra = {}
+    if args.max_num_batched_tokens:
+        extra["max_num_batched_tokens"] = args.max_num_batched_tokens
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=128, enforce_eager=True, seed=0, **extra)
     t1 = time.perf_counter()
-    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, logprobs=1)
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, logprobs=2)
     outs = llm.generate(PROMPTS, params, use_tqdm=False)
     t2 = time.perf_counter()
     again = llm.generate(PROMPTS, params, use_tqdm=False)
@@ -45,10 +62,9 @@ def main() -> None:
         "generate_again_s": round(t3 - t2, 3),
         "accelkit": stats,
         "token_ids": [list(o.outputs[0].token_ids) for o in outs],
-        "logprobs": [
-            [max(step.values(), key=lambda l: l.logprob).logprob for step in o.outputs[0].logprobs]
-            for o in outs
-        ],
+        # the chosen token's logprob and its lead over the runner-up, per step
+        "logprobs": [[step[t].logprob for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs],
+        "margins": [[_margin(step) for step in o.outputs[0].logprobs] for o in outs],
     }
     print("RESULT " + json.dumps(result))
 

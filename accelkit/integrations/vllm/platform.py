@@ -21,7 +21,7 @@ import accelkit
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("vllm.accelkit." + __name__.rsplit(".", 1)[-1])  # under vLLM's logging
 
 _BACKEND = accelkit.active_backend() or "privateuseone"
 

@@ -21,7 +21,7 @@ import accelkit
 
 from .platform import device_module
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("vllm.accelkit." + __name__.rsplit(".", 1)[-1])  # under vLLM's logging
 
 # On a simulated device every in-place write into the KV cache costs a copy of the whole cache
 # (measured: about 0.6-0.8 ms per MiB on tpu and neuron), so without an explicit size the cache
