@@ -1,6 +1,6 @@
 """Tiny random-weight models for the vLLM tests, written to a directory (no hub access).
 
-`make_tiny_llama(path)` writes a Hugging Face Llama checkpoint (float32 safetensors, a byte-level
+`make_tiny_llama(path)` (and `make_tiny_qwen3(path)`) writes a Hugging Face checkpoint (float32 safetensors, a byte-level
 BPE tokenizer trained here) that vLLM loads with `LLM(model=path)`. The weights come from a fixed
 seed, so two calls write the same model.
 """
@@ -84,5 +84,41 @@ def make_tiny_llama(path: str | os.PathLike, *, num_kv_heads: int = 2, seed: int
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
+    model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def make_tiny_qwen3(path: str | os.PathLike, *, num_kv_heads: int = 2, seed: int = 0) -> Path:
+    """Writes a 2-layer Qwen3 (hidden 256, 4 query heads of 64, `num_kv_heads` key/value heads,
+    RMS-normed queries and keys per head, tied embeddings as in the small Qwen3 models)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tok = make_tokenizer(path)
+    config = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=num_kv_heads,
+        head_dim=64,
+        max_position_embeddings=256,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+            elif "norm" in name:  # q/k and layer norms away from 1, so that they matter
+                p.uniform_(0.5, 1.5)
     model.save_pretrained(path, safe_serialization=True)
     return path

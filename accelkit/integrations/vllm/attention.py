@@ -29,6 +29,8 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
+from .buckets import MIN_TOKENS, bucket
+
 
 class AccelkitAttentionBackend(AttentionBackend):
     forward_includes_kv_cache_update: bool = False
@@ -70,47 +72,58 @@ class AccelkitAttentionBackend(AttentionBackend):
 
 @dataclass
 class AccelkitAttentionMetadata:
-    """One step's batch, shared by every layer of a KV cache group (device tensors but sizes)."""
+    """One step's batch, shared by every layer of a KV cache group (device tensors but sizes).
 
-    num_actual_tokens: int
-    slot_mapping: torch.Tensor  # [num_actual_tokens] flat slots
-    token_index: torch.Tensor  # [num_reqs, max_query_len] row of each query in the step's tokens
-    valid_flat: torch.Tensor  # [num_actual_tokens] the real entries of the flattened padded batch
-    query_pos: torch.Tensor  # [num_reqs, max_query_len] absolute position of each query
-    seq_lens: torch.Tensor  # [num_reqs] tokens in each request's cache after this step
-    blocks: torch.Tensor  # [num_reqs, blocks_needed] block table, cut to the longest request
+    Every shape is a bucket (:mod:`.buckets`): ``R`` requests (the real ones first, then padding
+    with no queries and no context), ``Q`` queries per request, ``T`` query rows (the step's
+    tokens, then padding), ``NB`` blocks per request.
+    """
+
+    token_index: torch.Tensor  # [R, Q] row of each (request, query) in the step's tokens (padding: 0)
+    out_index: torch.Tensor  # [T] flat index (r * Q + q) of each token row (padding rows: 0)
+    query_pos: torch.Tensor  # [R, Q] absolute position of each query
+    seq_lens: torch.Tensor  # [R] tokens in each request's cache after this step (padding: 0)
+    blocks: torch.Tensor  # [R, NB] block table cut to the bucket above the longest request
 
 
 class AccelkitMetadataBuilder(AttentionMetadataBuilder[AccelkitAttentionMetadata]):
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
+        self.max_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        self.max_blocks = -(-vllm_config.model_config.max_model_len // self.block_size)
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False):
         m = common_attn_metadata
-        qsl = m.query_start_loc_cpu[: m.num_reqs + 1].to(torch.long)
+        # The runner pads the requests (AccelkitModelRunner._build_attention_metadata): the
+        # rows past the real ones have no queries and a zero sequence length.
+        num_reqs = m.num_reqs
+        qsl = m.query_start_loc_cpu[: num_reqs + 1].to(torch.long)
         seq_lens_cpu = m.seq_lens_cpu_upper_bound
         if seq_lens_cpu is None:
-            seq_lens_cpu = m.seq_lens[: m.num_reqs].cpu()
-        seq_lens_cpu = seq_lens_cpu[: m.num_reqs].to(torch.long)
+            seq_lens_cpu = m.seq_lens[:num_reqs].cpu()
+        seq_lens_cpu = seq_lens_cpu[:num_reqs].to(torch.long)
         query_lens = qsl[1:] - qsl[:-1]
-        max_q = int(query_lens.max()) if m.num_reqs else 0
-        offsets = torch.arange(max_q, dtype=torch.long)
-        token_index = qsl[:-1, None] + offsets[None, :]
+        num_tokens = int(qsl[-1])
+        t_pad = bucket(max(num_tokens, m.num_actual_tokens), MIN_TOKENS, self.max_tokens)
+        # Decode-only steps attend one query per request; any other step up to the whole token
+        # bucket (few shapes rather than one per query-length bucket).
+        q_pad = 1 if int(query_lens.max()) <= 1 else t_pad
+        max_seq = int(seq_lens_cpu.max()) if num_reqs else 0
+        nb_pad = bucket(max(-(-max_seq // self.block_size), 1), 1, max(self.max_blocks, 1))
+        offsets = torch.arange(q_pad, dtype=torch.long)
         token_valid = offsets[None, :] < query_lens[:, None]
+        token_index = torch.where(token_valid, qsl[:-1, None] + offsets[None, :], 0)
         query_pos = (seq_lens_cpu - query_lens)[:, None] + offsets[None, :]
-        token_index = torch.where(token_valid, token_index, 0)
-        max_seq = int(seq_lens_cpu.max()) if m.num_reqs else 0
-        nblocks = -(-max_seq // self.block_size)
+        out_index = torch.zeros(t_pad, dtype=torch.long)
+        out_index[:num_tokens] = token_valid.reshape(-1).nonzero().reshape(-1)
         dev = self.device
         return AccelkitAttentionMetadata(
-            num_actual_tokens=m.num_actual_tokens,
-            slot_mapping=m.slot_mapping[: m.num_actual_tokens],
             token_index=token_index.to(dev),
-            valid_flat=token_valid.reshape(-1).nonzero().reshape(-1).to(dev),
+            out_index=out_index.to(dev),
             query_pos=query_pos.to(dev),
             seq_lens=seq_lens_cpu.to(dev),
-            blocks=m.block_table_tensor[: m.num_reqs, :nblocks].to(torch.long),
+            blocks=m.block_table_tensor[:num_reqs, :nb_pad].to(torch.long),
         )
 
 
@@ -151,12 +164,20 @@ class AccelkitAttentionImpl(AttentionImpl):
         self.attn_type = attn_type
 
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
-        """Writes the step's keys and values (``[tokens, kv_heads, head_size]``) into their slots."""
+        """Writes the step's keys and values (``[tokens, kv_heads, head_size]``) into their slots.
+
+        Padding tokens (slot < 0) leave the cache as it was: they are pointed at slot 0 (in
+        vLLM's null block 0, which no request owns) and write back what it holds.
+        """
         n = slot_mapping.shape[0]
         block_size = kv_cache.shape[2]
         slots = slot_mapping.to(torch.long)
+        valid = slots >= 0
+        slots = torch.where(valid, slots, 0)
+        blocks, offsets = slots // block_size, slots % block_size
         kv = torch.cat([key[:n], value[:n]], dim=-1).to(kv_cache.dtype)
-        kv_cache[slots // block_size, :, slots % block_size] = kv
+        kv = torch.where(valid[:, None, None], kv, kv_cache[blocks, :, offsets])
+        kv_cache[blocks, :, offsets] = kv
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
         if output_scale is not None or output_block_scale is not None:
@@ -173,7 +194,9 @@ class AccelkitAttentionImpl(AttentionImpl):
         ctx = ctx.reshape(num_reqs, hkv, -1, 2 * d)
         keys, values = ctx[..., :d], ctx[..., d:]
         ctx_len = keys.shape[2]
-        q = query[: md.num_actual_tokens][md.token_index]  # [R, Q, H, D]
+        if query.shape[0] != md.out_index.shape[0]:
+            raise RuntimeError(f"accelkit attention: {query.shape[0]} query rows for a {md.out_index.shape[0]}-token bucket")
+        q = query.view(-1, self.num_heads, d)[md.token_index]  # [R, Q, H, D]
         q = q.view(num_reqs, max_q, hkv, group, d).permute(0, 2, 3, 1, 4)  # [R, Hkv, G, Q, D]
         scores = torch.matmul(q.float(), keys.float().unsqueeze(2).transpose(-1, -2)) * self.scale  # [R,Hkv,G,Q,L]
         kpos = torch.arange(ctx_len, device=query.device)
@@ -183,6 +206,6 @@ class AccelkitAttentionImpl(AttentionImpl):
         probs = torch.nan_to_num(probs, nan=0.0)  # padded query rows have no allowed key
         out = torch.matmul(probs, values.float().unsqueeze(2))  # [R, Hkv, G, Q, D]
         out = out.permute(0, 3, 1, 2, 4).reshape(num_reqs, max_q, self.num_heads, d).to(output.dtype)
-        # Requests' tokens are consecutive in the step, so the real entries, in order, are its rows.
-        output[: md.num_actual_tokens] = out.reshape(num_reqs * max_q, self.num_heads, d).index_select(0, md.valid_flat)
+        flat = out.reshape(num_reqs * max_q, self.num_heads * d).index_select(0, md.out_index)
+        output.copy_(flat.view(output.shape))
         return output

@@ -8,6 +8,7 @@ device, sampling on the device) with :mod:`.attention` for attention.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 
@@ -19,6 +20,7 @@ from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environmen
 
 import accelkit
 
+from .buckets import MIN_REQS, MIN_TOKENS, bucket
 from .platform import device_module
 
 _log = logging.getLogger("vllm.accelkit." + __name__.rsplit(".", 1)[-1])  # under vLLM's logging
@@ -46,6 +48,29 @@ def _install_accelerator_synchronize() -> None:
 
 
 class AccelkitModelRunner(GPUModelRunner):
+    """vLLM's GPU model runner with bucketed step shapes (:mod:`.buckets`): the token count the
+    model runs on is padded to a bucket (the padding tokens' slots are -1, so attention writes
+    nothing for them), and the attention metadata to a bucket of requests."""
+
+    def _determine_batch_execution_and_padding(self, num_tokens: int, num_reqs: int, *args, **kwargs):
+        mode, desc, *rest = super()._determine_batch_execution_and_padding(num_tokens, num_reqs, *args, **kwargs)
+        padded = bucket(desc.num_tokens, MIN_TOKENS, self.max_num_tokens)
+        if padded != desc.num_tokens:
+            desc = dataclasses.replace(desc, num_tokens=padded)
+        return (mode, desc, *rest)
+
+    def _get_slot_mappings(self, num_tokens_padded, num_reqs_padded, num_tokens_unpadded, ubatch_slices=None):
+        # The slot-mapping kernel (.kernels) already wrote PAD_ID over the whole token bucket;
+        # vLLM's fill of the padding rows would be one more program per padding length.
+        return super()._get_slot_mappings(num_tokens_padded, num_reqs_padded, num_tokens_padded, ubatch_slices)
+
+    def _build_attention_metadata(self, num_tokens: int, num_reqs: int, max_query_len: int, **kwargs):
+        if not kwargs.get("num_reqs_padded") and not kwargs.get("for_cudagraph_capture"):
+            # vLLM fills the padding rows: query_start_loc repeats the last offset (no
+            # queries), seq_lens are 0, block-table rows point at the null block.
+            kwargs["num_reqs_padded"] = bucket(num_reqs, MIN_REQS, self.max_num_reqs)
+        return super()._build_attention_metadata(num_tokens, num_reqs, max_query_len, **kwargs)
+
     def _sync_device(self) -> None:
         device_module().synchronize()
 
@@ -101,8 +126,14 @@ class AccelkitWorker(Worker):
         """``accelkit.stats()`` of this worker's process (``LLM.collective_rpc("accelkit_stats")``),
         without the per-op table: totals, the ops that ran on the CPU fallback, memory peaks."""
         s = accelkit.stats()
+        backend = s.get(s["backend"], {})
+        # Compiled programs (tpu: XLA executables) or kernel instances (neuron) per op.
+        per_op = backend.get("compiled_programs", backend.get("instances", {}))
         return {
             "backend": s["backend"],
+            "compiles": s.get("compiles"),
+            "programs_by_op": dict(per_op),
+            "data_movement_programs": backend.get("data_movement_programs"),
             "totals": s["totals"],
             "fallback_ops": {op: c for op, c in s["ops"].items() if c.get("fallback")},
             "peak_bytes": s["memory"].get("allocated_bytes.all.peak"),
