@@ -6,7 +6,8 @@ and its value ``[..., head_size:]`` at (``slot // block_size``, head, ``slot % b
 
 - :meth:`AccelkitAttentionImpl.do_kv_cache_update` writes the step's keys and values into their
   slots in place (one ``index_put_`` per layer).
-- :meth:`AccelkitAttentionImpl.forward` gathers each request's blocks, pads the step's queries
+- :meth:`AccelkitAttentionImpl.forward` gathers each request's blocks (bucketed shapes, see
+  :mod:`.buckets`), pads the step's queries
   per request (``[num_reqs, max_query_len]``) and attends with a mask: causal over absolute
   positions and bounded by each request's length. One program serves prefill, decode, chunked
   prefill and mixed batches. Grouped-query attention groups the query heads of each key/value
