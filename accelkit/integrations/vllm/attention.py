@@ -5,12 +5,13 @@ KV cache (one tensor per layer, a view vLLM makes of its one int8 allocation, on
 and its value ``[..., head_size:]`` at (``slot // block_size``, head, ``slot % block_size``).
 
 - :meth:`AccelkitAttentionImpl.do_kv_cache_update` writes the step's keys and values into their
-  slots in place (one ``index_put_`` per layer).
+  slots in place (one ``index_put_`` per layer); padding tokens (slot -1) write back what slot 0
+  of vLLM's null block holds, so the cache is unchanged for them.
 - :meth:`AccelkitAttentionImpl.forward` gathers each request's blocks (bucketed shapes, see
   :mod:`.buckets`), pads the step's queries
   per request (``[num_reqs, max_query_len]``) and attends with a mask: causal over absolute
-  positions and bounded by each request's length. One program serves prefill, decode, chunked
-  prefill and mixed batches. Grouped-query attention groups the query heads of each key/value
+  positions and bounded by each request's length. One code path serves prefill, decode, chunked
+  prefill and mixed batches, one program per bucket. Grouped-query attention groups the query heads of each key/value
   head (no repeat of the cache). Scores and softmax are in float32.
 """
 
