@@ -53,72 +53,51 @@ def make_tokenizer(path: Path, vocab_size: int = 1000):
     return fast
 
 
-def make_tiny_llama(path: str | os.PathLike, *, num_kv_heads: int = 2, seed: int = 0) -> Path:
-    """Writes a 2-layer Llama (hidden 256, 4 query heads of 64, `num_kv_heads` key/value heads)."""
+def _write_model(path: str | os.PathLike, config_class, model_class, *, num_kv_heads: int, seed: int,
+                 tie_word_embeddings: bool, norms_matter: bool) -> Path:
+    """A 2-layer model of ``model_class`` (hidden 256, 4 query heads of 64, ``num_kv_heads``
+    key/value heads) with the tokenizer of :func:`make_tokenizer`, saved in ``path``.
+
+    Weights are drawn wider than the default init (std 0.08) so that greedy choices are well
+    separated (ties between two platforms' float rounding would make comparisons flaky);
+    ``norms_matter`` also draws the norms' weights away from 1.
+    """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(path)
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=num_kv_heads,
-        head_dim=64,
-        max_position_embeddings=256,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=False,
-        torch_dtype="float32",
+    config = config_class(
+        vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=num_kv_heads, head_dim=64, max_position_embeddings=256,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=tie_word_embeddings, torch_dtype="float32",
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
-    # Larger than the default init so that greedy choices are well separated (ties between
-    # the two platforms' float rounding would make the comparison flaky).
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.08)
-    model.save_pretrained(path, safe_serialization=True)
-    return path
-
-
-def make_tiny_qwen3(path: str | os.PathLike, *, num_kv_heads: int = 2, seed: int = 0) -> Path:
-    """Writes a 2-layer Qwen3 (hidden 256, 4 query heads of 64, `num_kv_heads` key/value heads,
-    RMS-normed queries and keys per head, tied embeddings as in the small Qwen3 models)."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    tok = make_tokenizer(path)
-    config = Qwen3Config(
-        vocab_size=len(tok),
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=num_kv_heads,
-        head_dim=64,
-        max_position_embeddings=256,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
-        torch_dtype="float32",
-    )
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
+    model = model_class(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
-            elif "norm" in name:  # q/k and layer norms away from 1, so that they matter
+            elif norms_matter and "norm" in name:
                 p.uniform_(0.5, 1.5)
     model.save_pretrained(path, safe_serialization=True)
     return path
+
+
+def make_tiny_llama(path: str | os.PathLike, *, num_kv_heads: int = 2, seed: int = 0) -> Path:
+    """Writes a 2-layer Llama (hidden 256, 4 query heads of 64, `num_kv_heads` key/value heads)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return _write_model(path, LlamaConfig, LlamaForCausalLM, num_kv_heads=num_kv_heads, seed=seed,
+                        tie_word_embeddings=False, norms_matter=False)
+
+
+def make_tiny_qwen3(path: str | os.PathLike, *, num_kv_heads: int = 2, seed: int = 0) -> Path:
+    """Writes a 2-layer Qwen3 (hidden 256, 4 query heads of 64, `num_kv_heads` key/value heads,
+    RMS-normed queries and keys per head, tied embeddings as in the small Qwen3 models); the q/k
+    and layer norms away from 1, so that they matter."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return _write_model(path, Qwen3Config, Qwen3ForCausalLM, num_kv_heads=num_kv_heads, seed=seed,
+                        tie_word_embeddings=True, norms_matter=True)
