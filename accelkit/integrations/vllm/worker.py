@@ -140,6 +140,11 @@ class AccelkitWorker(Worker):
             "estimate": s.get("estimate"),
         }
 
+    def accelkit_reset_stats(self) -> None:
+        """``accelkit.reset_stats()`` in this worker's process (``LLM.collective_rpc("accelkit_reset_stats")``):
+        the next ``accelkit_stats`` counts, and estimates, only the work after it."""
+        accelkit.reset_stats()
+
     def sleep(self, level: int = 1) -> None:
         _log.warning("accelkit: sleep mode is not supported; ignored")
 
