@@ -9,7 +9,7 @@ for the model or attention (bucketed shapes).
 
 The smoke (float32: Llama on tpu and neuron, Qwen3 on tpu) runs in `make test`;
 `ACCELKIT_VLLM=full` adds Qwen3 on neuron and bfloat16.
-Needs the `vllm` extra (`make vllm`).
+Needs the `vllm` extra: `make vllm-env` builds `.venv-vllm` with it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed: make vllm")
+pytest.importorskip("vllm", reason="vLLM is not installed: run these in .venv-vllm (make vllm-env)")
 
 HERE = Path(__file__).parent
 FULL = os.environ.get("ACCELKIT_VLLM") == "full"

