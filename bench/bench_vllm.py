@@ -11,18 +11,23 @@ to vLLM's offline ``LLM``, greedy, ``N`` output tokens each (``ignore_eos``). Ea
 in its own process (vLLM starts its engine with spawn; one PrivateUse1 backend per process);
 ``ACCELKIT_DEVICE`` unset is vLLM's CPU platform.
 
-Per platform, after a warm-up generate of the same prompts and lengths (which compiles what the
-device compiles; its time is ``cold_generate_s``), the median over repeats of:
+Prefix caching is off (each generate prefills in full). Per platform, after a warm-up generate
+of the same prompts and lengths (which compiles what the device compiles; its time is
+``cold_generate_s``), the median over repeats of:
 
 - ``output_tokens_per_s``: all output tokens / wall time of the generate of ``N`` tokens;
-- ``ttft_s``: time to first token, the mean over the prompts of vLLM's own per-request figure
-  (arrival to first token, ``RequestOutput.metrics``; the prompts arrive together, so this
-  includes queueing behind the batch's prefill);
+- ``ttft_s`` (and ``ttft_max_s``): time to first token, the median (and the largest) over the
+  prompts of every timed generate of vLLM's own per-request figure (arrival to first token,
+  ``RequestOutput.metrics``). The prompts arrive together, so this includes waiting for the
+  batch's prefill; the engine may start a step before all have arrived, and on tpu a split of
+  the prompts into steps not seen before compiles a few small programs (vLLM's input
+  preparation and sampler run on exact counts), which the largest shows;
 - ``decode_step_s``: wall time per decode step of the whole batch, (T(N) - T(1)) / (N - 1).
 
 On tpu and neuron also the **estimated device time per decode step on the target**
 (``accelkit.stats()["estimate"]`` read in the worker through ``LLM.collective_rpc``): the
-estimate of the generate of ``N`` tokens less that of 1 token, over ``N - 1`` steps — a model
+estimate of the generate of ``N`` tokens less that of 1 token, over ``N - 1`` steps, with the
+five ops that take most of it — a model
 of the target hardware (tpu: the ``ACCELKIT_TPU_TARGET`` generation, neuron:
 ``ACCELKIT_NEURON_TARGET``), never a measurement. Wall times are the simulators' on this
 machine, not the hardware's.
@@ -68,8 +73,10 @@ def _child(args: argparse.Namespace) -> None:
     on_accelkit = bool(os.environ.get("ACCELKIT_DEVICE"))
     prompts = PROMPTS[: args.prompts]
     t0 = time.perf_counter()
+    # No prefix caching: every generate prefills its prompts in full (with it, the repeats would
+    # find the prompts cached, and run other shapes than the warm-up).
     llm = LLM(model=args.model, dtype="float32", max_model_len=MAX_MODEL_LEN, enforce_eager=True, seed=0,
-              disable_log_stats=False)
+              disable_log_stats=False, enable_prefix_caching=False)
     load_s = time.perf_counter() - t0
 
     def params(n: int) -> SamplingParams:
@@ -88,17 +95,21 @@ def _child(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     cold_outs = llm.generate(prompts, params(n), use_tqdm=False)
     cold_s = time.perf_counter() - t0
-    llm.generate(prompts, params(1), use_tqdm=False)  # the 1-token run's shapes too
+    # The 1-token run's shapes too, and a second warm-up: the engine may start its first step
+    # before all prompts have arrived, so how they split into steps varies from run to run.
+    llm.generate(prompts, params(1), use_tqdm=False)
+    llm.generate(prompts, params(n), use_tqdm=False)
 
     rows = []
     for _ in range(args.repeats):
         wall_n, outs, stats_n = run(n)
-        wall_1, _, stats_1 = run(1)
+        wall_1, outs_1, stats_1 = run(1)
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         ttfts = [o.metrics.first_token_latency for o in outs if getattr(o, "metrics", None) is not None]
+        ttfts_1 = [o.metrics.first_token_latency for o in outs_1 if getattr(o, "metrics", None) is not None]
         row = {
             "output_tokens_per_s": tokens / wall_n,
-            "ttft_s": statistics.fmean(ttfts) if ttfts else None,
+            "ttfts": ttfts + ttfts_1,
             "generate_s": wall_n,
             "generate_1_token_s": wall_1,
             "decode_step_s": (wall_n - wall_1) / (n - 1),
@@ -109,6 +120,13 @@ def _child(args: argparse.Namespace) -> None:
             row["estimated_decode_step_s"] = (est_n["seconds"] - est_1["seconds"]) / (n - 1) if est_n else None
             row["estimated_prefill_and_first_token_s"] = est_1["seconds"] if est_1 else None
             row["fallback_ops"] = sorted(stats_n["fallback_ops"])
+            if est_n:  # where a decode step's estimated time goes: the 5 largest ops, per step
+                ops_1 = est_1["per_op"]
+                per_step = {op: ((v["calls"] - ops_1.get(op, {}).get("calls", 0)) / (n - 1),
+                                 (v["seconds"] - ops_1.get(op, {}).get("seconds", 0.0)) / (n - 1))
+                            for op, v in est_n["per_op"].items()}
+                top = sorted(per_step.items(), key=lambda kv: -kv[1][1])[:5]
+                row["estimated_decode_step_top_ops"] = {op: {"calls": round(c, 1), "seconds": sec} for op, (c, sec) in top}
         rows.append(row)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in cold_outs]
 
@@ -116,18 +134,22 @@ def _child(args: argparse.Namespace) -> None:
         values = [r[key] for r in rows if r.get(key) is not None]
         return statistics.median(values) if values else None
 
+    all_ttfts = [t for r in rows for t in r.pop("ttfts")]
     result = {
         "platform": type(__import__("vllm.platforms", fromlist=["current_platform"]).current_platform).__name__,
         "device": os.environ.get("ACCELKIT_DEVICE") or "cpu",
         "load_s": round(load_s, 2),
         "cold_generate_s": round(cold_s, 3),
-        **{key: median(key) for key in rows[0] if key not in ("estimate_target", "fallback_ops")},
+        "ttft_s": statistics.median(all_ttfts) if all_ttfts else None,
+        "ttft_max_s": max(all_ttfts) if all_ttfts else None,
+        **{key: median(key) for key in rows[0] if key not in ("estimate_target", "fallback_ops", "estimated_decode_step_top_ops")},
         "token_ids": [list(o.outputs[0].token_ids) for o in outs],
     }
     if on_accelkit:
         result["estimate_target"] = rows[0]["estimate_target"]
         result["estimate_note"] = (stats_n["estimate"] or {}).get("note")
         result["fallback_ops"] = rows[0]["fallback_ops"]
+        result["estimated_decode_step_top_ops"] = rows[-1].get("estimated_decode_step_top_ops")
     print("RESULT " + json.dumps(result))
 
 
@@ -152,7 +174,8 @@ def _ratio_lines(results: list[dict]) -> list[str]:
         if "error" in r:
             lines.append(f"{r['device']:>6}: FAILED ({r['error'].splitlines()[-1] if r['error'] else ''})")
             continue
-        line = (f"{r['device']:>6}: {r['output_tokens_per_s']:8.1f} output tok/s, TTFT {1e3 * r['ttft_s']:7.1f} ms, "
+        line = (f"{r['device']:>6}: {r['output_tokens_per_s']:8.1f} output tok/s, TTFT {1e3 * r['ttft_s']:6.1f} ms "
+                f"(max {1e3 * r['ttft_max_s']:6.1f}), "
                 f"decode step {1e3 * r['decode_step_s']:7.1f} ms wall")
         if cpu and "error" not in cpu and r is not cpu:
             line += (f"  | vs CPU: {r['output_tokens_per_s'] / cpu['output_tokens_per_s']:.3f}x tok/s, "
