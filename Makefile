@@ -1,6 +1,6 @@
 # Quick start: `make demo` runs the main job (the tour of the example on every backend, then the
 # quick conformance report for every installed backend), `make test` runs the tests.
-# Each target creates the virtual environment it needs (.venv) on first use.
+# Each target creates the virtual environments it needs (.venv; .venv-vllm for vLLM) on first use.
 
 PYTHON ?= python3
 VENV := .venv
@@ -38,8 +38,8 @@ $(VLLM_STAMP): pyproject.toml
 vllm-env: $(VLLM_STAMP)
 
 # vLLM's whole test matrix (tests/vllm with ACCELKIT_VLLM=full: Llama and Qwen3, float32 and
-# bfloat16, tpu and neuron against vLLM's CPU platform, the server on both); `make test` runs
-# its smoke.
+# bfloat16, tpu and neuron against vLLM's CPU platform, tensor parallel 2, the server on both);
+# `make test` ends with its smoke (float32 Llama on tpu and neuron, the server on tpu).
 vllm: $(VLLM_STAMP)
 	env -u ACCELKIT_DEVICE ACCELKIT_VLLM=full $(VLLM_BIN)/python -m pytest tests/vllm -rA --durations=0
 
