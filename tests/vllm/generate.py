@@ -1,6 +1,6 @@
 """Greedy generation with vLLM's offline `LLM`, printed as JSON (one run per process).
 
-    python tests/vllm/generate.py MODEL_DIR [--max-tokens 16] [--dtype float32]
+    python tests/vllm/generate.py MODEL_DIR [--max-tokens 16] [--dtype float32] [--tensor-parallel-size 2]
 
 The platform is whatever vLLM picks: with ACCELKIT_DEVICE=tpu|neuron|ref accelkit's plugin,
 else vLLM's own CPU platform. vLLM's engine starts its worker with spawn, hence the
@@ -33,6 +33,7 @@ OTHER_PROMPTS = [
 
 
 def _rpc_stats(llm):
+    """Rank 0's accelkit stats (None on vLLM's own platforms)."""
     return llm.collective_rpc("accelkit_stats")[0] if os.environ.get("ACCELKIT_DEVICE") else None
 
 
@@ -47,6 +48,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--max-num-batched-tokens", type=int, default=None)
+    ap.add_argument("--tensor-parallel-size", type=int, default=1)
     args = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -57,6 +59,8 @@ def main() -> None:
     extra = {}
     if args.max_num_batched_tokens:
         extra["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.tensor_parallel_size > 1:
+        extra["tensor_parallel_size"] = args.tensor_parallel_size
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=128, enforce_eager=True, seed=0, **extra)
     t1 = time.perf_counter()
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, logprobs=2)
@@ -74,7 +78,12 @@ def main() -> None:
     if stats is not None:
         before, after = stats["programs_by_op"], stats_other["programs_by_op"]
         new_programs = {op: n - before.get(op, 0) for op, n in after.items() if n != before.get(op, 0)}
+    ranks = None
+    if stats is not None and args.tensor_parallel_size > 1:
+        ranks = [{"rank": r["rank"], "device": r["device"], "collectives": (r["distributed"] or {}).get("collectives"),
+                  "groups": (r["distributed"] or {}).get("groups")} for r in llm.collective_rpc("accelkit_stats")]
     result = {
+        "ranks": ranks,  # tensor parallel: each worker's device and collectives on accelkit's group
         "platform": type(__import__("vllm.platforms", fromlist=["current_platform"]).current_platform).__name__,
         "load_s": round(t1 - t0, 2),
         "generate_s": round(t2 - t1, 3),

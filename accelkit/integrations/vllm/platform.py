@@ -38,8 +38,11 @@ class AccelkitPlatform(Platform):
     dispatch_key: str = "PrivateUse1"
     # accelkit registers each backend's c10d process group under the device's name.
     dist_backend: str = _BACKEND
-    # torch.compile(backend="<name>") resolves through accelkit's Dynamo entry points.
-    simple_compile_backend: str = _BACKEND
+    # torch.compile(backend="<name>") resolves through accelkit's Dynamo entry points. vLLM
+    # compiles a few small helpers with it and dynamic=True (the vocab-parallel embedding's mask
+    # under tensor parallelism); neuron compiles static shapes only and refuses symbolic sizes,
+    # so there they run through Dynamo's "eager" backend (the traced ops, run as they are).
+    simple_compile_backend: str = "eager" if _BACKEND == "neuron" else _BACKEND
     device_control_env_var: str = "ACCELKIT_VISIBLE_DEVICES"
 
     @property
@@ -119,6 +122,13 @@ class AccelkitPlatform(Platform):
             _log.warning("accelkit (%s): compiled serving is not wired yet; running eagerly", _BACKEND)
             compilation.mode = CompilationMode.NONE
         vllm_config.scheduler_config.async_scheduling = False
+        # Tensor/pipeline parallel: each worker process uses device <local rank>, so each needs
+        # that many devices; a simulated backend has ACCELKIT_<NAME>_DEVICES of them (default 1).
+        # Set before vLLM spawns its engine and workers, which inherit the environment.
+        devices_env = f"ACCELKIT_{_BACKEND.upper()}_DEVICES"
+        if parallel.world_size > 1 and devices_env not in os.environ:
+            os.environ[devices_env] = str(parallel.world_size)
+            _log.info("accelkit (%s): %s=%d, a device per worker", _BACKEND, devices_env, parallel.world_size)
         # The device runtime (XLA's threads for tpu) is initialised at `import torch`: a forked
         # engine process would inherit it mid-flight and deadlock.
         os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"

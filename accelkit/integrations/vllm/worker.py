@@ -92,8 +92,13 @@ class AccelkitWorker(Worker):
     def init_device(self) -> None:
         name = accelkit.active_backend()
         count = torch.accelerator.device_count()
-        index = self.local_rank if self.local_rank < count else 0
-        self.device = torch.device(name, index)
+        if self.local_rank >= count:
+            raise RuntimeError(
+                f"accelkit ({name}): worker of local rank {self.local_rank} needs device {name}:{self.local_rank} "
+                f"and this process has {count}; set ACCELKIT_{name.upper()}_DEVICES to the number of "
+                f"workers per node (tensor x pipeline parallel size) or leave it unset"
+            )
+        self.device = torch.device(name, self.local_rank)
         torch.accelerator.set_device_index(self.device)
         _install_accelerator_synchronize()
         from vllm.platforms import current_platform
@@ -131,6 +136,8 @@ class AccelkitWorker(Worker):
         per_op = backend.get("compiled_programs", backend.get("instances", {}))
         return {
             "backend": s["backend"],
+            "device": str(self.device),
+            "rank": self.rank,
             "compiles": s.get("compiles"),
             "programs_by_op": dict(per_op),
             "data_movement_programs": backend.get("data_movement_programs"),
@@ -138,7 +145,14 @@ class AccelkitWorker(Worker):
             "fallback_ops": {op: c for op, c in s["ops"].items() if c.get("fallback")},
             "peak_bytes": s["memory"].get("allocated_bytes.all.peak"),
             "estimate": s.get("estimate"),
+            # collectives on accelkit's process group (tensor parallel), with their estimates
+            "distributed": s.get("distributed"),
         }
+
+    def accelkit_reset_stats(self) -> None:
+        """``accelkit.reset_stats()`` in this worker's process (``LLM.collective_rpc("accelkit_reset_stats")``):
+        the next ``accelkit_stats`` counts, and estimates, only the work after it."""
+        accelkit.reset_stats()
 
     def sleep(self, level: int = 1) -> None:
         _log.warning("accelkit: sleep mode is not supported; ignored")
