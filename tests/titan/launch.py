@@ -75,10 +75,10 @@ class TitanRun:
 
 
 def write_config(path: Path, model: str, flavor: str, overrides: dict | None = None) -> Path:
-    sections = {name: dict(values) for name, values in _DEBUG_CONFIG.items()}
-    sections["model"].update(name=model, flavor=flavor)
-    for name, values in (overrides or {}).items():
-        sections.setdefault(name, {}).update(values)
+    """The debug configuration with ``model`` and ``flavor`` named and ``overrides`` merged in
+    per section, written as TOML to ``path``."""
+    sections = _merged(_DEBUG_CONFIG, {"model": {"name": model, "flavor": flavor}})
+    sections = _merged(sections, overrides)
     lines = []
     for name, values in sections.items():
         lines.append(f"[{name}]")
@@ -100,6 +100,7 @@ def _flux_config(tree: assets.TitanTree) -> dict:
 
 
 def _merged(base: dict, overrides: dict | None) -> dict:
+    """``base`` with each section of ``overrides`` merged into its own (a copy; neither changes)."""
     merged = {name: dict(values) for name, values in base.items()}
     for name, values in (overrides or {}).items():
         merged.setdefault(name, {}).update(values)
