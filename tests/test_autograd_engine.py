@@ -176,3 +176,29 @@ def test_backward_runs_on_the_thread_that_calls_it(backend):
     assert proc.returncode == 0, proc.stderr
     assert "grad [0.0, 2.0, 4.0] same thread True" in proc.stdout
     assert "device thread True" in proc.stdout
+
+
+@pytest.mark.parametrize("backend", ["ref", "tpu", "neuron"])
+def test_backward_on_any_thread_runs_on_that_thread_and_exit_is_clean(backend):
+    # Off the activating thread, PyTorch would hand device backwards to autograd's device
+    # thread, which drops the finished task just after backward() returns; if the interpreter
+    # is finalizing by then, the process aborts (exit code 134, "terminate called without an
+    # active exception"). A long switch interval makes the main thread finalize first.
+    code = (
+        "import sys\nsys.setswitchinterval(10)\nimport threading, torch, accelkit\n"
+        "with torch.inference_mode():\n"
+        f"    device = accelkit.select_device({backend!r})\n"
+        "def work():\n"
+        "    b = torch.arange(3., device=device, requires_grad=True)\n"
+        "    ran_on = []\n"
+        "    b.register_hook(lambda grad: ran_on.append(threading.get_native_id()))\n"
+        "    for step in range(2):\n"
+        "        (b * b).sum().backward()\n"
+        "    print('same thread', ran_on == [threading.get_native_id()] * 2)\n"
+        "    print('grad', (b.grad / 2).cpu().tolist())\n"
+        "t = threading.Thread(target=work); t.start(); t.join()\n"
+    )
+    for attempt in range(2 if backend == "ref" else 1):
+        proc = run_python(code)
+        _assert_device_backward_works(proc)
+        assert "same thread True" in proc.stdout

@@ -30,7 +30,11 @@ from accelkit._runtime._core_ops import core_ops
 from accelkit._runtime._decomp_guards import guard_decompositions
 from accelkit._runtime._device_module import DeviceModule
 from accelkit._runtime._dispatch import Pipeline
-from accelkit._runtime._patches import install_flex_attention, install_triton_interpreter
+from accelkit._runtime._patches import (
+    install_backward_on_calling_thread,
+    install_flex_attention,
+    install_triton_interpreter,
+)
 from accelkit._runtime._distributed import install_distributed
 from accelkit._runtime._dynamo_hooks import install as install_dynamo_hooks
 from accelkit._runtime._fallback import CPU_EQUIVALENTS, HOST_MEMORY_COMPOSITES, ROUTED_COMPOSITES
@@ -220,6 +224,11 @@ def _install_native_hooks(ctx: BackendContext, module: DeviceModule) -> None:
     ctx.generator = native.install_generators(ctx.device_count)
     native.install_hooks(ctx.probe.available)
     native.install_device_memory(module)
+    if ctx.devices is None:
+        # One device: the native guard answers as the Python one does (device 0 of 1, default
+        # streams) and adds the device's own wait for torch.accelerator.synchronize() and
+        # current_stream(), which vLLM and accelerate call. The library is loaded already.
+        native.install_guard(1, lambda index: ctx.allocator.synchronize())
 
 
 class _Hooks(_acc.PrivateUse1Hooks):
@@ -325,10 +334,12 @@ def _backward_on_calling_thread() -> None:
     0.2-0.5 ms of a small training step on a 2-core machine, that buy nothing for a device
     whose kernels are driven by host Python under one interpreter lock. Kernels still run on
     their tensors' device (see :mod:`._devices`). PyTorch keeps this switch per thread: it is
-    set for the activating thread, where training loops run;
+    set here for the activating thread, where training loops run, and at their first backward
+    for the others (:func:`._patches.install_backward_on_calling_thread`, which says why);
     ``torch.autograd.set_multithreading_enabled(True)`` restores the device threads.
     """
     torch._C._set_multithreading_enabled(False)
+    install_backward_on_calling_thread()
 
 
 def _install(ctx: BackendContext) -> None:

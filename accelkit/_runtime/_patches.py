@@ -18,6 +18,16 @@ Installed here:
   each element takes its counter in the whole tensor and a sharded random op equals the whole one
   for any placement (``Shard(1)``, several mesh dimensions, uneven shards).
 
+- ``torch.autograd.graph._engine_run_backward`` and its import in ``torch.autograd`` (at
+  activation): each thread's first ``backward()``/``grad()`` turns off autograd's device threads
+  for that thread, so device backwards run on the calling thread on every thread, as on the
+  activating one (see ``_backward_on_calling_thread``). Besides their cost, the device threads
+  meet a race in torch 2.13 at exit: the engine's thread drops a finished backward's task (which
+  holds the Python context torch stashes for it) just after ``backward()`` returns, and if the
+  interpreter is finalizing by then, its wait for the GIL ends the thread inside a C++ destructor
+  and a script that succeeded aborts ("terminate called without an active exception", exit
+  code 134). ``torch.autograd.set_multithreading_enabled(True)`` after a thread's first
+  backward brings the device threads back for that thread, and that race with them.
 - ``TRITON_INTERPRET=1`` (at activation, unless the variable is set or CUDA is available):
   Triton has no driver for an accelkit device, so a Triton kernel a library launches on one
   (TorchTitan's MoE builds its token permutation with one) fails with "0 active drivers".
@@ -38,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,6 +76,30 @@ def install_triton_interpreter() -> bool:
         return False
     os.environ[TRITON_INTERPRET] = "1"
     return True
+
+
+_backward_threads = threading.local()
+
+
+def install_backward_on_calling_thread() -> None:
+    """Run every thread's device backwards on that thread (above)."""
+    from torch import autograd
+    from torch.autograd import graph
+
+    original = graph._engine_run_backward
+    if _installed(original):
+        return
+
+    @functools.wraps(original)
+    def _engine_run_backward(*args: Any, **kwargs: Any) -> Any:
+        if not getattr(_backward_threads, "seen", False):
+            _backward_threads.seen = True
+            torch._C._set_multithreading_enabled(False)
+        return original(*args, **kwargs)
+
+    setattr(_engine_run_backward, _MARK, "every device")
+    graph._engine_run_backward = _engine_run_backward
+    autograd._engine_run_backward = _engine_run_backward
 
 
 def install_flex_attention(device_type: str) -> None:

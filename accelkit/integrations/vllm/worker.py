@@ -31,22 +31,6 @@ _log = logging.getLogger("vllm.accelkit." + __name__.rsplit(".", 1)[-1])  # unde
 SIMULATED_KV_REQUESTS = 8
 
 
-def _install_accelerator_synchronize() -> None:
-    """``torch.accelerator.synchronize()`` raises for a one-device accelkit backend (PyTorch's
-    Python device guard has no synchronize); vLLM's runner calls it. Route it to the device
-    module's ``synchronize``."""
-    module = device_module()
-    original = torch.accelerator.synchronize
-
-    def synchronize(device=None) -> None:
-        try:
-            original(device)
-        except RuntimeError:
-            module.synchronize()
-
-    torch.accelerator.synchronize = synchronize
-
-
 class AccelkitModelRunner(GPUModelRunner):
     """vLLM's GPU model runner with bucketed step shapes (:mod:`.buckets`): the token count the
     model runs on is padded to a bucket (the padding tokens' slots are -1, so attention writes
@@ -100,7 +84,6 @@ class AccelkitWorker(Worker):
             )
         self.device = torch.device(name, self.local_rank)
         torch.accelerator.set_device_index(self.device)
-        _install_accelerator_synchronize()
         from vllm.platforms import current_platform
 
         init_worker_distributed_environment(

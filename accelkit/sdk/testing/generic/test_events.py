@@ -23,3 +23,14 @@ def test_timed_events_measure_the_work_between_them(dev):
         module.Event().elapsed_time(end)
     with pytest.raises(RuntimeError, match="recorded first"):
         module.Event(enable_timing=True).elapsed_time(end)
+
+
+def test_torch_accelerator_synchronizes_and_names_the_current_stream(dev):
+    # vLLM and accelerate call these through torch.accelerator, not the device module.
+    x = torch.randn(32, 32, device=dev) @ torch.randn(32, 32, device=dev)
+    torch.accelerator.synchronize()
+    torch.accelerator.synchronize(dev)
+    stream = torch.accelerator.current_stream()
+    assert stream.device == torch.device(dev.type, dev.index or 0)
+    assert stream == torch.get_device_module(dev.type).current_stream()
+    assert x.shape == (32, 32)
