@@ -97,6 +97,26 @@ def _run(args: argparse.Namespace) -> int:
                           report_dir=Path(args.report) if args.report else None))
 
 
+_RUN_OPTIONS_WITH_VALUE = ("--device", "--fallback", "--report")
+
+
+def _split_module_arguments(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``accelkit run [options] -m MODULE args...``: everything after MODULE is the module's, as
+    with ``python -m`` (argparse would read the module's ``--options`` as the launcher's).
+    Returns the launcher's part and the module's arguments (None when there is no ``-m``)."""
+    if argv[:1] != ["run"]:
+        return argv, None
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "-m":
+            return (argv[: i + 2], argv[i + 2:]) if i + 1 < len(argv) else (argv, None)
+        if not token.startswith("-"):
+            return argv, None  # a script: it and everything after it are the script's
+        i += 2 if token in _RUN_OPTIONS_WITH_VALUE else 1
+    return argv, None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="accelkit", description="One accelerator layer for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -155,7 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from accelkit_conformance.__main__ import main as conformance_main
 
         return conformance_main(argv[1:])
+    argv, module_args = _split_module_arguments(argv)
     args = parser.parse_args(argv)
+    if module_args is not None:
+        args.args = module_args
     try:
         return args.run(args)
     except AccelkitError as exc:

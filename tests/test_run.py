@@ -78,6 +78,10 @@ def test_a_module_runs_as_python_dash_m(tmp_path):
     result = run("--device", "ref", "-m", "pkg.train", "a", "--b", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "ref ['a', '--b']\n"
+    # The module's options, even those named as the launcher's, are the module's (vllm's --model).
+    result = run("--device", "ref", "-m", "pkg.train", "--model", "x", "--device", "cpu", "-h", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ref ['--model', 'x', '--device', 'cpu', '-h']\n"
 
 
 @pytest.mark.parametrize("ending", [
@@ -290,6 +294,43 @@ def test_under_torchrun_each_rank_writes_its_report(tmp_path):
         assert all_reduce == report["stats"]["distributed"]["collectives"]["all_reduce"]
         assert (all_reduce["calls"], all_reduce["bytes"]) == (1, 4)
     assert result.stderr.count("accelkit run:") == 1  # the text report is rank 0's
+
+
+def test_processes_the_script_starts_report_their_device_work_after_it(tmp_path):
+    # As vLLM's API server does: the device work runs in a process the script spawns.
+    path = script(tmp_path, """
+        import multiprocessing, torch, accelkit
+
+        def device_work(n):
+            dev = accelkit.select_device()
+            x = torch.ones(n, n, device=dev)
+            print("child", (x @ x).sum().item())
+
+        def host_work():
+            print("host", sum(range(10)))
+
+        if __name__ == "__main__":
+            spawn = multiprocessing.get_context("spawn")
+            for target, args in ((device_work, (8,)), (host_work, ())):
+                child = spawn.Process(target=target, args=args, name=target.__name__)
+                child.start(); child.join()
+                assert child.exitcode == 0
+    """)
+    out = tmp_path / "out"
+    result = run("--device", "ref", "--report", str(out), str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "child 512.0" in result.stdout and "host 45" in result.stdout
+    reports = sorted(out.glob("report-pid*.json"))
+    assert len(reports) == 1  # the host-only child ran no device ops: no report
+    child = json.loads(reports[0].read_text())
+    assert child["command"] == ["device_work"] and child["exit"]["code"] is None
+    assert child["ops"]["executions"] >= 2 and child["ops"]["totals"]["fallback"] == 0
+    assert child["stats"]["totals"]["native"] == child["ops"]["totals"]["native"]
+    launcher = json.loads((out / "report.json").read_text())
+    assert launcher["ops"]["executions"] == 0  # the launcher's own process ran nothing
+    text = result.stderr.split("accelkit run:")
+    assert len(text) == 3 and f"process {child['pid']} of the run, device_work on ref:0" in text[2]
+    assert ": ended," in text[2] and "ops " in text[2]
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="needs POSIX signals")

@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -26,11 +27,20 @@ namespace {
 
 std::mutex pinned_mutex;
 std::map<uintptr_t, size_t> pinned_blocks;  // start address -> bytes, of live pinned blocks
+at::HostStats pinned_stats;                 // guarded by pinned_mutex
 
 void free_pinned(void* data) {
   {
     std::lock_guard<std::mutex> lock(pinned_mutex);
-    pinned_blocks.erase(reinterpret_cast<uintptr_t>(data));
+    auto block = pinned_blocks.find(reinterpret_cast<uintptr_t>(data));
+    if (block != pinned_blocks.end()) {
+      pinned_stats.active_requests.decrease(1);
+      pinned_stats.active_bytes.decrease(block->second);
+      pinned_stats.allocations.decrease(1);
+      pinned_stats.allocated_bytes.decrease(block->second);
+      pinned_stats.num_host_free += 1;
+      pinned_blocks.erase(block);
+    }
   }
   c10::free_cpu(data);
 }
@@ -44,18 +54,50 @@ bool is_pinned(const void* data) {
   return address < block->first + (block->second > 0 ? block->second : 1);
 }
 
-struct PinnedAllocator final : public c10::Allocator {
+// PyTorch's host allocator for the device (at::getHostAllocator(PrivateUse1)), behind
+// torch.accelerator.empty_host_cache() and host_memory_stats(): vLLM's teardown calls the first,
+// which dereferences a null allocator when none is registered. Nothing is cached (a block is
+// freed when its tensor is) and copies are synchronous, so there is no stream use to record.
+struct PinnedAllocator final : public at::HostAllocator {
   c10::DataPtr allocate(size_t nbytes) override {
     void* data = nbytes > 0 ? c10::alloc_cpu(nbytes) : nullptr;
     if (data != nullptr) {
       std::lock_guard<std::mutex> lock(pinned_mutex);
       pinned_blocks[reinterpret_cast<uintptr_t>(data)] = nbytes;
+      pinned_stats.active_requests.increase(1);
+      pinned_stats.active_bytes.increase(nbytes);
+      pinned_stats.allocations.increase(1);
+      pinned_stats.allocated_bytes.increase(nbytes);
+      pinned_stats.num_host_alloc += 1;
     }
     return {data, data, &free_pinned, c10::Device(c10::DeviceType::CPU)};
   }
   c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
+  }
+
+  bool record_event(void*, void*, c10::Stream) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override {
+    std::lock_guard<std::mutex> lock(pinned_mutex);
+    return pinned_stats;
+  }
+  void reset_accumulated_stats() override {
+    std::lock_guard<std::mutex> lock(pinned_mutex);
+    for (auto* stat : {&pinned_stats.active_requests, &pinned_stats.active_bytes,
+                       &pinned_stats.allocations, &pinned_stats.allocated_bytes}) {
+      stat->reset_accumulated();
+    }
+    pinned_stats.num_host_alloc = 0;
+    pinned_stats.num_host_free = 0;
+  }
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> lock(pinned_mutex);
+    for (auto* stat : {&pinned_stats.active_requests, &pinned_stats.active_bytes,
+                       &pinned_stats.allocations, &pinned_stats.allocated_bytes}) {
+      stat->reset_peak();
+    }
   }
 };
 
@@ -81,6 +123,7 @@ struct Hooks final : public at::PrivateUse1HooksInterface {
 bool install_hooks(bool available) {
   if (at::isPrivateUse1HooksRegistered()) return false;
   at::RegisterPrivateUse1HooksInterface(new Hooks(available));  // kept for the process
+  at::setHostAllocator(c10::DeviceType::PrivateUse1, &pinned_allocator);
   return true;
 }
 

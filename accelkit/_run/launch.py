@@ -139,12 +139,54 @@ def run(options: RunOptions) -> int:
     compile_redirects = [0]
     started = time.time()
     clock = time.perf_counter()
-    with _compile_for(device.type, compile_redirects) if options.compile and ctx else nullcontext():
+    with _child_reports(ctx is not None) as children, \
+            _compile_for(device.type, compile_redirects) if options.compile and ctx else nullcontext():
         ending = _run_script(runner)
-    wall = time.perf_counter() - clock
-
-    _report(options, device, ending, started, wall, sampler, compile_redirects[0])
+        wall = time.perf_counter() - clock
+        _report(options, device, ending, started, wall, sampler, compile_redirects[0])
+        _report_children(options, children)
     return _pass_through(ending)
+
+
+@contextmanager
+def _child_reports(enabled: bool) -> Iterator[Path | None]:
+    """A directory the processes the script starts write their reports into (see
+    :mod:`accelkit._run.children`), removed after."""
+    if not enabled:
+        yield None
+        return
+    import tempfile
+
+    from accelkit._run.children import CHILD_REPORTS
+
+    with tempfile.TemporaryDirectory(prefix="accelkit-run-") as directory:
+        previous = os.environ.get(CHILD_REPORTS)
+        os.environ[CHILD_REPORTS] = directory
+        try:
+            yield Path(directory)
+        finally:
+            if previous is None:
+                os.environ.pop(CHILD_REPORTS, None)
+            else:
+                os.environ[CHILD_REPORTS] = previous
+
+
+def _report_children(options: RunOptions, directory: Path | None) -> None:
+    """Print (and write, with ``--report``) the reports of the script's processes that ran
+    device work, after the launcher's own."""
+    if directory is None:
+        return
+    from accelkit._run import report as run_report
+    from accelkit._run.children import collect
+
+    try:
+        for child in collect(directory):
+            written = (run_report.write(child, options.report_dir, stem=f"report-pid{child['pid']}")
+                       if options.report_dir else [])
+            print(run_report.render_text(child, written, process=f"process {child['pid']}"), file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - the script's ending matters more than its report
+        print(f"accelkit run: the reports of the script's processes could not be shown: "
+              f"{type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 def _runner(target: list[str]) -> Callable[[], None]:

@@ -196,13 +196,14 @@ def _collectives(distributed: Mapping[str, Any]) -> dict[str, Any] | None:
 # -- files and text --------------------------------------------------------------------------
 
 
-def write(report: Mapping[str, Any], directory: Path) -> list[Path]:
-    """Write ``report.json`` and ``report.html`` into ``directory`` (``report-rank<N>.*`` for
-    one rank of several); return the paths."""
+def write(report: Mapping[str, Any], directory: Path, stem: str | None = None) -> list[Path]:
+    """Write ``<stem>.json`` and ``<stem>.html`` into ``directory`` (by default ``report``, or
+    ``report-rank<N>`` for one rank of several); return the paths."""
     from accelkit._run.render_html import render_html
 
     directory.mkdir(parents=True, exist_ok=True)
-    stem = "report" if report["rank"] is None else f"report-rank{report['rank']}"
+    if stem is None:
+        stem = "report" if report["rank"] is None else f"report-rank{report['rank']}"
     json_path, html_path = directory / f"{stem}.json", directory / f"{stem}.html"
     json_path.write_text(json.dumps(report, indent=1, default=str) + "\n", encoding="utf-8")
     html_path.write_text(render_html(report), encoding="utf-8")
@@ -223,19 +224,23 @@ def headline(report: Mapping[str, Any]) -> str:
     if device["target"]:
         where += f" (target {device['target']}, {'simulated' if device['simulated'] else 'real'})"
     ending = report["exit"]
-    how = (f"exit {ending['code']}" if ending["code"] is not None else f"killed by {ending['signal']}")
+    if ending["code"] is not None:
+        how = f"exit {ending['code']}"
+    else:  # a child process's report is written as it exits, before its status exists
+        how = f"killed by {ending['signal']}" if ending["signal"] else "ended"
     if ending["exception"]:
         how += f", {ending['exception']}"
     rank = f" [rank {report['rank']} of {report['world_size']}]" if report["rank"] is not None else ""
     return f"{' '.join(report['command'])} on {where}{rank}: {how}, {report['wall_seconds']:.1f} s"
 
 
-def render_text(report: Mapping[str, Any], written: Sequence[Path] = ()) -> str:
-    """The report for the terminal: a dozen lines."""
+def render_text(report: Mapping[str, Any], written: Sequence[Path] = (), process: str | None = None) -> str:
+    """The report for the terminal: a dozen lines (``process``: whose, when not the launcher's)."""
     from accelkit.sdk import format_bytes
     from accelkit_conformance.render_words import percent
 
-    lines = ["", f"accelkit run: {headline(report)}"]
+    whose = f" {process} of the run," if process else ""
+    lines = ["", f"accelkit run:{whose} {headline(report)}"]
     ops = report["ops"]
     if ops is None:
         lines.append(f"  no accelkit backend ran this script ({report['device']['device']}): nothing to report")

@@ -24,6 +24,7 @@ from accelkit._contract import autocast_policy
 from accelkit._plugins import BackendRecord
 from accelkit._runtime import _devices, _tensors
 from accelkit._runtime._attention import install_attention
+from accelkit._run.children import report_at_exit
 from accelkit._runtime._autocast import install_autocast
 from accelkit._runtime._context import BackendContext, policy_from_env
 from accelkit._runtime._core_ops import core_ops
@@ -111,6 +112,7 @@ def activate(record: BackendRecord) -> torch.device:
             _failed = f"activating {record.name!r} failed part-way ({type(exc).__name__}: {exc})"
             raise
         _active = ctx
+    report_at_exit(ctx.device)  # in a process started under `accelkit run`
     try:
         record.call("accelkit_backend_activated", name=ctx.name, device=ctx.device, device_model=ctx.model)
     except PluginError as exc:

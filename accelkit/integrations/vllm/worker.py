@@ -19,6 +19,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 
 import accelkit
+from accelkit._run.children import write_report_at_most_every as write_run_report
 
 from .buckets import MIN_REQS, MIN_TOKENS, bucket
 from .platform import device_module
@@ -29,6 +30,9 @@ _log = logging.getLogger("vllm.accelkit." + __name__.rsplit(".", 1)[-1])  # unde
 # (measured: about 0.6-0.8 ms per MiB on tpu and neuron), so without an explicit size the cache
 # holds this many max-length requests rather than filling the simulated memory.
 SIMULATED_KV_REQUESTS = 8
+
+# Seconds between rewrites of the process's report under `accelkit run` (see execute_model).
+RUN_REPORT_SECONDS = 2.0
 
 
 class AccelkitModelRunner(GPUModelRunner):
@@ -136,6 +140,17 @@ class AccelkitWorker(Worker):
         """``accelkit.reset_stats()`` in this worker's process (``LLM.collective_rpc("accelkit_reset_stats")``):
         the next ``accelkit_stats`` counts, and estimates, only the work after it."""
         accelkit.reset_stats()
+
+    def execute_model(self, *args, **kwargs):
+        output = super().execute_model(*args, **kwargs)
+        # Under `accelkit run`, this process's report, kept current: vLLM's shutdown can end the
+        # engine process before its exit handlers run.
+        write_run_report(RUN_REPORT_SECONDS)
+        return output
+
+    def shutdown(self) -> None:
+        write_run_report(0.0)
+        super().shutdown()
 
     def sleep(self, level: int = 1) -> None:
         _log.warning("accelkit: sleep mode is not supported; ignored")

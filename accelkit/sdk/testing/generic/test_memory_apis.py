@@ -39,6 +39,20 @@ def test_pinned_tensors_move_to_the_device_and_back(dev):
     assert torch.equal(back, host * 2)
 
 
+def test_the_host_allocator_empties_its_cache_and_keeps_pinned_tensors(dev):
+    # vLLM's teardown calls torch.accelerator.empty_host_cache() after empty_cache(); once the
+    # device's allocator has answered (memory_allocated), PyTorch then asks for the device's host
+    # allocator, and with none registered it dereferences a null pointer (a segfault).
+    pinned = torch.arange(6.0).pin_memory()
+    on_device = torch.ones(4, device=dev)
+    assert torch.accelerator.memory_allocated(dev) >= 16
+    torch.accelerator.empty_cache()
+    torch.accelerator.empty_host_cache()
+    assert pinned.is_pinned() and pinned.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert on_device.sum().item() == 4.0
+    assert torch.empty(3, pin_memory=True).is_pinned()
+
+
 def test_a_data_loader_that_pins_memory_hands_out_pinned_batches(dev):
     features, labels = torch.randn(10, 3), torch.arange(10)
     loader = DataLoader(TensorDataset(features, labels), batch_size=4, pin_memory=True)
