@@ -125,8 +125,10 @@ class AccelkitWorker(Worker):
         return AccelkitModelRunner(self.vllm_config, self.device)
 
     def compile_or_warm_up_model(self):
-        """Eager serving: nothing to compile or capture. (vLLM's GPU warm-up tunes CUDA
-        kernels and imports modules that need torchvision.)"""
+        """Nothing is compiled ahead: in compiled serving each bucket's graph compiles the first
+        time a step of that bucket runs (the profiling run has compiled its own already), and
+        there are no CUDA graphs to capture. (vLLM's GPU warm-up tunes CUDA kernels and
+        imports modules that need torchvision.)"""
         from vllm.v1.worker.worker_base import CompilationTimes
 
         set_random_seed(self.model_config.seed, self.parallel_config.data_parallel_index)
