@@ -147,6 +147,22 @@ def test_tensor_parallel_2_matches_one_rank(tiny_model, generate_run, device):
     assert counts[0] == counts[1], counts  # the ranks ran the same collectives
 
 
+@pytest.mark.parametrize("device", [pytest.param("tpu", marks=_full), pytest.param("neuron", marks=_full)])
+def test_compiled_tensor_parallel_2_matches_vllm_cpu(tiny_model, generate_run, device):
+    """Compiled serving with ``tensor_parallel_size=2``: the all-reduces on accelkit's process
+    group (host-staged) are cut out of the programs and run between them; greedy ids equal the
+    CPU platform's and prompts of other lengths capture no graph."""
+    model_dir = tiny_model("llama")
+    ref = generate_run(model_dir, None, "float32")
+    got = generate_run(model_dir, device, "float32", "--compiled", "--tensor-parallel-size", "2")
+    assert got["token_ids"] == ref["token_ids"]
+    assert got["other_token_ids"] == ref["other_token_ids"]
+    c = got["accelkit"]["compile"]
+    assert c["graph_breaks"] == 0 and c["graphs_captured"] >= 2, c
+    assert c["eager_nodes"].get("_c10d_functional.all_reduce.default", 0) > 0, c["eager_nodes"]
+    assert got["new_compiled_other"]["graphs_captured"] == 0, got["new_compiled_other"]
+
+
 @pytest.mark.xfail(
     reason="vLLM's input preparation and sampler (and the lm_head on the sampled rows) run on the "
     "exact number of requests and tokens, so a new count still compiles a few small programs",
