@@ -1,6 +1,6 @@
 """vLLM serving figures on tpu and neuron against vLLM's own CPU platform, in one run.
 
-    python bench/bench_vllm.py [--quick] [--model DIR] [--max-tokens N] [--platforms cpu,tpu,neuron]
+    python bench/bench_vllm.py [--quick] [--compiled] [--model DIR] [--max-tokens N] [--platforms cpu,tpu,neuron]
 
 Needs the `vllm` extra (`make vllm-env`, then `.venv-vllm/bin/python bench/bench_vllm.py`).
 
@@ -31,6 +31,14 @@ five ops that take most of it — a model
 of the target hardware (tpu: the ``ACCELKIT_TPU_TARGET`` generation, neuron:
 ``ACCELKIT_NEURON_TARGET``), never a measurement. Wall times are the simulators' on this
 machine, not the hardware's.
+
+``--compiled`` runs each accelkit platform a second time with ``enforce_eager=False``
+(compiled serving: a program per bucket of step shapes), as ``<device> compiled``, with what
+the warm-up compiled (``compiled_after_warmup``: Dynamo graphs, backend programs, seconds) and
+what the timed generates compiled (``compiled_while_timed``, nothing in steady state). vLLM's
+CPU platform stays eager (its compiled mode needs Inductor's C++ toolchain). The ratio lines
+give no estimate for compiled rows: tpu's estimate counts the programs of ops run eagerly and
+not those of compiled graphs (neuron's counts both).
 
 Prints one JSON document (``{"config": ..., "results": [...]}``), then ratio lines against the
 CPU platform.
@@ -75,7 +83,7 @@ def _child(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     # No prefix caching: every generate prefills its prompts in full (with it, the repeats would
     # find the prompts cached, and run other shapes than the warm-up).
-    llm = LLM(model=args.model, dtype="float32", max_model_len=MAX_MODEL_LEN, enforce_eager=True, seed=0,
+    llm = LLM(model=args.model, dtype="float32", max_model_len=MAX_MODEL_LEN, enforce_eager=not args.compiled, seed=0,
               disable_log_stats=False, enable_prefix_caching=False)
     load_s = time.perf_counter() - t0
 
@@ -99,6 +107,8 @@ def _child(args: argparse.Namespace) -> None:
     # before all prompts have arrived, so how they split into steps varies from run to run.
     llm.generate(prompts, params(1), use_tqdm=False)
     llm.generate(prompts, params(n), use_tqdm=False)
+    counted = ("graphs_captured", "programs_compiled", "compile_seconds")
+    warm = llm.collective_rpc("accelkit_stats")[0]["compile"] if on_accelkit else None
 
     rows = []
     for _ in range(args.repeats):
@@ -127,6 +137,8 @@ def _child(args: argparse.Namespace) -> None:
                             for op, v in est_n["per_op"].items()}
                 top = sorted(per_step.items(), key=lambda kv: -kv[1][1])[:5]
                 row["estimated_decode_step_top_ops"] = {op: {"calls": round(c, 1), "seconds": sec} for op, (c, sec) in top}
+        if stats_n is not None:
+            row["compiled_while_timed"] = {k: stats_n["compile"][k] + stats_1["compile"][k] for k in counted[:2]}
         rows.append(row)
     assert [o.outputs[0].token_ids for o in outs] == [o.outputs[0].token_ids for o in cold_outs]
 
@@ -137,12 +149,13 @@ def _child(args: argparse.Namespace) -> None:
     all_ttfts = [t for r in rows for t in r.pop("ttfts")]
     result = {
         "platform": type(__import__("vllm.platforms", fromlist=["current_platform"]).current_platform).__name__,
-        "device": os.environ.get("ACCELKIT_DEVICE") or "cpu",
+        "device": (os.environ.get("ACCELKIT_DEVICE") or "cpu") + (" compiled" if args.compiled else ""),
         "load_s": round(load_s, 2),
         "cold_generate_s": round(cold_s, 3),
         "ttft_s": statistics.median(all_ttfts) if all_ttfts else None,
         "ttft_max_s": max(all_ttfts) if all_ttfts else None,
-        **{key: median(key) for key in rows[0] if key not in ("estimate_target", "fallback_ops", "estimated_decode_step_top_ops")},
+        **{key: median(key) for key in rows[0]
+           if key not in ("estimate_target", "fallback_ops", "estimated_decode_step_top_ops", "compiled_while_timed")},
         "token_ids": [list(o.outputs[0].token_ids) for o in outs],
     }
     if on_accelkit:
@@ -150,19 +163,21 @@ def _child(args: argparse.Namespace) -> None:
         result["estimate_note"] = (stats_n["estimate"] or {}).get("note")
         result["fallback_ops"] = rows[0]["fallback_ops"]
         result["estimated_decode_step_top_ops"] = rows[-1].get("estimated_decode_step_top_ops")
+        result["compiled_after_warmup"] = {k: warm[k] for k in counted}
+        result["compiled_while_timed"] = {k: sum(r["compiled_while_timed"][k] for r in rows) for k in counted[:2]}
     print("RESULT " + json.dumps(result))
 
 
-def _run_platform(device: str, args: argparse.Namespace) -> dict:
+def _run_platform(device: str, args: argparse.Namespace, compiled: bool = False) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "ACCELKIT_DEVICE"}
     if device != "cpu":
         env["ACCELKIT_DEVICE"] = device
     cmd = [sys.executable, __file__, "--child", "--model", str(args.model), "--max-tokens", str(args.max_tokens),
-           "--prompts", str(args.prompts), "--repeats", str(args.repeats)]
+           "--prompts", str(args.prompts), "--repeats", str(args.repeats)] + ["--compiled"] * compiled
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        return {"device": device, "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+        return {"device": device + " compiled" * compiled, "error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
     return json.loads(lines[-1].removeprefix("RESULT "))
 
 
@@ -172,16 +187,23 @@ def _ratio_lines(results: list[dict]) -> list[str]:
     lines = []
     for r in results:
         if "error" in r:
-            lines.append(f"{r['device']:>6}: FAILED ({r['error'].splitlines()[-1] if r['error'] else ''})")
+            lines.append(f"{r['device']:>15}: FAILED ({r['error'].splitlines()[-1] if r['error'] else ''})")
             continue
-        line = (f"{r['device']:>6}: {r['output_tokens_per_s']:8.1f} output tok/s, TTFT {1e3 * r['ttft_s']:6.1f} ms "
+        line = (f"{r['device']:>15}: {r['output_tokens_per_s']:8.1f} output tok/s, TTFT {1e3 * r['ttft_s']:6.1f} ms "
                 f"(max {1e3 * r['ttft_max_s']:6.1f}), "
                 f"decode step {1e3 * r['decode_step_s']:7.1f} ms wall")
         if cpu and "error" not in cpu and r is not cpu:
             line += (f"  | vs CPU: {r['output_tokens_per_s'] / cpu['output_tokens_per_s']:.3f}x tok/s, "
                      f"{r['ttft_s'] / cpu['ttft_s']:.1f}x TTFT")
             line += ", greedy ids " + ("equal" if r["greedy_ids_equal_cpu"] else "DIFFER")
-        if r.get("estimated_decode_step_s") is not None:
+        eager = by.get(r["device"].removesuffix(" compiled")) if r["device"].endswith(" compiled") else None
+        if eager and "error" not in eager:
+            line += (f"  | vs eager: {r['output_tokens_per_s'] / eager['output_tokens_per_s']:.2f}x tok/s, "
+                     f"{r['compiled_after_warmup']['graphs_captured']} graphs / "
+                     f"{r['compiled_after_warmup']['programs_compiled']} programs compiled by the warm-up, "
+                     f"{r['compiled_while_timed']['graphs_captured']} graphs while timed")
+        # (not for compiled rows: tpu's estimate counts its per-op programs, not compiled graphs)
+        if r.get("estimated_decode_step_s") is not None and not eager:
             line += (f"  | estimated on {r['estimate_target']}: {1e6 * r['estimated_decode_step_s']:.1f} us "
                      f"per decode step (the simulation's wall time is "
                      f"{r['decode_step_s'] / r['estimated_decode_step_s']:.0f}x that)")
@@ -195,6 +217,8 @@ def main() -> None:
     ap.add_argument("--model", help="a checkpoint directory (default: the tiny random Llama, written here)")
     ap.add_argument("--max-tokens", type=int, help="output tokens per prompt (default 32; 8 with --quick)")
     ap.add_argument("--platforms", default="cpu,tpu,neuron")
+    ap.add_argument("--compiled", action="store_true",
+                    help="also run each accelkit platform with enforce_eager=False (compiled serving)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--prompts", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--repeats", type=int, help=argparse.SUPPRESS)
@@ -214,7 +238,10 @@ def main() -> None:
 
             args.model = make_tiny_llama(Path(tmp) / "tiny-llama")
         started = time.perf_counter()
-        results = [_run_platform(device, args) for device in args.platforms.split(",")]
+        devices = args.platforms.split(",")
+        results = [_run_platform(device, args) for device in devices]
+        if args.compiled:
+            results += [_run_platform(device, args, compiled=True) for device in devices if device != "cpu"]
     cpu_ids = next((r["token_ids"] for r in results if r["device"] == "cpu" and "token_ids" in r), None)
     for r in results:
         ids = r.pop("token_ids", None)
@@ -223,7 +250,7 @@ def main() -> None:
     config = {
         "model": "tiny random Llama (tests/vllm/tiny_models.py)" if str(args.model).startswith(tmp) else str(args.model),
         "dtype": "float32", "prompts": args.prompts, "output_tokens": args.max_tokens, "repeats": args.repeats,
-        "greedy": True, "enforce_eager": True, "cpu_count": os.cpu_count(),
+        "greedy": True, "compiled_too": args.compiled, "cpu_count": os.cpu_count(),
         "load_average": os.getloadavg()[0], "total_s": round(time.perf_counter() - started, 1),
     }
     print(json.dumps({"config": config, "results": results}, indent=1))

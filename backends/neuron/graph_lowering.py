@@ -363,7 +363,10 @@ def _view(node: torch.fx.Node, args: tuple, kwargs: dict) -> np.ndarray:
 def _strided_view(node: torch.fx.Node, array: np.ndarray, args: tuple, kwargs: dict) -> np.ndarray:
     carrier = nx.HOST_CARRIER.get(array.dtype)
     base = torch.from_numpy(array.view(np.int16 if carrier == torch.int16 else np.uint8) if carrier else array)
-    viewed = node.target(base, *args[1:], **kwargs).numpy()
+    viewed = node.target(base, *args[1:], **kwargs)
+    if isinstance(viewed, list | tuple):  # split, chunk, unbind: a view per piece
+        return [piece.numpy().view(array.dtype) if carrier else piece.numpy() for piece in viewed]
+    viewed = viewed.numpy()
     return viewed.view(array.dtype) if carrier else viewed
 
 
@@ -462,6 +465,17 @@ def _to_copy(node: torch.fx.Node, x: np.ndarray, **kwargs: Any) -> np.ndarray:
     return convert(x, node.meta["val"].dtype)
 
 
+def _copy(node: torch.fx.Node, x: np.ndarray, src: np.ndarray, non_blocking: bool = False) -> np.ndarray:
+    """The functional ``copy`` (an in-place ``copy_`` into a graph's own tensor, after
+    functionalization): ``src`` cast to ``x``'s dtype and broadcast to its shape, as new memory
+    (the conversion program, then the clone's DMA copy)."""
+    dtype = node.meta["val"].dtype
+    value = src if nx.torch_dtype(src.dtype) == dtype else convert(src, dtype)
+    if value.shape != x.shape:
+        value = np.broadcast_to(value, x.shape)
+    return _clone(node, value)
+
+
 def _is_constant_factory(op: torch._ops.OpOverload) -> bool:
     """A factory of Python numbers (``full``, ``scalar_tensor``, ``arange``, ...): no tensor
     argument, a ``device`` one, no random numbers."""
@@ -521,6 +535,7 @@ _GRAPH_OPS = {
     torch.ops.aten._native_batch_norm_legit.no_stats: _batch_norm_no_stats,
     torch.ops.aten.clone.default: _clone,
     torch.ops.aten._to_copy.default: _to_copy,
+    torch.ops.aten.copy.default: _copy,
     torch.ops.aten._conj.default: _conj,
 }
 #: Graph ops that handle complex64 (as float32 pairs).

@@ -160,6 +160,29 @@ def conj(node, x):
     return jnp.conj(x)
 
 
+@graph_op(aten.view.dtype)
+def view_dtype(node, x, dtype):
+    """The same bytes as another dtype (``x.view(torch.int32)``): XLA's bitcast. As in PyTorch, a
+    narrower dtype splits each element of the last dimension into several, a wider one joins
+    several into one. (An index-tensor view would pick elements, not reinterpret them.)"""
+    target = _dtype(node)
+    if x.dtype == target:
+        return x
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.uint8)
+    carrier = jnp.dtype(jnp.uint8) if target == jnp.bool_ else target
+    ratio = jnp.dtype(x.dtype).itemsize / jnp.dtype(carrier).itemsize
+    if ratio > 1:  # narrower: XLA adds a trailing dimension of the pieces
+        out = jax.lax.bitcast_convert_type(x, carrier)
+        out = out.reshape(*x.shape[:-1], x.shape[-1] * int(ratio))
+    elif ratio < 1:  # wider: XLA consumes a trailing dimension of the pieces
+        joined = int(round(1 / ratio))
+        out = jax.lax.bitcast_convert_type(x.reshape(*x.shape[:-1], x.shape[-1] // joined, joined), carrier)
+    else:
+        out = jax.lax.bitcast_convert_type(x, carrier)
+    return out != 0 if target == jnp.bool_ else out
+
+
 def indexed_view(node, x, *args, **kwargs):
     """Any view op: the elements PyTorch's own view of an index tensor picks (traced gather
     with indices fixed at trace time)."""

@@ -98,6 +98,34 @@ def test_greedy_matches_vllm_cpu(tiny_model, generate_run, model, device, dtype)
     assert not (MODEL_OPS & set(new)), {op: new[op] for op in MODEL_OPS & set(new)}
 
 
+# Compiled serving (enforce_eager=False): the model's forward under torch.compile(backend=<name>,
+# dynamic=False), one graph and one program per bucket of step shapes.
+@pytest.mark.parametrize("device", ["tpu", pytest.param("neuron", marks=_full)])
+def test_compiled_greedy_matches_vllm_cpu_and_other_prompts_compile_no_model_graph(tiny_model, generate_run, device):
+    model_dir = tiny_model("llama")
+    ref = generate_run(model_dir, None, "float32")
+    got = generate_run(model_dir, device, "float32", "--compiled")
+    assert got["token_ids"] == ref["token_ids"]
+    assert got["other_token_ids"] == ref["other_token_ids"]
+    _compare(ref, got, "float32")
+    c = got["accelkit"]["compile"]
+    assert c["graph_breaks"] == 0, c["graph_break_reasons"]
+    # The model was compiled (the profiling run's graph and at least one step's), whole: no node
+    # of its graphs runs eagerly (tpu: vLLM's sampler helper, compiled with dynamic=True, keeps
+    # its two shape checks eagerly; on neuron that helper runs through Dynamo's eager backend).
+    assert c["graphs_captured"] >= 2 and c["programs_compiled"] >= 2, c
+    assert set(c["eager_nodes"]) <= {"aten._assert_scalar.default"}, c["eager_nodes"]
+    # Recompiles are new buckets (an attention metadata size), never a per-step value.
+    model_recompiles = [r["reason"] for r in c["recompiles"] if "forward" in r["function"]]
+    assert model_recompiles and all("size mismatch" in r or "slot_mapping" in r for r in model_recompiles), model_recompiles
+    # Steady state: the repeat of the prompts and prompts of other lengths capture no new graph.
+    assert got["new_compiled_again"]["graphs_captured"] == 0, got["new_compiled_again"]
+    assert got["new_compiled_other"]["graphs_captured"] == 0, got["new_compiled_other"]
+    if device == "neuron":  # every compiled program is the model's: none new either
+        assert got["new_compiled_again"]["programs_compiled"] == 0
+        assert got["new_compiled_other"]["programs_compiled"] == 0
+
+
 @pytest.mark.parametrize("device", [pytest.param("tpu", marks=_full), pytest.param("neuron", marks=_full)])
 def test_tensor_parallel_2_matches_one_rank(tiny_model, generate_run, device):
     """``tensor_parallel_size=2`` through vLLM's multiprocess executor: each worker on its own
@@ -117,6 +145,22 @@ def test_tensor_parallel_2_matches_one_rank(tiny_model, generate_run, device):
         assert r["collectives"]["all_reduce"]["calls"] > 0, r["collectives"]
     counts = [{k: (v["calls"], v["bytes"]) for k, v in r["collectives"].items()} for r in two["ranks"]]
     assert counts[0] == counts[1], counts  # the ranks ran the same collectives
+
+
+@pytest.mark.parametrize("device", [pytest.param("tpu", marks=_full), pytest.param("neuron", marks=_full)])
+def test_compiled_tensor_parallel_2_matches_vllm_cpu(tiny_model, generate_run, device):
+    """Compiled serving with ``tensor_parallel_size=2``: the all-reduces on accelkit's process
+    group (host-staged) are cut out of the programs and run between them; greedy ids equal the
+    CPU platform's and prompts of other lengths capture no graph."""
+    model_dir = tiny_model("llama")
+    ref = generate_run(model_dir, None, "float32")
+    got = generate_run(model_dir, device, "float32", "--compiled", "--tensor-parallel-size", "2")
+    assert got["token_ids"] == ref["token_ids"]
+    assert got["other_token_ids"] == ref["other_token_ids"]
+    c = got["accelkit"]["compile"]
+    assert c["graph_breaks"] == 0 and c["graphs_captured"] >= 2, c
+    assert c["eager_nodes"].get("_c10d_functional.all_reduce.default", 0) > 0, c["eager_nodes"]
+    assert got["new_compiled_other"]["graphs_captured"] == 0, got["new_compiled_other"]
 
 
 @pytest.mark.xfail(

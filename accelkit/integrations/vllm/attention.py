@@ -5,7 +5,7 @@ KV cache (one tensor per layer, a view vLLM makes of its one int8 allocation, on
 and its value ``[..., head_size:]`` at (``slot // block_size``, head, ``slot % block_size``).
 
 - :meth:`AccelkitAttentionImpl.do_kv_cache_update` writes the step's keys and values into their
-  slots in place (one ``index_put_`` per layer); padding tokens (slot -1) write back what slot 0
+  slots in place (one ``scatter_`` per layer); padding tokens (slot -1) write back what slot 0
   of vLLM's null block holds, so the cache is unchanged for them.
 - :meth:`AccelkitAttentionImpl.forward` gathers each request's blocks (bucketed shapes, see
   :mod:`.buckets`), pads the step's queries
@@ -168,18 +168,26 @@ class AccelkitAttentionImpl(AttentionImpl):
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         """Writes the step's keys and values (``[tokens, kv_heads, head_size]``) into their slots.
 
-        Padding tokens (slot < 0) leave the cache as it was: they are pointed at slot 0 (in
-        vLLM's null block 0, which no request owns) and write back what it holds.
+        One ``scatter_`` into the cache seen as rows of ``2 * head_size`` (a row per slot and
+        head), which every backend compiles into its program (``index_put`` would be a host
+        step on tpu, cut out of a compiled graph). Padding tokens (slot < 0) leave the cache as
+        it was: they are pointed at slot 0 (in vLLM's null block 0, which no request owns) and
+        write back what it holds.
         """
         n = slot_mapping.shape[0]
-        block_size = kv_cache.shape[2]
+        num_blocks, hkv, block_size, width = kv_cache.shape
         slots = slot_mapping.to(torch.long)
         valid = slots >= 0
         slots = torch.where(valid, slots, 0)
-        blocks, offsets = slots // block_size, slots % block_size
-        kv = torch.cat([key[:n], value[:n]], dim=-1).to(kv_cache.dtype)
-        kv = torch.where(valid[:, None, None], kv, kv_cache[blocks, :, offsets])
-        kv_cache[blocks, :, offsets] = kv
+        heads = torch.arange(hkv, device=slots.device)
+        # row of (slot, head) in the [num_blocks * hkv * block_size, width] view of the cache
+        rows = (((slots // block_size)[:, None] * hkv + heads[None, :]) * block_size + (slots % block_size)[:, None])
+        rows = rows.reshape(n * hkv)
+        flat = kv_cache.view(num_blocks * hkv * block_size, width)
+        kv = torch.cat([key[:n], value[:n]], dim=-1).to(kv_cache.dtype).reshape(n * hkv, width)
+        keep = valid[:, None].expand(n, hkv).reshape(n * hkv, 1)
+        kv = torch.where(keep, kv, flat.index_select(0, rows))
+        flat.scatter_(0, rows[:, None].expand(n * hkv, width), kv)
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
         if output_scale is not None or output_block_scale is not None:

@@ -114,13 +114,22 @@ class AccelkitPlatform(Platform):
         cache = vllm_config.cache_config
         if not cache.user_specified_block_size:
             cache.block_size = 16
-        # No CUDA graphs: compiled decode (phase 2) goes through torch.compile(backend=<name>).
+        # No CUDA graphs. Compiled serving (any mode but NONE, vLLM's default without
+        # enforce_eager) is the model's forward under torch.compile(backend=<name>,
+        # fullgraph=True, dynamic=False) with Dynamo's guards kept (STOCK_TORCH_COMPILE, made
+        # static by the model runner): one graph, and one backend program, per bucket of step
+        # shapes (.buckets), attention included, since attention is traced (not an opaque op).
+        # vLLM's other modes trace once with symbolic token counts and drop every guard, which
+        # would reuse the first step's attention shapes for every bucket.
         compilation = vllm_config.compilation_config
         compilation.cudagraph_capture_sizes = []
         compilation.cudagraph_mode = CUDAGraphMode.NONE
         if compilation.mode != CompilationMode.NONE:
-            _log.warning("accelkit (%s): compiled serving is not wired yet; running eagerly", _BACKEND)
-            compilation.mode = CompilationMode.NONE
+            if compilation.mode != CompilationMode.STOCK_TORCH_COMPILE:
+                _log.info("accelkit (%s): compilation mode %s served as STOCK_TORCH_COMPILE (one program per "
+                          "bucket)", _BACKEND, compilation.mode.name)
+            compilation.mode = CompilationMode.STOCK_TORCH_COMPILE
+            compilation.backend = _BACKEND
         vllm_config.scheduler_config.async_scheduling = False
         # Tensor/pipeline parallel: each worker process uses device <local rank>, so each needs
         # that many devices; a simulated backend has ACCELKIT_<NAME>_DEVICES of them (default 1).

@@ -21,7 +21,7 @@ from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environmen
 import accelkit
 from accelkit._run.children import write_report_at_most_every as write_run_report
 
-from .buckets import MIN_REQS, MIN_TOKENS, bucket
+from .buckets import MIN_REQS, MIN_TOKENS, bucket, buckets
 from .platform import device_module
 
 _log = logging.getLogger("vllm.accelkit." + __name__.rsplit(".", 1)[-1])  # under vLLM's logging
@@ -39,6 +39,34 @@ class AccelkitModelRunner(GPUModelRunner):
     """vLLM's GPU model runner with bucketed step shapes (:mod:`.buckets`): the token count the
     model runs on is padded to a bucket (the padding tokens' slots are -1, so attention writes
     nothing for them), and the attention metadata to a bucket of requests."""
+
+    def load_model(self, *args, **kwargs) -> None:
+        """vLLM's loading; in compiled serving (``STOCK_TORCH_COMPILE``, see
+        :meth:`.platform.AccelkitPlatform.check_and_update_config`) the model's forward is then
+        ``torch.compile(backend=<name>, fullgraph=True, dynamic=False)``: Dynamo keeps its
+        guards (the step's shapes, attention metadata's included), so each bucket of step
+        shapes is one graph and one backend program, compiled the first time it runs, and
+        a later step of the same bucket reuses it. vLLM's own call compiles without
+        ``dynamic=False``, which would make a dimension symbolic after its second size."""
+        super().load_model(*args, **kwargs)
+        from vllm.config import CompilationMode
+
+        if self.compilation_config.mode != CompilationMode.STOCK_TORCH_COMPILE:
+            return
+        limit = self._bucket_combinations()
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, limit)
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, limit)
+        self.model.compile(fullgraph=True, dynamic=False, backend=self.compilation_config.backend)
+
+    def _bucket_combinations(self) -> int:
+        """An upper bound on the model graphs compiled serving can compile: token buckets x
+        request buckets x block-table buckets x two query lengths, plus the profiling run."""
+        block_size = self.cache_config.block_size
+        max_blocks = max(-(-self.model_config.max_model_len // block_size), 1)
+        count = (len(buckets(MIN_TOKENS, self.max_num_tokens)) * len(buckets(MIN_REQS, self.max_num_reqs))
+                 * len(buckets(1, max_blocks)) * 2)
+        return count + 8
 
     def _determine_batch_execution_and_padding(self, num_tokens: int, num_reqs: int, *args, **kwargs):
         mode, desc, *rest = super()._determine_batch_execution_and_padding(num_tokens, num_reqs, *args, **kwargs)
@@ -101,8 +129,10 @@ class AccelkitWorker(Worker):
         return AccelkitModelRunner(self.vllm_config, self.device)
 
     def compile_or_warm_up_model(self):
-        """Eager serving: nothing to compile or capture. (vLLM's GPU warm-up tunes CUDA
-        kernels and imports modules that need torchvision.)"""
+        """Nothing is compiled ahead: in compiled serving each bucket's graph compiles the first
+        time a step of that bucket runs (the profiling run has compiled its own already), and
+        there are no CUDA graphs to capture. (vLLM's GPU warm-up tunes CUDA kernels and
+        imports modules that need torchvision.)"""
         from vllm.v1.worker.worker_base import CompilationTimes
 
         set_random_seed(self.model_config.seed, self.parallel_config.data_parallel_index)
@@ -125,7 +155,9 @@ class AccelkitWorker(Worker):
             "backend": s["backend"],
             "device": str(self.device),
             "rank": self.rank,
-            "compiles": s.get("compiles"),
+            # torch.compile on the backend (compiled serving): graphs Dynamo captured, backend
+            # programs compiled and reused, graph breaks, recompiles and their reasons
+            "compile": s.get("compile"),
             "programs_by_op": dict(per_op),
             "data_movement_programs": backend.get("data_movement_programs"),
             "totals": s["totals"],

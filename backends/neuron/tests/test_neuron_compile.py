@@ -461,3 +461,27 @@ def test_factories_shaped_like_a_tensor_lower_into_the_program(dev, factory):
         assert got.shape == want.shape and got.dtype == want.dtype and got.stride() == want.stride()
         torch.testing.assert_close(got.cpu(), want)
     assert accelkit.stats()["compile"]["eager_nodes"] == {}
+
+
+def test_split_views_and_a_copy_into_a_graph_tensor_lower_into_the_program(dev):
+    """A multi-output view (``split``, ``chunk``: a view per piece) and the functional ``copy``
+    that ``empty(...).copy_(src)`` becomes (with a cast and a broadcast) are in the program: a
+    transformer's fused qkv projection and vLLM's attention output take these forms."""
+
+    def fn(x, y):
+        q, k, v = x.split([2, 1, 3], dim=-1)
+        a, b = x.chunk(2, dim=-1)
+        out = torch.empty(4, 6, device=x.device)
+        out.copy_(torch.cat([a, a], dim=-1) * 2)
+        half = torch.empty(4, 6, device=x.device, dtype=torch.bfloat16)
+        half.copy_(y)
+        return q + k, v * b, out + 1, half
+
+    x, y = torch.randn(4, 6), torch.randn(6)
+    compiled = torch.compile(fn, backend="neuron", fullgraph=True)
+    for _ in range(2):  # recorded, then replayed
+        got = compiled(x.to(dev), y.to(dev))
+        for have, want in zip(got, fn(x, y), strict=True):
+            assert have.dtype == want.dtype
+            torch.testing.assert_close(have.cpu(), want)
+    assert accelkit.stats()["compile"]["eager_nodes"] == {}

@@ -396,3 +396,26 @@ def test_complex_rotary_embeddings_compile_into_the_program(dev):
     torch.testing.assert_close(got.detach().cpu(), rope(x, freqs), rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(dev_x.grad.cpu(), want_x.grad, rtol=1e-6, atol=1e-6)
     assert accelkit.stats()["compile"]["eager_nodes"] == {}
+
+
+@pytest.mark.parametrize(("source", "target"), [
+    (torch.int32, torch.float32), (torch.float32, torch.int32), (torch.float32, torch.uint8),
+    (torch.uint8, torch.float32), (torch.bfloat16, torch.int16), (torch.int64, torch.int32),
+    (torch.float32, torch.bfloat16), (torch.uint8, torch.bool), (torch.bool, torch.int8),
+])
+def test_a_dtype_view_reinterprets_the_bytes_in_the_program(dev, source, target):
+    """``x.view(dtype)`` in a compiled graph is the same bytes as ``target`` (a narrower dtype
+    splits the last dimension's elements, a wider one joins them), as eagerly; it used to be
+    an index-tensor view, which picked elements (or raised, for a float target)."""
+    torch._dynamo.reset()
+    accelkit.reset_stats()
+    x = (torch.randn(3, 8) * 100).to(source) if source != torch.uint8 else torch.randint(0, 2, (3, 8), dtype=source)
+
+    def fn(t):
+        return t.view(target).clone()
+
+    got = torch.compile(fn, backend="tpu", fullgraph=True, dynamic=False)(x.to(dev)).cpu()
+    want = fn(x)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)) if target != torch.bool else torch.equal(got, want)
+    assert accelkit.stats()["compile"]["eager_nodes"] == {}
