@@ -100,14 +100,22 @@ def test_greedy_matches_vllm_cpu(tiny_model, generate_run, model, device, dtype)
 
 # Compiled serving (enforce_eager=False): the model's forward under torch.compile(backend=<name>,
 # dynamic=False), one graph and one program per bucket of step shapes.
-@pytest.mark.parametrize("device", ["tpu", pytest.param("neuron", marks=_full)])
-def test_compiled_greedy_matches_vllm_cpu_and_other_prompts_compile_no_model_graph(tiny_model, generate_run, device):
-    model_dir = tiny_model("llama")
-    ref = generate_run(model_dir, None, "float32")
-    got = generate_run(model_dir, device, "float32", "--compiled")
-    assert got["token_ids"] == ref["token_ids"]
-    assert got["other_token_ids"] == ref["other_token_ids"]
-    _compare(ref, got, "float32")
+COMPILED_CASES = [("llama", "tpu", "float32")] + [
+    pytest.param(model, device, dtype, marks=_full)
+    for model in ("llama", "qwen3") for device in ("tpu", "neuron") for dtype in ("float32", "bfloat16")
+    if (model, device, dtype) != ("llama", "tpu", "float32")
+]
+
+
+@pytest.mark.parametrize(("model", "device", "dtype"), COMPILED_CASES)
+def test_compiled_greedy_matches_vllm_cpu_and_other_prompts_compile_no_model_graph(tiny_model, generate_run, model, device, dtype):
+    model_dir = tiny_model(model)
+    ref = generate_run(model_dir, None, dtype)
+    got = generate_run(model_dir, device, dtype, "--compiled")
+    if dtype == "float32":
+        assert got["token_ids"] == ref["token_ids"]
+        assert got["other_token_ids"] == ref["other_token_ids"]
+    _compare(ref, got, dtype)
     c = got["accelkit"]["compile"]
     assert c["graph_breaks"] == 0, c["graph_break_reasons"]
     # The model was compiled (the profiling run's graph and at least one step's), whole: no node
