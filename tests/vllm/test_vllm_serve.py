@@ -24,6 +24,9 @@ import pytest
 pytest.importorskip("vllm", reason="vLLM is not installed: run these in .venv-vllm (make vllm-env)")
 httpx = pytest.importorskip("httpx")
 
+sys.path.insert(0, str(Path(__file__).parent))
+from test_vllm_platform import NEURON_KNOWN_FALLBACKS  # noqa: E402 - the sampler ops neuron leaves to the CPU
+
 HERE = Path(__file__).parent
 FULL = os.environ.get("ACCELKIT_VLLM") == "full"
 MAX_TOKENS = 16
@@ -189,7 +192,9 @@ def test_accelkit_run_around_the_server_reports_the_engine_process(model_dir, of
     engine = engines[0]
     assert engine["command"] == ["EngineCore"] and engine["device"]["device"] == f"{device}:0"
     ops = engine["ops"]
-    assert ops["executions"] > 100 and ops["totals"]["fallback"] == 0, ops
+    assert ops["executions"] > 100, ops
+    fallbacks = {op for op, paths in engine["stats"]["ops"].items() if paths.get("fallback")}
+    assert fallbacks <= (NEURON_KNOWN_FALLBACKS if device == "neuron" else set()), fallbacks
     assert engine["estimate"]["seconds"] > 0
     assert engine["memory"]["peak_bytes"] > 0
     log = srv.tail(20000)
