@@ -45,6 +45,18 @@ def report_at_exit(device: torch.device) -> bool:
     return True
 
 
+def reporting() -> bool:
+    """Whether this process writes a report for ``accelkit run`` (see :func:`report_at_exit`)."""
+    return bool(_pending)
+
+
+def annotate_report(section: str, summary: str, **figures: Any) -> None:
+    """Add an engine's own figures to this process's report, as ``report["sections"][section]``
+    (``summary``, one line for the terminal, and ``figures``); the next write carries them."""
+    if _pending:
+        _pending.setdefault("sections", {})[section] = {"summary": summary, **figures}
+
+
 def write_report_at_most_every(seconds: float) -> bool:
     """:func:`write_report`, unless this process wrote it less than ``seconds`` ago: for engines
     whose processes may be killed without warning, to call at each step."""
@@ -69,6 +81,7 @@ def write_report() -> bool:
             sample_interval=None, compile_requested=False, compile_redirects=0,
         )
         built["pid"] = os.getpid()
+        built["sections"] = dict(_pending.get("sections", {}))
         path = _pending["directory"] / f"child-{os.getpid()}.json"
         partial = path.with_suffix(".partial")
         partial.write_text(json.dumps(built, default=str) + "\n", encoding="utf-8")

@@ -283,6 +283,8 @@ def render_text(report: Mapping[str, Any], written: Sequence[Path] = (), process
                          if coll["interconnect"] and row["estimated_seconds"] is not None else "")
             lines.append(f"  {'collective':<9} {kind} ×{row['calls']}: {format_bytes(row['bytes'])}, "
                          f"{format_seconds(row['host_seconds'])} here (host-staged through gloo){estimated}")
+    for name, section in report.get("sections", {}).items():  # an engine's own figures
+        lines.append(f"  {name:<9} {section['summary']}")
     for path in written:
         lines.append(f"  report    {path}")
     return "\n".join(lines)

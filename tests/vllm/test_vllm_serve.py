@@ -196,7 +196,13 @@ def test_accelkit_run_around_the_server_reports_the_engine_process(model_dir, of
     fallbacks = {op for op, paths in engine["stats"]["ops"].items() if paths.get("fallback")}
     assert fallbacks <= (NEURON_KNOWN_FALLBACKS if device == "neuron" else set()), fallbacks
     assert engine["estimate"]["seconds"] > 0
+    # The engine's steps: every completion prefills once, then decodes one token a step.
+    steps = engine["sections"]["vllm"]
+    assert steps["prefill_steps"] >= 1 and steps["decode_steps"] >= MAX_TOKENS - 1, steps
+    assert 0 < steps["decode_step_seconds"] < engine["estimate"]["seconds"], steps
+    assert steps["target"] == engine["estimate"]["target"]
     assert engine["memory"]["peak_bytes"] > 0
     log = srv.tail(20000)
     assert f"process {engine['pid']} of the run, EngineCore on {device}:0" in log
+    assert f"vllm      {steps['decode_steps']} decode steps, " in log
     assert (tmp_path / "report" / f"report-pid{engine['pid']}.html").is_file()

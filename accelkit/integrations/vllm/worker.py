@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import threading
 
 import torch
 from vllm.utils.mem_utils import format_gib
@@ -19,6 +20,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 
 import accelkit
+from accelkit._run.children import annotate_report, reporting
 from accelkit._run.children import write_report_at_most_every as write_run_report
 
 from .buckets import MIN_REQS, MIN_TOKENS, bucket, buckets
@@ -31,8 +33,10 @@ _log = logging.getLogger("vllm.accelkit." + __name__.rsplit(".", 1)[-1])  # unde
 # holds this many max-length requests rather than filling the simulated memory.
 SIMULATED_KV_REQUESTS = 8
 
-# Seconds between rewrites of the process's report under `accelkit run` (see execute_model).
+# Under `accelkit run` (see execute_model): seconds between rewrites of the process's report
+# while steps run, and of idleness after a step before it is written again.
 RUN_REPORT_SECONDS = 2.0
+RUN_REPORT_IDLE_SECONDS = 0.5
 
 
 class AccelkitModelRunner(GPUModelRunner):
@@ -104,8 +108,65 @@ class AccelkitModelRunner(GPUModelRunner):
                 kv.index_fill_(0, ids, 0)
 
 
+def _estimated_seconds() -> tuple[float, str] | None:
+    """The backend's estimated device time so far and its target (None: it makes none)."""
+    estimate = accelkit.stats().get("estimate")
+    return (float(estimate["seconds"]), str(estimate["target"])) if estimate else None
+
+
+class _StepEstimates:
+    """Estimated device time per engine step on the target, by kind: ``decode`` (every scheduled
+    request gets one token) and ``prefill`` (a prompt's tokens, alone or beside decodes).
+    Measured as the difference of the backend's estimate across the step, so it covers exactly
+    the device work of the step, sampling included."""
+
+    def __init__(self) -> None:
+        self.count = {"decode": 0, "prefill": 0}
+        self.seconds = {"decode": 0.0, "prefill": 0.0}
+        self.target: str | None = None
+        self._open: tuple[str, float] | None = None
+
+    def begin(self, scheduler_output) -> None:
+        start = _estimated_seconds()
+        if scheduler_output.total_num_scheduled_tokens == 0 or start is None:
+            self._open = None
+            return
+        decode = scheduler_output.total_num_scheduled_tokens == len(scheduler_output.num_scheduled_tokens)
+        self._open = ("decode" if decode else "prefill", start[0])
+        self.target = start[1]
+
+    def end(self) -> None:
+        if self._open is None:
+            return
+        kind, start = self._open
+        self._open = None
+        end = _estimated_seconds()
+        if end is not None:
+            self.count[kind] += 1
+            self.seconds[kind] += end[0] - start
+
+    def _mean(self, kind: str) -> float | None:
+        return self.seconds[kind] / self.count[kind] if self.count[kind] else None
+
+    def figures(self) -> dict:
+        return {"target": self.target, "decode_steps": self.count["decode"], "prefill_steps": self.count["prefill"],
+                "decode_step_seconds": self._mean("decode"), "prefill_step_seconds": self._mean("prefill")}
+
+    def summary(self) -> str:
+        from accelkit._run.report import format_seconds
+
+        def part(kind: str, label: str) -> str:
+            mean = self._mean(kind)
+            each = f", {format_seconds(mean)} each on {self.target} (estimated)" if mean is not None else ""
+            return f"{self.count[kind]} {label}{each}"
+
+        return f"{part('decode', 'decode steps')}; {part('prefill', 'prefill or mixed steps')}"
+
+
 class AccelkitWorker(Worker):
     def init_device(self) -> None:
+        # under `accelkit run` (see execute_model)
+        self._steps, self._steps_begun, self._report_lock = _StepEstimates(), 0, threading.Lock()
         name = accelkit.active_backend()
         count = torch.accelerator.device_count()
         if self.local_rank >= count:
@@ -173,12 +234,39 @@ class AccelkitWorker(Worker):
         the next ``accelkit_stats`` counts, and estimates, only the work after it."""
         accelkit.reset_stats()
 
-    def execute_model(self, *args, **kwargs):
-        output = super().execute_model(*args, **kwargs)
-        # Under `accelkit run`, this process's report, kept current: vLLM's shutdown can end the
-        # engine process before its exit handlers run.
-        write_run_report(RUN_REPORT_SECONDS)
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        if not reporting():
+            return super().execute_model(scheduler_output, *args, **kwargs)
+        with self._report_lock:  # a pending idle write is done, or will see a step began
+            self._steps_begun += 1
+        self._steps.begin(scheduler_output)
+        output = super().execute_model(scheduler_output, *args, **kwargs)
+        if output is not None:  # else the step ends in sample_tokens
+            self._end_step()
         return output
+
+    def sample_tokens(self, *args, **kwargs):
+        output = super().sample_tokens(*args, **kwargs)
+        if reporting():
+            self._end_step()
+        return output
+
+    def _end_step(self) -> None:
+        """Under `accelkit run`: the step's estimate into the report's ``vllm`` section, and the
+        report rewritten (at most every RUN_REPORT_SECONDS), since vLLM's shutdown can end the
+        engine process before its exit handlers run."""
+        self._steps.end()
+        annotate_report("vllm", self._steps.summary(), **self._steps.figures())
+        write_run_report(RUN_REPORT_SECONDS)
+        # and once more when the engine has gone idle, so the report ends with the last step
+        timer = threading.Timer(RUN_REPORT_IDLE_SECONDS, self._write_if_idle, args=(self._steps_begun,))
+        timer.daemon = True
+        timer.start()
+
+    def _write_if_idle(self, steps_begun: int) -> None:
+        with self._report_lock:
+            if steps_begun == self._steps_begun:
+                write_run_report(0.0)
 
     def shutdown(self) -> None:
         write_run_report(0.0)
