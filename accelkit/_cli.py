@@ -90,31 +90,11 @@ def _run(args: argparse.Namespace) -> int:
 
     from accelkit._run import RunOptions, run
 
-    target = ["-m", args.module, *args.args] if args.module else list(args.args)
+    target = ["-m", *args.module] if args.module is not None else list(args.args)
     if not target:
         raise AccelkitError("accelkit run: name a script (accelkit run train.py ...) or a module (-m pkg.train)")
     return run(RunOptions(target=target, device=args.device, fallback=args.fallback, compile=args.compile,
                           report_dir=Path(args.report) if args.report else None))
-
-
-_RUN_OPTIONS_WITH_VALUE = ("--device", "--fallback", "--report")
-
-
-def _split_module_arguments(argv: list[str]) -> tuple[list[str], list[str] | None]:
-    """``accelkit run [options] -m MODULE args...``: everything after MODULE is the module's, as
-    with ``python -m`` (argparse would read the module's ``--options`` as the launcher's).
-    Returns the launcher's part and the module's arguments (None when there is no ``-m``)."""
-    if argv[:1] != ["run"]:
-        return argv, None
-    i = 1
-    while i < len(argv):
-        token = argv[i]
-        if token == "-m":
-            return (argv[: i + 2], argv[i + 2:]) if i + 1 < len(argv) else (argv, None)
-        if not token.startswith("-"):
-            return argv, None  # a script: it and everything after it are the script's
-        i += 2 if token in _RUN_OPTIONS_WITH_VALUE else 1
-    return argv, None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,7 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="torch.compile calls that name no backend (or 'inductor') compile for the device")
     run.add_argument("--report", default=None, metavar="DIR",
                      help="also write report.json and report.html (report-rank<N>.* per rank) into DIR")
-    run.add_argument("-m", dest="module", default=None, metavar="MODULE", help="run a module, as python -m")
+    # As with python -m, everything after the module is the module's (vLLM's --model too).
+    run.add_argument("-m", dest="module", nargs=argparse.REMAINDER, default=None, metavar="MODULE args",
+                     help="-m MODULE args...: run a module, as python -m (the arguments after it are its own)")
     run.add_argument("args", nargs=argparse.REMAINDER, metavar="script.py args",
                      help="the script and its arguments (after -m MODULE: the module's arguments)")
     run.set_defaults(run=_run)
@@ -175,10 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from accelkit_conformance.__main__ import main as conformance_main
 
         return conformance_main(argv[1:])
-    argv, module_args = _split_module_arguments(argv)
     args = parser.parse_args(argv)
-    if module_args is not None:
-        args.args = module_args
     try:
         return args.run(args)
     except AccelkitError as exc:
