@@ -22,9 +22,9 @@ from torch._ops import OpOverload
 from accelkit._errors import AccelkitError, BackendConflictError, DeviceUnavailableError, PluginError
 from accelkit._contract import autocast_policy
 from accelkit._plugins import BackendRecord
+from accelkit._run.children import report_at_exit
 from accelkit._runtime import _devices, _tensors
 from accelkit._runtime._attention import install_attention
-from accelkit._run.children import report_at_exit
 from accelkit._runtime._autocast import install_autocast
 from accelkit._runtime._context import BackendContext, policy_from_env
 from accelkit._runtime._core_ops import core_ops
@@ -35,6 +35,7 @@ from accelkit._runtime._patches import (
     install_backward_on_calling_thread,
     install_flex_attention,
     install_triton_interpreter,
+    run_backward_on_this_thread,
 )
 from accelkit._runtime._distributed import install_distributed
 from accelkit._runtime._dynamo_hooks import install as install_dynamo_hooks
@@ -340,7 +341,7 @@ def _backward_on_calling_thread() -> None:
     for the others (:func:`._patches.install_backward_on_calling_thread`, which says why);
     ``torch.autograd.set_multithreading_enabled(True)`` restores the device threads.
     """
-    torch._C._set_multithreading_enabled(False)
+    run_backward_on_this_thread()
     install_backward_on_calling_thread()
 
 

@@ -81,6 +81,13 @@ def install_triton_interpreter() -> bool:
 _backward_threads = threading.local()
 
 
+def run_backward_on_this_thread() -> None:
+    """Turn autograd's device threads off for the calling thread, once: a later
+    ``torch.autograd.set_multithreading_enabled(True)`` on it is the user's and stays."""
+    _backward_threads.seen = True
+    torch._C._set_multithreading_enabled(False)
+
+
 def install_backward_on_calling_thread() -> None:
     """Run every thread's device backwards on that thread (above)."""
     from torch import autograd
@@ -93,8 +100,7 @@ def install_backward_on_calling_thread() -> None:
     @functools.wraps(original)
     def _engine_run_backward(*args: Any, **kwargs: Any) -> Any:
         if not getattr(_backward_threads, "seen", False):
-            _backward_threads.seen = True
-            torch._C._set_multithreading_enabled(False)
+            run_backward_on_this_thread()
         return original(*args, **kwargs)
 
     setattr(_engine_run_backward, _MARK, "every device")
