@@ -127,9 +127,11 @@ class _StepEstimates:
         self._open: tuple[str, float] | None = None
 
     def begin(self, scheduler_output) -> None:
+        self._open = None
+        if scheduler_output.total_num_scheduled_tokens == 0:
+            return
         start = _estimated_seconds()
-        if scheduler_output.total_num_scheduled_tokens == 0 or start is None:
-            self._open = None
+        if start is None:
             return
         decode = scheduler_output.total_num_scheduled_tokens == len(scheduler_output.num_scheduled_tokens)
         self._open = ("decode" if decode else "prefill", start[0])
@@ -165,8 +167,12 @@ class _StepEstimates:
 
 class AccelkitWorker(Worker):
     def init_device(self) -> None:
-        # under `accelkit run` (see execute_model)
-        self._steps, self._steps_begun, self._report_lock = _StepEstimates(), 0, threading.Lock()
+        self._steps = _StepEstimates()  # under `accelkit run` (see execute_model)
+        self._report_lock = threading.Lock()
+        self._in_step = False
+        self._step_ended = threading.Event()
+        if reporting():
+            threading.Thread(target=self._write_when_idle, name="accelkit-run-report", daemon=True).start()
         name = accelkit.active_backend()
         count = torch.accelerator.device_count()
         if self.local_rank >= count:
@@ -237,8 +243,8 @@ class AccelkitWorker(Worker):
     def execute_model(self, scheduler_output, *args, **kwargs):
         if not reporting():
             return super().execute_model(scheduler_output, *args, **kwargs)
-        with self._report_lock:  # a pending idle write is done, or will see a step began
-            self._steps_begun += 1
+        with self._report_lock:  # an idle write in progress ends first
+            self._in_step = True
         self._steps.begin(scheduler_output)
         output = super().execute_model(scheduler_output, *args, **kwargs)
         if output is not None:  # else the step ends in sample_tokens
@@ -258,15 +264,21 @@ class AccelkitWorker(Worker):
         self._steps.end()
         annotate_report("vllm", self._steps.summary(), **self._steps.figures())
         write_run_report(RUN_REPORT_SECONDS)
-        # and once more when the engine has gone idle, so the report ends with the last step
-        timer = threading.Timer(RUN_REPORT_IDLE_SECONDS, self._write_if_idle, args=(self._steps_begun,))
-        timer.daemon = True
-        timer.start()
-
-    def _write_if_idle(self, steps_begun: int) -> None:
         with self._report_lock:
-            if steps_begun == self._steps_begun:
-                write_run_report(0.0)
+            self._in_step = False
+        self._step_ended.set()
+
+    def _write_when_idle(self) -> None:
+        """The report writer's thread: once RUN_REPORT_IDLE_SECONDS pass with no step ending
+        after one did, the report is written again, so that it ends with the last step."""
+        while True:
+            self._step_ended.wait()
+            self._step_ended.clear()
+            while self._step_ended.wait(RUN_REPORT_IDLE_SECONDS):
+                self._step_ended.clear()
+            with self._report_lock:
+                if not self._in_step:
+                    write_run_report(0.0)
 
     def shutdown(self) -> None:
         write_run_report(0.0)
