@@ -178,6 +178,22 @@ def test_backward_runs_on_the_thread_that_calls_it(backend):
     assert "device thread True" in proc.stdout
 
 
+def test_device_threads_asked_for_before_the_first_backward_stay_asked_for():
+    # The user's choice on the activating thread, made before any backward, is not undone.
+    proc = run_python(
+        "import threading, torch, accelkit\n"
+        "device = accelkit.select_device('ref')\n"
+        "seen = []\n"
+        "b = torch.arange(3., device=device, requires_grad=True)\n"
+        "b.register_hook(lambda grad: seen.append(threading.get_ident()))\n"
+        "torch.autograd.set_multithreading_enabled(True)\n"
+        "(b * b).sum().backward()\n"
+        "print('device thread', seen == [t for t in seen if t != threading.get_ident()] and len(seen) == 1)\n"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "device thread True" in proc.stdout
+
+
 @pytest.mark.parametrize("backend", ["ref", "tpu", "neuron"])
 def test_backward_on_any_thread_runs_on_that_thread_and_exit_is_clean(backend):
     # Off the activating thread, PyTorch would hand device backwards to autograd's device
