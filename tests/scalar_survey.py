@@ -1,4 +1,4 @@
-"""The survey behind :data:`accelkit._runtime._scalar_checks.CHECKED_SCALARS`: which aten
+"""The survey behind :data:`accelkit._runtime.dispatch.scalar_checks.CHECKED_SCALARS`: which aten
 overloads' CPU kernels refuse a number that does not fit the tensor's dtype.
 
 Every aten overload with a number argument (``Scalar``, ``Scalar?``, ``Scalar[]``) is a

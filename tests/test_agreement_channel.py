@@ -1,5 +1,5 @@
 """The sockets a checked process group swaps its ranks' fingerprints over
-(``accelkit/_runtime/_agreement_channel.py``): ranks are threads here, sharing one real c10d store
+(``accelkit/_runtime/distributed/agreement_channel.py``): ranks are threads here, sharing one real c10d store
 and real TCP connections on 127.0.0.1; the multi-process behaviour (mismatches, a dead rank, a
 timeout) is in ``test_distributed.py``."""
 
@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from accelkit._runtime._agreement_channel import ChannelBroken, open_channel
+from accelkit._runtime.distributed.agreement_channel import ChannelBroken, open_channel
 
 
 def _open_all(world: int, timeout: float = 20.0, addresses=None):
@@ -86,7 +86,7 @@ def test_a_peer_that_closed_its_connections_is_reported_at_once():
 
 
 def test_the_advertised_address_routes_to_a_local_master(monkeypatch):
-    from accelkit._runtime._agreement_channel import advertised_address
+    from accelkit._runtime.distributed.agreement_channel import advertised_address
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     assert advertised_address() == "127.0.0.1"

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import accelkit
-from accelkit._runtime._compiler import compiler_for
+from accelkit._runtime.compile.compiler import compiler_for
 
 
 def _model() -> nn.Module:

@@ -213,7 +213,7 @@ def test_gradient_of_a_device_to_host_copy_reaches_the_device_input(dev, dtype, 
 def test_broadcast_writes_decompose_for_an_expanded_self_as_cpu_writes(dev, op, args):
     """A backend without a fill kernel decomposes fill_/zero_, which store through copy_; an
     expanded self (stride 0) is valid for them, as on the CPU, and only its memory is written."""
-    from accelkit._runtime._decomp_guards import guard_decompositions
+    from accelkit._runtime.dispatch.decomp_guards import guard_decompositions
 
     decomposition = guard_decompositions(default_decompositions())[op]
     cpu = torch.arange(1.0, 7.0).reshape(2, 3)

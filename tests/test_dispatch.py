@@ -16,7 +16,7 @@ from conftest import run_python
 
 import accelkit
 from accelkit import _runtime
-from accelkit._runtime._dispatch import Pipeline
+from accelkit._runtime.dispatch.pipeline import Pipeline
 
 aten = torch.ops.aten
 
@@ -393,7 +393,7 @@ def foreach_add(selves, others, alpha=1):
 
 
 def test_an_inplace_list_op_is_derived_and_writes_every_tensor(dev):
-    from accelkit._runtime._schema import variants_of
+    from accelkit._runtime.dispatch.schema import variants_of
 
     assert variants_of(aten._foreach_add.List) == (aten._foreach_add_.List, None)  # no list outs
     run = Pipeline(_runtime.active()).native_inplace(aten._foreach_add_.List, foreach_add)

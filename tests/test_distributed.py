@@ -245,7 +245,7 @@ def test_a_checkpoint_saved_by_two_ranks_loads_into_one_and_into_three(tmp_path,
 
 
 def test_estimates_follow_the_ring_algorithms_on_the_device_models_interconnect():
-    from accelkit._runtime._collective_stats import estimate_seconds
+    from accelkit._runtime.distributed.stats import estimate_seconds
     from accelkit.sdk import Interconnect
 
     link = Interconnect(name="test", bandwidth=100e9)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from accelkit._runtime._random import PhiloxGenerator
+from accelkit._runtime.device.random import PhiloxGenerator
 from accelkit.sdk import RandomDraw, ShardWindow, random_stream
 
 aten = torch.ops.aten

@@ -1,4 +1,4 @@
-"""The runtime's table of numbers PyTorch checks (``accelkit/_runtime/_scalar_checks.py``),
+"""The runtime's table of numbers PyTorch checks (``accelkit/_runtime/dispatch/scalar_checks.py``),
 re-derived against the installed PyTorch's CPU kernels by the survey in ``scalar_survey.py``,
 so the table cannot drift from the CPU; and the shortcuts the runtime takes before asking the
 CPU, checked to accept nothing the CPU refuses."""
@@ -13,8 +13,8 @@ import torch
 
 import accelkit
 from accelkit import _runtime
-from accelkit._runtime import _scalar_checks as checks
-from accelkit._runtime._scalar_checks import NumberCheck, checked_arguments, guard
+from accelkit._runtime.dispatch import scalar_checks as checks
+from accelkit._runtime.dispatch.scalar_checks import NumberCheck, checked_arguments, guard
 
 aten = torch.ops.aten
 

@@ -50,11 +50,11 @@ def test_backends_and_conformance_import_no_private_accelkit_module():
 
 def test_the_scan_finds_private_imports(tmp_path, monkeypatch):
     sample = tmp_path / "x.py"
-    sample.write_text("def f():\n    from accelkit._runtime import _tensors\n    import accelkit._plugins\n"
+    sample.write_text("def f():\n    from accelkit._runtime.device import tensors\n    import accelkit._plugins\n"
                       "from accelkit import _errors, sdk\nfrom accelkit.sdk import meta_tensor\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert sorted(line.split()[-1] for line in _private_imports(sample)) == [
-        "accelkit._errors", "accelkit._plugins", "accelkit._runtime", "accelkit._runtime._tensors",
+        "accelkit._errors", "accelkit._plugins", "accelkit._runtime.device", "accelkit._runtime.device.tensors",
     ]
 
 
@@ -217,3 +217,13 @@ def test_hook_implementations_take_no_name():
         for attr in vars(plugin).values():
             if isinstance(attr, types.FunctionType) and hasattr(attr, "accelkit_impl"):
                 assert "name" not in attr.__code__.co_varnames[: attr.__code__.co_argcount], attr
+
+
+def test_the_sdk_reaches_the_runtime_through_one_module():
+    sdk_dir = ROOT / "accelkit" / "sdk"
+    reaching = sorted({
+        str(path.relative_to(ROOT))
+        for path in sdk_dir.rglob("*.py") if "testing" not in path.relative_to(sdk_dir).parts
+        for line in _private_imports(path) if line.split()[-1].startswith("accelkit._runtime")
+    })
+    assert reaching == ["accelkit/sdk/_runtime_link.py"]

@@ -339,7 +339,7 @@ def test_a_map_location_that_is_not_an_existing_device_is_refused(dev, target):
 
 def test_locations_of_other_devices_are_left_to_pytorch(dev):
     from accelkit import _runtime
-    from accelkit._runtime._serialization import location_index
+    from accelkit._runtime.device.serialization import location_index
 
     ctx = _runtime.active()
     assert [location_index(ctx, loc) for loc in ("cpu", "cuda:0", "meta", "mps", "xla:1")] == [None] * 5

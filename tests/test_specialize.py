@@ -1,4 +1,4 @@
-"""Prepared calls (``accelkit._runtime._specialize``): a kernel offering ``specialize`` is asked
+"""Prepared calls (``accelkit._runtime.dispatch.specialize``): a kernel offering ``specialize`` is asked
 once per call layout, and its plans must give exactly what the general path gives.
 
 The kernel here is a ref-backend add that records what the runtime asks of it, driven through
@@ -13,7 +13,7 @@ import torch
 
 import accelkit
 from accelkit import _runtime
-from accelkit._runtime._dispatch import Pipeline
+from accelkit._runtime.dispatch.pipeline import Pipeline
 from accelkit.sdk import CallLayout, KernelDeclined, ViewSpec
 
 aten = torch.ops.aten

@@ -108,7 +108,7 @@ def _ops(stats: Mapping[str, Any], backend: str) -> dict[str, Any]:
 def fallback_advice(op: str, backend: str) -> str:
     """One line on why ``op`` ran on the CPU and what to do about it."""
     from accelkit import _runtime
-    from accelkit._runtime._schema import overload_named
+    from accelkit._runtime.dispatch.schema import overload_named
 
     overload = overload_named(op)
     ctx = _runtime.active()

@@ -23,28 +23,29 @@ from accelkit._errors import AccelkitError, BackendConflictError, DeviceUnavaila
 from accelkit._contract import autocast_policy
 from accelkit._plugins import BackendRecord
 from accelkit._run.children import report_at_exit
-from accelkit._runtime import _devices, _tensors
-from accelkit._runtime._attention import install_attention
-from accelkit._runtime._autocast import install_autocast
-from accelkit._runtime._context import BackendContext, policy_from_env
-from accelkit._runtime._core_ops import core_ops
-from accelkit._runtime._decomp_guards import guard_decompositions
-from accelkit._runtime._device_module import DeviceModule
-from accelkit._runtime._dispatch import Pipeline
-from accelkit._runtime._patches import (
+from accelkit._runtime.device import devices as _devices
+from accelkit._runtime.device import tensors
+from accelkit._runtime.dispatch.attention import install_attention
+from accelkit._runtime.dispatch.autocast import install_autocast
+from accelkit._runtime.device.context import BackendContext, policy_from_env
+from accelkit._runtime.dispatch.core_ops import core_ops
+from accelkit._runtime.dispatch.decomp_guards import guard_decompositions
+from accelkit._runtime.device.device_module import DeviceModule
+from accelkit._runtime.dispatch.pipeline import Pipeline
+from accelkit._runtime.patches import (
     install_backward_on_calling_thread,
     install_flex_attention,
     install_triton_interpreter,
     run_backward_on_this_thread,
 )
-from accelkit._runtime._distributed import install_distributed
-from accelkit._runtime._dynamo_hooks import install as install_dynamo_hooks
-from accelkit._runtime._fallback import CPU_EQUIVALENTS, HOST_MEMORY_COMPOSITES, ROUTED_COMPOSITES
-from accelkit._runtime._grad_scaler import install_grad_scaler
-from accelkit._runtime._scalar_checks import guard
-from accelkit._runtime._schema import is_inplace_op, variants_of
-from accelkit._runtime._rnn import RNN_DECOMPOSITIONS
-from accelkit._runtime._serialization import install_serialization
+from accelkit._runtime.distributed.backend import install_distributed
+from accelkit._runtime.compile.dynamo_hooks import install as install_dynamo_hooks
+from accelkit._runtime.dispatch.fallback import CPU_EQUIVALENTS, HOST_MEMORY_COMPOSITES, ROUTED_COMPOSITES
+from accelkit._runtime.device.grad_scaler import install_grad_scaler
+from accelkit._runtime.dispatch.scalar_checks import guard
+from accelkit._runtime.dispatch.schema import is_inplace_op, variants_of
+from accelkit._runtime.dispatch.rnn import RNN_DECOMPOSITIONS
+from accelkit._runtime.device.serialization import install_serialization
 from accelkit.sdk import (
     DeviceAllocator,
     DeviceModel,
@@ -126,20 +127,20 @@ def activate(record: BackendRecord) -> torch.device:
 
 def compile_stats(ctx: BackendContext) -> dict[str, Any]:
     """``stats()["compile"]``: the graph compiler's counters and Dynamo's breaks and recompiles."""
-    from accelkit._runtime._compile_stats import STATS
-    from accelkit._runtime._graph_compiler import GraphCompiler
+    from accelkit._runtime.compile.stats import STATS
+    from accelkit._runtime.compile.graph_compiler import GraphCompiler
 
     compiler = ctx.compiler if isinstance(ctx.compiler, GraphCompiler) else None
     return STATS.snapshot(compiler.persistent_cache() if compiler else None)
 
 
 def reset_compile_stats() -> None:
-    from accelkit._runtime._compile_stats import STATS
+    from accelkit._runtime.compile.stats import STATS
 
     STATS.reset()
 
 
-from accelkit._runtime._distributed import distributed_stats, reset_distributed_stats  # noqa: E402
+from accelkit._runtime.distributed.backend import distributed_stats, reset_distributed_stats  # noqa: E402
 
 
 def conflict_error(active_name: str, requested: str) -> BackendConflictError:
@@ -336,9 +337,9 @@ def _backward_on_calling_thread() -> None:
     its own per device and waits for it: two thread wake-ups per ``backward()``, about
     0.2-0.5 ms of a small training step on a 2-core machine, that buy nothing for a device
     whose kernels are driven by host Python under one interpreter lock. Kernels still run on
-    their tensors' device (see :mod:`._devices`). PyTorch keeps this switch per thread: it is
+    their tensors' device (see :mod:`accelkit._runtime.device.devices`). PyTorch keeps this switch per thread: it is
     set here for the activating thread, where training loops run, and at their first backward
-    for the others (:func:`._patches.install_backward_on_calling_thread`, which says why);
+    for the others (:func:`accelkit._runtime.patches.install_backward_on_calling_thread`, which says why);
     ``torch.autograd.set_multithreading_enabled(True)`` restores the device threads.
     """
     run_backward_on_this_thread()
@@ -355,7 +356,7 @@ def _install(ctx: BackendContext) -> None:
 
         native = _native.load()
         native.install_guard(ctx.device_count, lambda index: ctx.allocators[index].synchronize())
-        _tensors.use_native_devices(native)
+        tensors.use_native_devices(native)
     module = DeviceModule(ctx)
     _install_native_hooks(ctx, module)
     install_flex_attention(ctx.name)
@@ -417,9 +418,9 @@ def _install(ctx: BackendContext) -> None:
     install_grad_scaler(ctx)
     _libraries.extend((kernels.library, fallbacks, autocast))
     install_serialization(ctx)
-    _tensors.install_storage_resize(ctx)
+    tensors.install_storage_resize(ctx)
     _install_formatting(ctx)
-    from accelkit._runtime._graph_compiler import CACHE_ENV, GraphCompiler
+    from accelkit._runtime.compile.graph_compiler import CACHE_ENV, GraphCompiler
 
     if os.environ.get(CACHE_ENV) and isinstance(ctx.compiler, GraphCompiler):
         ctx.compiler.use_cache_directory()  # eager programs use the persistent cache too
@@ -435,7 +436,7 @@ def _below_autograd(op: OpOverload) -> Callable:
 
 class _KernelLibrary:
     """A ``torch.library.Library`` whose PrivateUse1 kernels run on their op's device when the
-    process has several (see :mod:`accelkit._runtime._devices`)."""
+    process has several (see :mod:`accelkit._runtime.device.devices`)."""
 
     def __init__(self, ctx: BackendContext, library: torch.library.Library):
         self.ctx, self.library = ctx, library
@@ -504,4 +505,4 @@ def _install_formatting(ctx: BackendContext) -> None:
     _tensor_str._str = formatted
 
 
-__all__ = ["activate", "active", "conflict_error", "register_device_guard", "register_kernel", "_tensors"]
+__all__ = ["activate", "active", "conflict_error", "register_device_guard", "register_kernel"]

@@ -12,21 +12,14 @@ from accelkit.sdk._records import DeviceModel
 from accelkit.sdk.random_stream import RandomDraw
 
 
-def _context(what: str) -> Any:
-    from accelkit import _runtime
-    from accelkit._errors import AccelkitError
+from accelkit.sdk import _runtime_link as runtime
 
-    ctx = _runtime.active()
-    if ctx is None:
-        raise AccelkitError(f"{what} needs an active backend: call accelkit.select_device() first")
-    return ctx
+_context = runtime.require_context
 
 
 def active_backend() -> str | None:
     """The name of this process's active backend, or ``None`` before activation."""
-    from accelkit import _runtime
-
-    ctx = _runtime.active()
+    ctx = runtime.active_context()
     return None if ctx is None else ctx.name
 
 
@@ -56,9 +49,7 @@ def device_draw(count: int) -> RandomDraw:
 
     :raises accelkit.AccelkitError: no backend is active.
     """
-    from accelkit._runtime._random import reserve
-
-    return reserve(_context("a random draw"), None, count)
+    return runtime.reserve_draw(_context("a random draw"), count)
 
 
 def as_overload(op: Any) -> torch._ops.OpOverload:
@@ -86,9 +77,7 @@ def register_kernel(op: Any, fn: Callable[..., Any]) -> None:
     :raises accelkit.AccelkitError: no backend is active, or ``op`` already has a kernel there.
     :raises TypeError: ``op`` is not an op.
     """
-    from accelkit import _runtime
-
-    _runtime.register_kernel(as_overload(op), fn)
+    runtime.register_kernel(as_overload(op), fn)
 
 
 def op_coverage() -> dict[str, dict[str, str]]:
@@ -101,9 +90,7 @@ def op_coverage() -> dict[str, dict[str, str]]:
         nested layouts); ``detail`` says which kernel, decomposition or reason.
     :raises AccelkitError: no backend is active.
     """
-    from accelkit._runtime._coverage import op_paths
-
-    return op_paths()
+    return runtime.op_paths()
 
 
 def meta_tensor(shape: tuple[int, ...], dtype: torch.dtype, stride: tuple[int, ...] | None = None) -> torch.Tensor:
@@ -122,8 +109,6 @@ def meta_call(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     (``convolution_overrideable``, which has no Meta kernel) are asked through the CPU op the
     runtime runs in their place, which has the same geometry.
     """
-    from accelkit._runtime._fallback import CPU_EQUIVALENTS
-
     if "device" in kwargs:
         kwargs = {**kwargs, "device": "meta"}
-    return CPU_EQUIVALENTS.get(op, op)(*args, **kwargs)
+    return runtime.cpu_equivalent(op)(*args, **kwargs)

@@ -24,11 +24,6 @@ def host_staged_process_group(store: Any, rank: int, world_size: int, timeout: t
 
     :raises AccelkitError: no backend is active (c10d creates groups only after activation).
     """
-    from accelkit._errors import AccelkitError
-    from accelkit._runtime import active
-    from accelkit._runtime._process_group import HostStagedProcessGroup
+    from accelkit.sdk._runtime_link import host_staged_group
 
-    ctx = active()
-    if ctx is None:
-        raise AccelkitError("a host-staged process group needs an active backend: call accelkit.select_device() first")
-    return HostStagedProcessGroup(store, rank, world_size, timeout, device_type=ctx.name)
+    return host_staged_group(store, rank, world_size, timeout)

@@ -2,7 +2,7 @@
 each captured graph into its own executable.
 
 The runtime owns everything that is the same for every backend (see
-``accelkit/_runtime/_graph_compiler.py``): Dynamo capture, AOTAutograd's functional forward and
+``accelkit/_runtime/compile/graph_compiler.py``): Dynamo capture, AOTAutograd's functional forward and
 backward aten graphs (with the backend's decompositions for ops it has no kernel for), input
 mutations written back into the real tensors, random ops' draws from the device generator, the
 split at nodes the backend cannot lower (those run through the eager pipeline and are counted),
@@ -102,6 +102,6 @@ def graph_compiler(lowering: GraphLowering | Callable[[], GraphLowering]) -> Cal
     :returns: a callable with Dynamo's backend signature ``(gm, example_inputs) -> callable``:
         what ``accelkit_make_compiler`` returns.
     """
-    from accelkit._runtime._graph_compiler import GraphCompiler
+    from accelkit.sdk._runtime_link import graph_compiler
 
-    return GraphCompiler(lowering)
+    return graph_compiler(lowering)

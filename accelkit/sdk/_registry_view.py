@@ -64,9 +64,9 @@ class BackendView:
 
         :raises accelkit.AccelkitError: ``ACCELKIT_FALLBACK`` names no policy.
         """
-        from accelkit._runtime._context import policy_from_env
+        from accelkit.sdk._runtime_link import fallback_policy_from_env
 
-        return policy_from_env(self.info.default_fallback if self.info is not None else "warn")
+        return fallback_policy_from_env(self.info.default_fallback if self.info is not None else "warn")
 
 
 def backends() -> Mapping[str, BackendView]:

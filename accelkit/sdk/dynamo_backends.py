@@ -16,6 +16,6 @@ from typing import Any
 def __getattr__(name: str) -> Callable[..., Any]:
     if name.startswith("__"):
         raise AttributeError(name)
-    from accelkit._runtime._compiler import compiler_for
+    from accelkit.sdk._runtime_link import compiler_for
 
     return compiler_for(name)

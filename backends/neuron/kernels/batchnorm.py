@@ -14,7 +14,7 @@ All arithmetic is fp32 and results are rounded once into their dtype.
 
 **Running statistics.** ``native_batch_norm`` updates ``running_mean``/``running_var`` although
 its schema does not declare them written (``UNDECLARED_WRITES`` in
-``accelkit/_runtime/_schema.py``): the kernel returns its three results followed by the new
+``accelkit/_runtime/dispatch/schema.py``): the kernel returns its three results followed by the new
 running statistics — ``(1 - momentum) * old + momentum * batch`` with the unbiased batch
 variance, as PyTorch does — and the runtime stores them; ``None`` leaves them unchanged
 (evaluation, or no running statistics).

@@ -7,7 +7,7 @@ closed-form gradients, so they agree with the forward the autograd graph recorde
 
 **Batch norm's running statistics.** ``native_batch_norm`` updates ``running_mean`` and
 ``running_var`` in place although its schema declares them plain ``Tensor?`` (see
-``UNDECLARED_WRITES`` in ``accelkit/_runtime/_schema.py``). A tpu kernel is functional, so the
+``UNDECLARED_WRITES`` in ``accelkit/_runtime/dispatch/schema.py``). A tpu kernel is functional, so the
 runtime's contract for such ops applies: the kernel returns the op's three results followed by
 the new running statistics, and the runtime writes those into the arguments. The kernel below
 runs the functional op ``_native_batch_norm_legit_functional`` (whose five results are exactly

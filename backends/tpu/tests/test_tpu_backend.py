@@ -238,7 +238,8 @@ def test_debug_mode_raises_at_the_failing_op_and_names_it(dev, failing_op):
 def test_strict_mode_returns_before_the_program_finishes_and_debug_mode_waits(dev):
     a = torch.randn(1500, 1500, device=dev)
     torch.tpu.synchronize()
-    from accelkit._runtime import _tensors as T, active
+    from accelkit._runtime import active
+    from accelkit._runtime.device import tensors as T
 
     def ready(t):
         return T.buffer_of(t).block.array.is_ready()

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import accelkit
-from accelkit._runtime._schema import variants_of
+from accelkit._runtime.dispatch.schema import variants_of
 from accelkit_backends.tpu.kernels.foreach import _FOREACH
 from accelkit_backends.tpu.lowering import kernels
 from conftest import assert_native, on_device

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from accelkit import _runtime
-from accelkit._runtime import _tensors as T
+from accelkit._runtime.device import tensors as T
 from accelkit.sdk import ViewSpec
 from accelkit_backends.tpu.buffers import Holder
 

@@ -8,7 +8,7 @@ import torch
 
 import accelkit
 from accelkit import _runtime
-from accelkit._runtime import _tensors as T
+from accelkit._runtime.device import tensors as T
 
 aten = torch.ops.aten
 

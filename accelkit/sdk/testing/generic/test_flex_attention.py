@@ -3,8 +3,8 @@
 eagerly and under ``torch.compile``, against dense attention with the same mask on the CPU.
 
 PyTorch refuses FlexAttention on devices other than CUDA, CPU, XPU, HPU and MPS; accelkit lifts
-that check for its device (``accelkit/_runtime/_patches.py``). Compiled, the higher-order ops
-become aten ops of the backend's own program (``accelkit/_runtime/_flex_attention.py``): nothing
+that check for its device (``accelkit/_runtime/patches.py``). Compiled, the higher-order ops
+become aten ops of the backend's own program (``accelkit/_runtime/compile/flex_attention.py``): nothing
 runs outside it.
 """
 

@@ -98,11 +98,11 @@ def test_an_out_of_another_dtype_follows_the_ops_own_rule_like_cpu(dev, make, fn
 
 
 def test_the_out_dtype_rule_asks_the_cpu_once_per_signature(dev, monkeypatch):
-    from accelkit._runtime import _out_rules
+    from accelkit._runtime.dispatch import out_rules
 
     runs = []
-    real = _out_rules._quietly
-    monkeypatch.setattr(_out_rules, "_quietly", lambda *a: (runs.append(a[0]), real(*a)))
+    real = out_rules._quietly
+    monkeypatch.setattr(out_rules, "_quietly", lambda *a: (runs.append(a[0]), real(*a)))
     x = torch.randn(5, 3).to(dev)
     torch.neg(x)
     if accelkit.stats()["ops"].get("aten.neg.default", {}).get("native", 0) == 0:
@@ -321,7 +321,7 @@ def test_mode_with_out_matches_cpu(dev, dim, keepdim):
 
 
 def test_the_routed_composites_have_a_reason_and_a_device_kernel(dev):
-    from accelkit._runtime._fallback import ROUTED_COMPOSITES
+    from accelkit._runtime.dispatch.fallback import ROUTED_COMPOSITES
 
     for op, reason in ROUTED_COMPOSITES.items():
         assert reason

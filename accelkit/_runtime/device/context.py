@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from accelkit._errors import AccelkitError, FallbackDeniedError
-from accelkit._runtime._random import PhiloxGenerator
+from accelkit._runtime.device.random import PhiloxGenerator
 from accelkit._stats import OpCounters
 from accelkit.sdk import (
     FALLBACK_POLICIES,
@@ -61,7 +61,7 @@ class BackendContext:
     fallback_policy: str
     compiler: Callable | None = None
     #: One allocator per device; ``allocator`` is the only one, or, with several, the current
-    #: device's (a :class:`~accelkit._runtime._devices.CurrentDeviceAllocator`).
+    #: device's (a :class:`~accelkit._runtime.device.devices.CurrentDeviceAllocator`).
     allocators: tuple[DeviceAllocator, ...] = ()
     #: The current-device switch of a process with several devices, else None.
     devices: Any = None

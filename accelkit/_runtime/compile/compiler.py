@@ -34,7 +34,7 @@ def compiler_for(name: str) -> Callable[..., Any]:
                 f"the {name!r} backend does not support torch.compile (it provides no "
                 "accelkit_make_compiler); use backend='aot_eager' to run graphs op by op."
             )
-        from accelkit._runtime._compile_stats import STATS
+        from accelkit._runtime.compile.stats import STATS
 
         # A compiler built on the shared machinery counts its captures; any other is counted here.
         captured, started = STATS.graphs_captured, time.perf_counter()
@@ -42,7 +42,7 @@ def compiler_for(name: str) -> Callable[..., Any]:
         if STATS.graphs_captured == captured:
             STATS.add(graphs_captured=1, compile_seconds=time.perf_counter() - started)
         if ctx.devices is not None:
-            from accelkit._runtime._devices import on_inputs_device
+            from accelkit._runtime.device.devices import on_inputs_device
 
             compiled = on_inputs_device(ctx.name, ctx.devices, compiled)
         return compiled

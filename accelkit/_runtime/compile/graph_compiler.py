@@ -19,7 +19,7 @@ aten graph is then prepared here and lowered by the backend (:class:`accelkit.sd
   graph becomes compiled segments and eager nodes between them, which run through the
   dispatcher like eager code and are counted per op in ``stats()["compile"]["eager_nodes"]``.
   Under the fallback policy ``deny`` compiling such a graph raises, naming the ops;
-- **statistics**: :data:`accelkit._runtime._compile_stats.STATS`;
+- **statistics**: :data:`accelkit._runtime.compile.stats.STATS`;
 - **persistent cache**: ``ACCELKIT_COMPILE_CACHE=DIR`` is handed to the backend once.
 """
 
@@ -35,11 +35,11 @@ from typing import Any
 import torch
 
 from accelkit._errors import FallbackDeniedError
-from accelkit._runtime import _tensors as T
-from accelkit._runtime._compile_stats import STATS
-from accelkit._runtime._decomp_guards import replacements_while_tracing
-from accelkit._runtime._flex_attention import inline_flex_attention
-from accelkit._runtime._random import reserve
+from accelkit._runtime.device import tensors as T
+from accelkit._runtime.compile.stats import STATS
+from accelkit._runtime.dispatch.decomp_guards import replacements_while_tracing
+from accelkit._runtime.compile.flex_attention import inline_flex_attention
+from accelkit._runtime.device.random import reserve
 from accelkit.sdk.random_stream import counters_drawn
 
 CACHE_ENV = "ACCELKIT_COMPILE_CACHE"

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from accelkit._runtime._context import BackendContext
+from accelkit._runtime.device.context import BackendContext
 
 
 def install_grad_scaler(ctx: BackendContext) -> None:

@@ -14,7 +14,7 @@ Installed here:
 - ``torch.distributed.tensor._random.OffsetBasedRNGTracker._distribute_region`` (at the device's
   first process group; DTensor is imported only by distributed programs): DTensor moves the
   device generator's offset to where a shard starts; the patch also tells the shard's random op
-  where the shard lies in the whole tensor (:func:`accelkit._runtime._random.shard_window`), so
+  where the shard lies in the whole tensor (:func:`accelkit._runtime.device.random.shard_window`), so
   each element takes its counter in the whole tensor and a sharded random op equals the whole one
   for any placement (``Shard(1)``, several mesh dimensions, uneven shards).
 
@@ -38,10 +38,10 @@ Installed here:
 
 Elsewhere, each beside the code it serves:
 
-- ``torch.UntypedStorage.resize_`` (:mod:`._tensors`) and the ``cpu``/``clone``/``new``/
-  ``_byteswap`` methods of device storages (:mod:`._serialization`);
-- ``torch.amp.GradScaler.unscale_`` for the device (:mod:`._grad_scaler`);
-- the Autograd kernels of a few decompositions while Dynamo traces (:mod:`._decomp_guards`).
+- ``torch.UntypedStorage.resize_`` (:mod:`accelkit._runtime.device.tensors`) and the ``cpu``/``clone``/``new``/
+  ``_byteswap`` methods of device storages (:mod:`accelkit._runtime.device.serialization`);
+- ``torch.amp.GradScaler.unscale_`` for the device (:mod:`accelkit._runtime.device.grad_scaler`);
+- the Autograd kernels of a few decompositions while Dynamo traces (:mod:`accelkit._runtime.dispatch.decomp_guards`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from accelkit._runtime._random import shard_window
+from accelkit._runtime.device.random import shard_window
 from accelkit.sdk.random_stream import ShardWindow
 
 _MARK = "_accelkit_patched_for"

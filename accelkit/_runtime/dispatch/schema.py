@@ -11,8 +11,8 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from accelkit._runtime._context import BackendContext
-from accelkit._runtime._random import reserve
+from accelkit._runtime.device.context import BackendContext
+from accelkit._runtime.device.random import reserve
 from accelkit.sdk.random_stream import counters_drawn
 
 
@@ -145,7 +145,7 @@ def fill_generator(ctx: BackendContext, slot: tuple[int, str], op: OpOverload, a
 #: running statistics in place although they are declared ``Tensor?``.
 #: A native kernel for such an op cannot write (it is functional): it returns the op's results
 #: followed by the new values of these arguments, in this order (None leaves one unchanged), and
-#: the runtime stores them (:func:`accelkit._runtime._dispatch._undeclared_writer`).
+#: the runtime stores them (:func:`accelkit._runtime.dispatch.pipeline._undeclared_writer`).
 UNDECLARED_WRITES: dict[OpOverload, tuple[str, ...]] = {
     torch.ops.aten.native_batch_norm.default: ("running_mean", "running_var"),
     torch.ops.aten.native_batch_norm.out: ("running_mean", "running_var"),

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from accelkit._runtime import _tensors as T
-from accelkit._runtime._context import BackendContext
+from accelkit._runtime.device import tensors as T
+from accelkit._runtime.device.context import BackendContext
 from accelkit.sdk._allocator import ViewSpec
 from accelkit.sdk._kernels import CallLayout, KernelDeclined
 

@@ -3,11 +3,11 @@
 ``dist.init_process_group("<device>")`` (and every ``new_group``, ``DeviceMesh`` and DTensor
 group on it) builds one :class:`HostStagedProcessGroup`. Each collective:
 
-1. checks that the ranks agree (:mod:`._collective_checks`): mismatched sizes, dtypes, roots,
+1. checks that the ranks agree (:mod:`accelkit._runtime.distributed.agreement`): mismatched sizes, dtypes, roots,
    reduce ops or collectives raise :class:`CollectiveMismatchError` on every rank instead of
    gloo aborting the process;
 2. copies the device tensors to contiguous host tensors (CPU tensors are used in place, and
-   so is device memory its device lends for a collective that rewrites it: :mod:`._staging`);
+   so is device memory its device lends for a collective that rewrites it: :mod:`accelkit._runtime.distributed.staging`);
 3. runs gloo's collective on them (real TCP transport, asynchronous in gloo's threads);
 4. on ``wait()``, copies the results back into the device tensors, views and non-contiguous
    tensors included, without bumping their version counters (see :class:`~._staging.Staged`).
@@ -16,7 +16,7 @@ Semantics are gloo's on CPU tensors, which the conformance suite compares agains
 same dtypes, same results, same reduce ops, except the two gloo lacks or defines otherwise:
 ``PREMUL_SUM`` and ``AVG`` run as NCCL's (what FSDP2 and DDP are written against), as gloo's
 SUM with an op on the device before it (the factor; AVG's ``1 / world`` on floating point) or
-after it (AVG's division on integers): see :mod:`._reductions`. ``Work.wait`` and
+after it (AVG's division on integers): see :mod:`accelkit._runtime.distributed.reductions`. ``Work.wait`` and
 ``Work.get_future`` complete the collective on the calling thread; a failure (a rank that timed
 out or died) raises :class:`CollectiveError` naming the collective, the group and the fix.
 """
@@ -35,8 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from accelkit._runtime._agreement_channel import ChannelBroken, open_channel
-from accelkit._runtime._collective_checks import (
+from accelkit._runtime.distributed.agreement_channel import ChannelBroken, open_channel
+from accelkit._runtime.distributed.agreement import (
     DTYPE_CODES,
     CollectiveError,
     CollectiveMismatchError,
@@ -47,9 +47,9 @@ from accelkit._runtime._collective_checks import (
     exchange_summaries,
     mismatch_message,
 )
-from accelkit._runtime._collective_stats import STATS
-from accelkit._runtime._reductions import Reduction, reduction
-from accelkit._runtime._staging import HostPool, Staged, assign, hosts
+from accelkit._runtime.distributed.stats import STATS
+from accelkit._runtime.distributed.reductions import Reduction, reduction
+from accelkit._runtime.distributed.staging import HostPool, Staged, assign, hosts
 
 
 CHECKS_ENV = "ACCELKIT_COLLECTIVE_CHECKS"
@@ -58,7 +58,7 @@ CHECKS_ENV = "ACCELKIT_COLLECTIVE_CHECKS"
 def checks_mode() -> str:
     """How groups check the ranks' agreement before each collective (``ACCELKIT_COLLECTIVE_CHECKS``):
     ``on`` (default) swaps fingerprints over the group's own connections
-    (:mod:`._agreement_channel`, through gloo where the ranks cannot reach each other that way),
+    (:mod:`accelkit._runtime.distributed.agreement_channel`, through gloo where the ranks cannot reach each other that way),
     ``gloo`` always through gloo (a small all-gather per collective; for networks that allow
     only gloo's ports), ``off`` not at all: gloo then aborts the process on mismatched sizes, as
     plain gloo does."""
@@ -210,7 +210,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         return staged
 
     def _agree(self, kind: str, fingerprint: Fingerprint, meanwhile: Sequence[Staged] = ()) -> None:
-        """Check that every rank's arguments fit together (see :mod:`._collective_checks`);
+        """Check that every rank's arguments fit together (see :mod:`accelkit._runtime.distributed.agreement`);
         ``meanwhile``'s host buffers are filled while the fingerprints travel."""
         self._sequence += 1
         if not self._checked:
@@ -285,7 +285,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
     # -- reductions ------------------------------------------------------------------------------
 
     def _reduction(self, kind: str, op: Any, tensors: Sequence[torch.Tensor]) -> Reduction:
-        """How this group runs ``op`` on ``tensors`` (see :mod:`._reductions`); raises
+        """How this group runs ``op`` on ``tensors`` (see :mod:`accelkit._runtime.distributed.reductions`); raises
         ``TypeError`` on this rank, before anything is staged, for a dtype the op cannot reduce."""
         return reduction(kind, op, {t.dtype for t in tensors}, self.size(), self._device_type)
 

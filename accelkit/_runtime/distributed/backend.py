@@ -25,9 +25,9 @@ def install_distributed(ctx: Any, record: BackendRecord) -> None:
     supported = record.supports("accelkit_make_process_group")
 
     def create(store: Any, rank: int, world_size: int, timeout: timedelta) -> Any:
-        from accelkit._runtime._collective_checks import CollectiveError
-        from accelkit._runtime._collective_stats import STATS
-        from accelkit._runtime._patches import install_dtensor_random
+        from accelkit._runtime.distributed.agreement import CollectiveError
+        from accelkit._runtime.distributed.stats import STATS
+        from accelkit._runtime.patches import install_dtensor_random
 
         if not supported:
             raise CollectiveError(
@@ -51,12 +51,12 @@ def install_distributed(ctx: Any, record: BackendRecord) -> None:
 
 def distributed_stats() -> dict[str, Any]:
     """``stats()["distributed"]``."""
-    from accelkit._runtime._collective_stats import STATS
+    from accelkit._runtime.distributed.stats import STATS
 
     return STATS.snapshot()
 
 
 def reset_distributed_stats() -> None:
-    from accelkit._runtime._collective_stats import STATS
+    from accelkit._runtime.distributed.stats import STATS
 
     STATS.reset()

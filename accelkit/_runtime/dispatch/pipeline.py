@@ -25,12 +25,12 @@ import torch
 from torch._C import DispatchKey, DispatchKeySet
 from torch._ops import OpOverload
 
-from accelkit._runtime import _tensors as T
-from accelkit._runtime._context import BackendContext
-from accelkit._runtime._fallback import HostCall
-from accelkit._runtime._out_rules import OutDtypeRule, cast_error
-from accelkit._runtime._scalar_checks import guard_plan
-from accelkit._runtime._schema import (
+from accelkit._runtime.device import tensors as T
+from accelkit._runtime.device.context import BackendContext
+from accelkit._runtime.dispatch.fallback import HostCall
+from accelkit._runtime.dispatch.out_rules import OutDtypeRule, cast_error
+from accelkit._runtime.dispatch.scalar_checks import guard_plan
+from accelkit._runtime.dispatch.schema import (
     UNDECLARED_WRITES,
     HostOperand,
     fill_generator,
@@ -44,7 +44,7 @@ from accelkit._runtime._schema import (
     out_arg_names,
     takes_host_operand,
 )
-from accelkit._runtime._specialize import NO_LANE, Lane
+from accelkit._runtime.dispatch.specialize import NO_LANE, Lane
 from accelkit.sdk._allocator import ViewSpec
 from accelkit.sdk._kernels import KernelDeclined
 from accelkit.sdk._records import UnsupportedDtypeError
@@ -83,7 +83,7 @@ def writable(self_: _Tensor) -> bool:
 
 def prepare_out(ctx: BackendContext, out: _Tensor, shape: tuple[int, ...]) -> None:
     """Resize an ``out=`` tensor to ``shape`` as PyTorch does (its dtype is checked first, by
-    :class:`~accelkit._runtime._out_rules.OutDtypeRule`)."""
+    :class:`~accelkit._runtime.dispatch.out_rules.OutDtypeRule`)."""
     if tuple(out.shape) != tuple(shape):
         if out.numel():
             warnings.warn(
@@ -191,7 +191,7 @@ class Pipeline:
         return fn(*arrays, **array_kwargs)
 
     def _lane(self, op: OpOverload, fn: Callable) -> Lane | None:
-        """The prepared-call lane of kernel ``fn`` (:mod:`._specialize`), shared by the op's
+        """The prepared-call lane of kernel ``fn`` (:mod:`accelkit._runtime.dispatch.specialize`), shared by the op's
         variants; None when ``fn`` offers none, or when ``op`` takes a generator."""
         if generator_slot(op) is not None:
             return None

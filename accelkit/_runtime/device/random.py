@@ -8,7 +8,7 @@ path of a random op goes through (native kernels, the CPU fallback, compiled pro
 the generator the op was given, takes the counters the op draws and advances the offset.
 
 A DTensor random op runs inside DTensor's RNG tracker region; :func:`shard_window` (entered by the
-tracker's accelkit patch, :mod:`._patches`) tells the next draw of the shard's size where the shard
+tracker's accelkit patch, :mod:`accelkit._runtime.patches`) tells the next draw of the shard's size where the shard
 lies in the whole tensor, so its elements take the counters they have there.
 """
 

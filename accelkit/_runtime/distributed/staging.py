@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
-from accelkit._runtime import _tensors
-from accelkit._runtime._collective_stats import STATS
+from accelkit._runtime.device import tensors
+from accelkit._runtime.distributed.stats import STATS
 from accelkit.sdk import ViewSpec
 
 
@@ -92,7 +92,7 @@ class Staged:
         if tensor.device.type == "cpu" and tensor.is_contiguous():
             self.host = tensor
             return
-        if in_place and self._ctx is not None and not _tensors.has_math_bits(tensor):
+        if in_place and self._ctx is not None and not tensors.has_math_bits(tensor):
             self.host, self._lendable, self._unfilled = None, True, True  # decided by fill()
             return
         if self._ctx is not None:
@@ -115,15 +115,15 @@ class Staged:
         tensor, ctx = self.tensor, self._ctx
         if self._lendable:
             with ctx.on_device(tensor.device.index):
-                lent = ctx.allocator.lend_host(_tensors.buffer_of(tensor).block, ViewSpec.of(tensor))
+                lent = ctx.allocator.lend_host(tensors.buffer_of(tensor).block, ViewSpec.of(tensor))
             STATS.staged(lent=lent is not None)
             if lent is not None:
                 self.host, self._lent = lent, True
                 return
             self._take_buffer()
-        if ctx is not None and not _tensors.has_math_bits(tensor):
+        if ctx is not None and not tensors.has_math_bits(tensor):
             with ctx.on_device(tensor.device.index):
-                ctx.allocator.to_host_into(_tensors.read(ctx, tensor), self.host)
+                ctx.allocator.to_host_into(tensors.read(ctx, tensor), self.host)
         else:
             self.host.copy_(tensor.detach())
 
@@ -133,7 +133,7 @@ class Staged:
         if self._ctx is not None:
             ctx = self._ctx
             with ctx.on_device(self.tensor.device.index):
-                _tensors.write_values(ctx, self.tensor, ctx.allocator.adopt_host(self.host))
+                tensors.write_values(ctx, self.tensor, ctx.allocator.adopt_host(self.host))
         else:
             _copy_keeping_version(self.tensor, self.host)
 
@@ -154,7 +154,7 @@ def assign(tensor: torch.Tensor, values: torch.Tensor) -> None:
     ctx = active()
     if ctx is not None and tensor.device.type == ctx.name:
         with ctx.on_device(tensor.device.index):
-            _tensors.write_values(ctx, tensor, _tensors.read(ctx, values))
+            tensors.write_values(ctx, tensor, tensors.read(ctx, values))
     else:
         _copy_keeping_version(tensor, values)
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch._ops import OpOverload
 
-from accelkit._runtime._random import host_generator, reserve
+from accelkit._runtime.device.random import host_generator, reserve
 from accelkit.sdk import random_stream as stream
 
 _Tensor = torch.Tensor

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch._C import DispatchKey, DispatchKeySet
 
-from accelkit._runtime._context import BackendContext
+from accelkit._runtime.device.context import BackendContext
 from accelkit.sdk import Buffer, ViewSpec
 
 META = DispatchKeySet(DispatchKey.Meta)

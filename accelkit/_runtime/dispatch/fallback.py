@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from accelkit._runtime import _host_random
-from accelkit._runtime import _tensors as T
-from accelkit._runtime._context import BackendContext
-from accelkit._runtime._schema import UNDECLARED_WRITES, generator_slot, is_write
+from accelkit._runtime.dispatch import host_random
+from accelkit._runtime.device import tensors as T
+from accelkit._runtime.device.context import BackendContext
+from accelkit._runtime.dispatch.schema import UNDECLARED_WRITES, generator_slot, is_write
 
 _Tensor = torch.Tensor
 
@@ -179,8 +179,8 @@ class HostCall:
                   for d, v in self.twins if id(d) in mutated}
 
         kernel = CPU_EQUIVALENTS.get(op, op)
-        if _host_random.draws(op):  # its values come from the device's stream
-            result = _host_random.run(ctx, op, kernel, cpu_args, cpu_kwargs, generator_slot(op))
+        if host_random.draws(op):  # its values come from the device's stream
+            result = host_random.run(ctx, op, kernel, cpu_args, cpu_kwargs, generator_slot(op))
         else:
             result = kernel(*cpu_args, **cpu_kwargs)
 

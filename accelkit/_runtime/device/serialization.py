@@ -11,7 +11,7 @@ work:
   device storage and ``_byteswap`` (behind ``byteswap``) swaps the bytes through the host —
   PyTorch's own methods would allocate with, or write through, the storage's address. Every
   other storage goes straight to PyTorch's own method. Besides tensor formatting and, on a
-  device without float64, ``GradScaler.unscale_`` (:mod:`._grad_scaler`), this is the one global
+  device without float64, ``GradScaler.unscale_`` (:mod:`accelkit._runtime.device.grad_scaler`), this is the one global
   patch accelkit makes to torch objects; it is installed once, on activation.
 """
 
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from accelkit._runtime import _tensors as T
-from accelkit._runtime._context import BackendContext
+from accelkit._runtime.device import tensors as T
+from accelkit._runtime.device.context import BackendContext
 
 
 def _payload(storage: Any, ctx: BackendContext) -> Any:

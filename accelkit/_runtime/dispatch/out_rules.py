@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from accelkit._runtime._schema import functional_of, out_arg_names
+from accelkit._runtime.dispatch.schema import functional_of, out_arg_names
 
 _Tensor = torch.Tensor
 

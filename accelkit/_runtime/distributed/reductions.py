@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from accelkit._runtime._collective_checks import describe_tensor
+from accelkit._runtime.distributed.agreement import describe_tensor
 
 _NAMES = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM")
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from accelkit._runtime import _tensors as T
-from accelkit._runtime._context import BackendContext
-from accelkit._runtime._dispatch import META
+from accelkit._runtime.device import tensors as T
+from accelkit._runtime.device.context import BackendContext
+from accelkit._runtime.dispatch.pipeline import META
 
 aten = torch.ops.aten
 _as_strided_meta = functools.partial(aten.as_strided.default._handle.redispatch_boxed, META)
@@ -27,7 +27,7 @@ _MEMORY_FORMAT_STRIDES = {
 
 def _check_index(ctx: BackendContext, device: Any) -> None:
     """A factory's ``device=`` names a device this process has (the runtime has already made it
-    the current one, see :mod:`accelkit._runtime._devices`)."""
+    the current one, see :mod:`accelkit._runtime.device.devices`)."""
     if device is None:
         return
     index = torch.device(device).index

@@ -49,8 +49,8 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from accelkit._runtime import _tensors as T
-from accelkit._runtime._context import BackendContext
+from accelkit._runtime.device import tensors as T
+from accelkit._runtime.device.context import BackendContext
 
 #: Number arguments (``Scalar``, ``Scalar?``, ``Scalar[]``) whose CPU kernels refuse a value
 #: that does not fit, by op name (see the module docstring).

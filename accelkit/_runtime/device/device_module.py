@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from accelkit._runtime._context import BackendContext
-from accelkit._runtime._streams import event_class, stream_class, stream_context
+from accelkit._runtime.device.context import BackendContext
+from accelkit._runtime.device.streams import event_class, stream_class, stream_context
 from accelkit.sdk import DeviceModel
 
 
@@ -132,7 +132,7 @@ class DeviceModule(types.ModuleType):
         """Wait until all work queued on the device is done."""
         self._allocator(device).synchronize()
 
-    # -- streams (one in-order queue; see accelkit/_runtime/_streams.py) -----------------------
+    # -- streams (one in-order queue; see accelkit/_runtime/device/streams.py) -----------------------
 
     def current_stream(self, device: Any = None) -> torch.Stream:
         return self.Stream(self._index(device))

@@ -1,7 +1,7 @@
 """The sockets a host-staged group's agreement check travels over.
 
 Every collective of a checked group first swaps one small fingerprint per rank
-(:mod:`._collective_checks`). Through gloo that swap costs a collective of its own: gloo's work
+(:mod:`accelkit._runtime.distributed.agreement`). Through gloo that swap costs a collective of its own: gloo's work
 queue, its worker thread and the waiting caller hand off to each other on both ends, about
 0.2 ms on loopback, a quarter of a 1 MiB all-reduce. So each group opens its own full mesh of
 TCP connections when it is created (as gloo opens its pairs) and the calling thread swaps the

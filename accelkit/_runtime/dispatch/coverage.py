@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch._ops import OpOverload
 
-from accelkit._runtime._schema import functional_of, overload_named, variants_of
+from accelkit._runtime.dispatch.schema import functional_of, overload_named, variants_of
 
 PATHS = ("native", "derived", "decomposed", "fallback", "refused")
 
@@ -68,7 +68,7 @@ def op_paths() -> dict[str, dict[str, str]]:
 
 def _classify(ctx: Any, pipeline: Any, op: OpOverload, path_of: Any) -> tuple[str, str]:
     from accelkit import _runtime
-    from accelkit._runtime._dispatch import _run_meta
+    from accelkit._runtime.dispatch.pipeline import _run_meta
 
     kind = _runtime.registered.get(op)
     if kind == "runtime":
