@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from accelkit.sdk import DeviceAllocator, ViewSpec
-from accelkit_backends.tpu import checks
+from accelkit_backends.tpu import checks, fused, modes
+from accelkit_backends.tpu.fused import Pending
 from accelkit_backends.tpu.programs import tracked
 
 TORCH_TO_JAX = {
@@ -55,11 +56,13 @@ def torch_dtype(dtype: Any) -> torch.dtype:
 class Holder:
     """The mutable block: the array holding a storage's bytes (None until first written)."""
 
-    __slots__ = ("array", "nbytes")
+    __slots__ = ("array", "nbytes", "__weakref__")
 
     def __init__(self, nbytes: int, array: jax.Array | None = None):
         self.nbytes = nbytes
         self.array = array
+        if type(array) is Pending:
+            fused.hold(self, array)
 
 
 _new_tuple = tuple.__new__  # NamedTuple construction without its generated __new__ (hot path)
@@ -333,6 +336,8 @@ class TpuAllocator(DeviceAllocator):
     def _block_from_array(self, array: Any) -> tuple[Holder, int] | None:
         if type(array) is JaxView:
             return None
+        if type(array) is Pending and array.value is not None:
+            array = array.value
         nbytes = array.dtype.itemsize
         for size in array.shape:
             nbytes *= size
@@ -367,6 +372,8 @@ class TpuAllocator(DeviceAllocator):
     def write(self, block: Holder, view: ViewSpec, array: Any) -> None:
         if isinstance(array, JaxView):
             array = _read(array.array, array.spec)
+        if type(array) is Pending and array.value is not None:
+            array = array.value
         same_dtype = array.dtype == jax_dtype(view.dtype)
         if same_dtype and _covers(view, block.nbytes):
             block.array = array
@@ -375,12 +382,16 @@ class TpuAllocator(DeviceAllocator):
         else:
             storage = self._storage(block, view.dtype)
             block.array = _scatter(storage, array, view, torch_dtype(storage.dtype))
+        if type(block.array) is Pending:
+            fused.hold(block, block.array)
         self._last = block.array
 
     # -- host --------------------------------------------------------------------------------
 
     def to_host(self, array: Any) -> torch.Tensor:
         checks.raise_pending(self.device)  # a synchronisation: device-side checks report here
+        if modes._mode == "fused":
+            array = fused.resolve(array)
         shape = None
         if isinstance(array, JaxView):
             whole = array.array.size * array.array.dtype.itemsize
@@ -424,6 +435,8 @@ class TpuAllocator(DeviceAllocator):
         of the memory exists, XLA copies instead of donating: the lent memory is then a fresh
         copy that only the block holds. Elsewhere (a TPU's HBM, part of a storage, a shared
         array): None, and the caller stages."""
+        if type(block.array) is Pending:
+            block.array = fused.concrete(block.array)
         array = block.array
         if (array is None or self.jax_device.platform != "cpu" or not _covers(view, block.nbytes)
                 or array.dtype != jax_dtype(view.dtype)):
@@ -442,6 +455,8 @@ class TpuAllocator(DeviceAllocator):
     def to_host_into(self, array: Any, out: torch.Tensor) -> None:
         """One copy, from jax's read-only host view into ``out``'s memory."""
         checks.raise_pending(self.device)
+        if modes._mode == "fused":
+            array = fused.resolve(array)
         if isinstance(array, JaxView):
             whole = array.array.size * array.array.dtype.itemsize
             if _covers(array.spec, whole) and array.array.dtype == jax_dtype(array.spec.dtype):
@@ -467,6 +482,8 @@ class TpuAllocator(DeviceAllocator):
         checks.raise_pending(self.device)
         if block.array is None:
             return torch.zeros(nbytes, dtype=torch.uint8)
+        if type(block.array) is Pending:
+            block.array = fused.concrete(block.array)
         host = np.array(block.array).reshape(-1).view(np.uint8)
         return torch.from_numpy(host[:nbytes].copy())
 
@@ -483,7 +500,10 @@ class TpuAllocator(DeviceAllocator):
             checks.settle(results, self.device)
 
     def synchronize(self) -> None:
+        fused.flush("synchronize")
         checks.raise_pending(self.device)
+        if type(self._last) is Pending:
+            self._last = self._last.value
         if self._last is not None:
             self._last.block_until_ready()
 

@@ -287,7 +287,9 @@ def _settle(device: str, count: int | None = None) -> None:
         if not taken:
             return
         chunks = [taken[i:i + FOLD] for i in range(0, len(taken), FOLD)]
-        folds = jax.device_get([_fold(_padded([p.status for p in chunk])) for chunk in chunks])
+        from accelkit_backends.tpu.fused import concrete
+
+        folds = jax.device_get([_fold(_padded([concrete(p.status) for p in chunk])) for chunk in chunks])
         failed: list[tuple[np.ndarray, str]] = []
         for chunk, folded in zip(chunks, folds):
             marks, first = folded[:-(1 + VALUES)], folded[-(1 + VALUES):]

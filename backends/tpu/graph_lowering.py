@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from accelkit.sdk import GraphLowering, RandomDraw, ShardWindow, ViewSpec, graph_parts
-from accelkit_backends.tpu import cache_files, checks, modes, stored_programs
+from accelkit_backends.tpu import cache_files, checks, fused, modes, stored_programs
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize
 from accelkit_backends.tpu.graph_ops import GRAPH_OPS, RANDOM, indexed_view, is_view
 from accelkit_backends.tpu.lowering import Lowering, kernels
@@ -102,6 +102,9 @@ class GraphProgram:
         self.name = f"compiled graph ({len(self._body)} ops)"
 
     def __call__(self, inputs: list, draws: Sequence[RandomDraw]) -> list:
+        if modes._mode == "fused":
+            fused.flush("compiled graph")
+            inputs = fused.resolve(inputs)
         arrays, structure = [], []
         for value in inputs:
             kind = type(value)

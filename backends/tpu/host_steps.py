@@ -19,6 +19,7 @@ import torch
 from torch._ops import OpOverload
 
 from accelkit_backends.tpu.buffers import JaxView, torch_dtype
+from accelkit_backends.tpu import fused
 from accelkit_backends.tpu.lowering import Lowering, kernels
 
 aten = torch.ops.aten
@@ -53,6 +54,7 @@ class HostStep:
         self.run, self.uses = run, tuple(uses)
         functools.update_wrapper(self, run)
 
+    @fused.outside_regions
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.run(*args, **kwargs)
 

@@ -43,7 +43,7 @@ import torch
 from torch._ops import OpOverload, OpOverloadPacket
 
 from accelkit.sdk import CallLayout, KernelTable, RandomDraw, ShardWindow, ViewSpec, meta_tensor
-from accelkit_backends.tpu import checks, modes, stored_programs
+from accelkit_backends.tpu import checks, fused, modes, stored_programs
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize, torch_dtype
 from accelkit_backends.tpu.cost import COSTS, ProgramCost, Tally
 from accelkit_backends.tpu.programs import LOADED, Program, next_use
@@ -56,15 +56,26 @@ DEVICE = "tpu:0"  # named in the errors of failed device-side checks
 
 
 class _Signature(Program):
-    """One static structure of arguments: its jitted program, and the cost tally of each
-    program XLA compiled for it (one per storage shape and dtype of the array inputs)."""
+    """One static structure of arguments: its jitted program, the traceable function behind it
+    (which fused regions call), and the cost tally of each program XLA compiled for it (one per
+    storage shape and dtype of the array inputs)."""
 
-    __slots__ = ("tallies", "only")
+    __slots__ = ("tallies", "only", "traceable")
 
-    def __init__(self, jitted: Any):
+    def __init__(self, jitted: Any, traceable: Callable[..., Any]):
         super().__init__(jitted)
+        self.traceable = traceable
         self.tallies: dict[Any, Tally] = {}  # input shapes and dtypes -> tally
         self.only: Tally | None = None  # the tally when there is exactly one
+
+    def evaluate(self, arrays: list, scalars: list) -> Any:
+        """The program's ``(result, status)`` as shapes and dtypes, computing nothing (arrays
+        may be ``jax.ShapeDtypeStruct``); PyTorch's error for refused arguments as
+        :class:`checks.Refused`. The trace is jax's, kept for the program's later compile."""
+        jitted = self.jitted
+        if type(jitted) is stored_programs.StoredProgram:
+            jitted = jitted.jitted
+        return jitted.eval_shape(arrays, scalars)
 
 
 #: Argument types encoded without looking further (the common case, checked by exact type).
@@ -95,6 +106,13 @@ def _device_scalar(value: float | complex) -> Any:
 
 class Lowering:
     """One aten overload's JAX implementation with its compile cache (see the module docstring)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that does more per call than run its program (reads a result on the
+        host, adds an argument) runs outside fused regions unless it says ``fusable = True``."""
+        super().__init_subclass__(**kwargs)
+        if "__call__" in cls.__dict__ and not cls.__dict__.get("fusable", False):
+            cls.__call__ = fused.outside_regions(cls.__dict__["__call__"])
 
     def __init__(self, op: OpOverload, fn: Callable[..., Any], static: tuple[str, ...] = (),
                  own_dtypes: bool = False):
@@ -236,13 +254,15 @@ class Lowering:
     def _signature(self, structure: Any) -> _Signature:
         signature = self._signatures.get(structure)
         if signature is None:
-            signature = self._signatures.setdefault(structure, LOADED.track(_Signature(self._jitted(structure))))
+            program = self._program(structure)
+            signature = _Signature(self._jitted(program, structure), program)
+            signature = self._signatures.setdefault(structure, LOADED.track(signature))
         return signature
 
-    def _jitted(self, structure: Any) -> Any:
-        """The jitted program for ``structure``; backed by the program store when one is open
+    def _jitted(self, program: Callable[..., Any], structure: Any) -> Any:
+        """The jitted ``program`` for ``structure``; backed by the program store when one is open
         and the program can be named exactly (:mod:`.stored_programs`)."""
-        jitted = jax.jit(self._program(structure))
+        jitted = jax.jit(program)
         store = stored_programs.STORE
         if store is None:
             return jitted
@@ -254,10 +274,29 @@ class Lowering:
         return stored_programs.StoredProgram(jitted, key, store)
 
     def _run(self, signature: _Signature, arrays: list, scalars: list, args: Any) -> Any:
-        """Run the signature's program and count it (``args`` name the inputs in debug mode)."""
+        """Run the signature's program and count it (``args`` name the inputs in debug mode);
+        in fused mode, record it (:mod:`.fused`)."""
+        if modes._mode == "fused" and fused.recording():
+            out, status = fused.record_program(self, signature, arrays, scalars)
+            if status is not None:
+                checks.defer(status, self.name, DEVICE, out)
+            return out
         jitted = signature.jitted
         signature.last_use = next_use()
         out = modes.run_program(self.name, args, jitted, arrays, scalars)
+        tally = signature.only
+        if tally is None or jitted._cache_size() != signature.loaded:
+            tally = self._tally(signature, arrays, scalars)
+        COSTS.record(tally)
+        return out
+
+    def execute(self, signature: _Signature, arrays: list, scalars: list) -> tuple[Any, Any]:
+        """Run the signature's program on concrete inputs and count it, as strict mode does;
+        returns ``(result, status)`` (a fused region run op by op; its statuses were deferred
+        when the calls were recorded)."""
+        jitted = signature.jitted
+        signature.last_use = next_use()
+        out = jitted(arrays, scalars)
         tally = signature.only
         if tally is None or jitted._cache_size() != signature.loaded:
             tally = self._tally(signature, arrays, scalars)

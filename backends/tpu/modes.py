@@ -7,8 +7,12 @@
 - ``debug``: every op waits for its program to finish, and any failure of an op is raised as
   :class:`TpuExecutionError` naming the op and its arguments' shapes, with the original error as
   its cause. Slower; for finding a failing op.
+- ``fused``: ops are recorded (their errors of shape, dtype and arguments still raised at the
+  op) and run as one XLA program per region, flushed at host reads, synchronisations, kernels
+  that cannot be recorded and a size limit; regions that repeat (a training step) are compiled
+  once and reused (:mod:`.fused`). Device-side check failures surface as in strict mode.
 
-Choose with ``ACCELKIT_TPU_MODE=strict|debug`` or, for a block of code,
+Choose with ``ACCELKIT_TPU_MODE=strict|debug|fused`` or, for a block of code,
 ``with accelkit_backends.tpu.execution_mode("debug"): ...``.
 """
 
@@ -25,7 +29,7 @@ from accelkit.sdk import ViewSpec
 from accelkit_backends.tpu import checks
 
 MODE_ENV = "ACCELKIT_TPU_MODE"
-MODES = ("strict", "debug")
+MODES = ("strict", "debug", "fused")
 
 
 class TpuExecutionError(RuntimeError):
@@ -48,15 +52,26 @@ def current() -> str:
 
 @contextlib.contextmanager
 def execution_mode(mode: str) -> Iterator[None]:
-    """Run the block in ``mode`` (``"strict"`` or ``"debug"``), restoring the previous one."""
+    """Run the block in ``mode`` (``"strict"``, ``"debug"`` or ``"fused"``), restoring the
+    previous one; what fused mode left pending runs when it ends."""
     global _mode
     if mode not in MODES:
         raise ValueError(f"execution mode must be one of {MODES}, not {mode!r}")
-    previous, _mode = _mode, mode
+    previous = _mode
+    _switch(mode)
     try:
         yield
     finally:
-        _mode = previous
+        _switch(previous)
+
+
+def _switch(mode: str) -> None:
+    global _mode
+    if _mode == "fused" and mode != "fused":
+        from accelkit_backends.tpu import fused
+
+        fused.leave()
+    _mode = mode
 
 
 def _shapes(args: Any) -> str:

@@ -22,6 +22,7 @@ import weakref
 from typing import Any, TypeVar
 
 from accelkit.sdk import env_count
+from accelkit_backends.tpu import modes
 
 LIVE_PROGRAMS_ENV = "ACCELKIT_TPU_LIVE_PROGRAMS"
 DEFAULT_LIVE_PROGRAMS = 2048
@@ -65,6 +66,13 @@ class TrackedFunction(Program):
     __slots__ = ()
 
     def __call__(self, *args: Any) -> Any:
+        if modes._mode == "fused":
+            from accelkit_backends.tpu import fused
+
+            if any(type(a) is fused.Pending for a in args):
+                if fused.recording():
+                    return fused.record_jit(self, args)
+                args = tuple(fused.concrete(a) for a in args)
         self.last_use = next(_clock)
         out = self.jitted(*args)
         if self.jitted._cache_size() != self.loaded:

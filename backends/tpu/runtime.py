@@ -131,7 +131,7 @@ def accelkit_stats() -> dict[str, Any]:
     executables are loaded now, their bound (``ACCELKIT_TPU_LIVE_PROGRAMS``) and how many were
     unloaded to keep it (see :mod:`.programs`).
     """
-    from accelkit_backends.tpu import modes
+    from accelkit_backends.tpu import fused, modes
     from accelkit_backends.tpu.buffers import data_movement_programs
     from accelkit_backends.tpu.cost import COSTS
     from accelkit_backends.tpu.lowering import compile_counts
@@ -143,6 +143,7 @@ def accelkit_stats() -> dict[str, Any]:
         "compiles": sum(counts.values()) + moves,
         "tpu": {
             "mode": modes.current(),
+            "fused": fused.stats(),
             "compiled_programs": counts,
             "compiled_programs_total": sum(counts.values()),
             "data_movement_programs": moves,
@@ -154,9 +155,11 @@ def accelkit_stats() -> dict[str, Any]:
 
 @hookimpl
 def accelkit_reset_stats() -> None:
+    from accelkit_backends.tpu import fused
     from accelkit_backends.tpu.cost import COSTS
 
     COSTS.reset()
+    fused.reset_stats()
 
 
 @hookimpl

@@ -177,6 +177,8 @@ class DeviceGeneratorLowering(Lowering):
     the draw it reserves from the device generator as ``generator``, as if the schema had one
     (one counter per element of its first argument)."""
 
+    fusable = True  # it only adds the draw
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         x = args[0]
         count = math.prod(x.spec.size if isinstance(x, JaxView) else x.shape)
