@@ -159,7 +159,8 @@ _known: collections.OrderedDict[Any, _Known] = collections.OrderedDict()
 _shapes: dict[Any, tuple[list, Any, bool]] = {}
 _SHAPES_KEPT = 65536
 
-STATS = {"ops_recorded": 0, "regions": 0, "op_by_op": 0, "compiles": 0, "hits": 0, "flushes": collections.Counter()}
+STATS = {"ops_recorded": 0, "regions": 0, "op_by_op": 0, "compiles": 0, "hits": 0, "results": 0,
+         "flushes": collections.Counter()}
 
 
 def limit() -> int:
@@ -382,6 +383,7 @@ def flush(reason: str) -> None:
                 p = ref()
                 if p is not None:
                     live.append((index, leaf, p))
+        STATS["results"] += len(live)
         key = (tuple(node.key for node in region.nodes), tuple(_aval(x) for x in region.externals),
                tuple((i, leaf) for i, leaf, _ in live))
         known = _known.get(key)
@@ -463,12 +465,13 @@ def leave() -> None:
 
 def stats() -> dict[str, Any]:
     """``accelkit.stats()["tpu"]["fused"]``: ops recorded, regions flushed (run op by op at
-    first sight, compiled at the second, cache hits after), and why regions were flushed."""
+    first sight, compiled at the second, cache hits after), results materialised, and why
+    regions were flushed."""
     return {**{k: v for k, v in STATS.items() if k != "flushes"}, "flushes": dict(STATS["flushes"]),
             "pending_ops": len(_region.nodes), "cut_every": _cut_every}
 
 
 def reset_stats() -> None:
-    for key in ("ops_recorded", "regions", "op_by_op", "compiles", "hits"):
+    for key in ("ops_recorded", "regions", "op_by_op", "compiles", "hits", "results"):
         STATS[key] = 0
     STATS["flushes"].clear()
