@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-.PHONY: demo test bench conformance-quick chromium titan vllm vllm-env clean
+.PHONY: demo test test-fused bench conformance-quick chromium titan vllm vllm-env clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -84,9 +84,17 @@ test: $(STAMP) $(VLLM_STAMP) chromium
 	env -u ACCELKIT_DEVICE ACCELKIT_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests --ignore=tests/vllm
 	env -u ACCELKIT_DEVICE ACCELKIT_TPU_FLOAT64=emulate $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device tpu
 	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest backends/tpu/tests
+	$(MAKE) --no-print-directory test-fused
 	env -u ACCELKIT_DEVICE ACCELKIT_NEURON_FLOAT64=downcast $(NEURON_VERIFY) $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device neuron
 	env -u ACCELKIT_DEVICE $(NEURON_VERIFY) $(BIN)/python -m pytest backends/neuron/tests
 	env -u ACCELKIT_DEVICE $(VLLM_BIN)/python -m pytest tests/vllm --durations=0
+
+# tpu's fused eager mode (backends/tpu/fused.py) under the device-generic tests, the model tests
+# and the quick conformance profile (a gate here: any failure fails the target).
+test-fused: $(STAMP)
+	env -u ACCELKIT_DEVICE ACCELKIT_TPU_MODE=fused ACCELKIT_TPU_FLOAT64=emulate $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device tpu
+	env -u ACCELKIT_DEVICE ACCELKIT_TPU_MODE=fused $(BIN)/python -m pytest backends/tpu/tests/test_tpu_models.py
+	env -u ACCELKIT_DEVICE ACCELKIT_TPU_MODE=fused $(BIN)/accelkit conformance run --profile quick --backend tpu --out conformance-results-fused
 
 # TorchTitan's full matrix on tpu and neuron against ref (tests/titan; the quick part runs in `test`).
 titan: $(STAMP)
@@ -100,4 +108,4 @@ bench: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_collectives.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis conformance-results demo-reports
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .hypothesis conformance-results conformance-results-fused demo-reports

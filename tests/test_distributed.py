@@ -53,7 +53,14 @@ def test_a_group_bound_to_the_device_with_device_id():
     assert all(r.findings["parameters_close"] for r in ranks)
 
 
-def test_the_ddp_example_under_torchrun_matches_one_process(tmp_path):
+def test_ddp_in_fused_mode_matches_one_process():
+    ranks = _findings("tpu", "ddp", env={"ACCELKIT_TPU_MODE": "fused"})
+    _ok(ranks)
+    assert all(r.findings["parameters_close"] for r in ranks)
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+def test_the_ddp_example_under_torchrun_matches_one_process(tmp_path, mode):
     import os
     import subprocess
     import sys
@@ -64,7 +71,8 @@ def test_the_ddp_example_under_torchrun_matches_one_process(tmp_path):
     example = Path(__file__).parents[1] / "examples" / "train_ddp.py"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                 "--master-port", str(free_port()), str(example)]
-    done = subprocess.run(torchrun, env={**os.environ, "ACCELKIT_DEVICE": "tpu"}, capture_output=True,
+    env = {**os.environ, "ACCELKIT_DEVICE": "tpu", "ACCELKIT_TPU_MODE": mode}
+    done = subprocess.run(torchrun, env=env, capture_output=True,
                           text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line.split() for line in done.stdout.splitlines() if line[:4].strip().isdigit()]

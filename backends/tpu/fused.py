@@ -22,8 +22,9 @@ op by op — when a value must exist:
 
 Regions are cached by their structure (each op's program and argument geometry, which earlier
 results it reads, which results are still referenced). A structure met for the first time runs
-op by op, through the same per-op programs as strict mode; met again, it is compiled as one
-program, and every later meeting runs that program. A training loop's steps therefore hit the
+op by op, through the same per-op programs as strict mode; met again soon after (within
+:data:`RECENT_FLUSHES` flushes), it is compiled as one program, and every later meeting runs
+that program. A training loop's steps therefore hit the
 cache after warm-up, and a decode loop whose shapes change at every step never compiles a region
 it will not see again. Only results some live tensor (or a pending device-side check) still
 references are returned by a region: intermediates are never materialised.
@@ -55,6 +56,10 @@ DEFAULT_OPS = 1024
 KNOWN_REGIONS = 4096
 #: Shortest and longest loop bodies looked for at a cut by size.
 PERIODS = (2, 512)
+#: A region is compiled when it is met again within this many flushes of its last meeting: a
+#: loop's body recurs at once, a decode step's shapes recur only at the next request, too rarely
+#: to repay a compile (it runs op by op, as strict mode would).
+RECENT_FLUSHES = 32
 
 
 class Pending:
@@ -144,13 +149,14 @@ _cut_every: int | None = None  # a multiple of the loop body found at the first 
 
 
 class _Known:
-    """A region structure: seen once (``program`` None) or compiled."""
+    """A region structure: met before (``program`` None) or compiled."""
 
-    __slots__ = ("program", "tally")
+    __slots__ = ("program", "tally", "last_met")
 
-    def __init__(self) -> None:
+    def __init__(self, flush: int) -> None:
         self.program: Program | None = None
         self.tally: Any = None
+        self.last_met = flush
 
 
 _known: collections.OrderedDict[Any, _Known] = collections.OrderedDict()
@@ -160,7 +166,8 @@ _shapes: dict[Any, tuple[list, Any, bool]] = {}
 _SHAPES_KEPT = 65536
 
 STATS = {"ops_recorded": 0, "regions": 0, "op_by_op": 0, "compiles": 0, "hits": 0, "results": 0,
-         "flushes": collections.Counter()}
+         "flushes": collections.Counter(), "outside_regions": collections.Counter()}
+_flushes = 0  # flushes so far (the clock of RECENT_FLUSHES)
 
 
 def limit() -> int:
@@ -234,6 +241,7 @@ def outside_regions(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not recording():
             return fn(*args, **kwargs)
         if _region.nodes:
+            STATS["outside_regions"][fn.__qualname__] += 1
             flush("kernel outside regions")
         with suspended():
             return fn(*resolve(args), **resolve(kwargs))
@@ -369,12 +377,13 @@ def _cut_by_size() -> None:
 
 def flush(reason: str) -> None:
     """Run the pending region, if any (see the module docstring); ``reason`` is counted."""
-    global _region
+    global _region, _flushes
     with _lock:
         region = _region
         if not region.nodes:
             return
         _region = _Region()
+        _flushes += 1
         STATS["flushes"][reason] += 1
         STATS["regions"] += 1
         live = []
@@ -388,10 +397,14 @@ def flush(reason: str) -> None:
                tuple((i, leaf) for i, leaf, _ in live))
         known = _known.get(key)
         with suspended():
-            if known is None:
-                _known[key] = _Known()
-                if len(_known) > KNOWN_REGIONS:
-                    _known.popitem(last=False)
+            if known is None or (known.program is None and _flushes - known.last_met > RECENT_FLUSHES):
+                if known is None:
+                    _known[key] = _Known(_flushes)
+                    if len(_known) > KNOWN_REGIONS:
+                        _known.popitem(last=False)
+                else:
+                    known.last_met = _flushes
+                    _known.move_to_end(key)
                 values = _op_by_op(region.nodes, region.externals, [(i, leaf) for i, leaf, _ in live])
                 STATS["op_by_op"] += 1
             else:
@@ -467,7 +480,8 @@ def stats() -> dict[str, Any]:
     """``accelkit.stats()["tpu"]["fused"]``: ops recorded, regions flushed (run op by op at
     first sight, compiled at the second, cache hits after), results materialised, and why
     regions were flushed."""
-    return {**{k: v for k, v in STATS.items() if k != "flushes"}, "flushes": dict(STATS["flushes"]),
+    counters = ("flushes", "outside_regions")
+    return {**{k: v for k, v in STATS.items() if k not in counters}, **{k: dict(STATS[k]) for k in counters},
             "pending_ops": len(_region.nodes), "cut_every": _cut_every}
 
 
@@ -475,3 +489,4 @@ def reset_stats() -> None:
     for key in ("ops_recorded", "regions", "op_by_op", "compiles", "hits", "results"):
         STATS[key] = 0
     STATS["flushes"].clear()
+    STATS["outside_regions"].clear()
