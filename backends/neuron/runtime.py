@@ -109,6 +109,7 @@ def accelkit_backend_activated() -> None:
 
 @hookimpl
 def accelkit_stats() -> dict[str, Any]:
+    from accelkit_backends.neuron import adaptive
     from accelkit_backends.neuron.cost import LEDGER
     from accelkit_backends.neuron.launch import REPLAY_COUNTS
 
@@ -120,15 +121,20 @@ def accelkit_stats() -> dict[str, Any]:
                    # Static kernel runs the simulator replayed (numerics only) or recorded, and
                    # the kernels that cannot replay, with the reason.
                    "replay": {"replayed": REPLAY_COUNTS["replayed"], "recorded": REPLAY_COUNTS["recorded"],
-                              "refused": dict(REPLAY_COUNTS["refused"])}},
+                              "refused": dict(REPLAY_COUNTS["refused"])},
+                   # Adaptive eager: regions flushed (and why), ops and in-place writes recorded,
+                   # region programs built and reused.
+                   "adaptive": adaptive.stats()},
     }
 
 
 @hookimpl
 def accelkit_reset_stats() -> None:
+    from accelkit_backends.neuron import adaptive
     from accelkit_backends.neuron.cost import LEDGER
     from accelkit_backends.neuron.launch import REPLAY_COUNTS
 
+    adaptive.reset_stats()
     LEDGER.reset()
     REPLAY_COUNTS.update(replayed=0, recorded=0)
 
