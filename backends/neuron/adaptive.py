@@ -120,7 +120,7 @@ class Deferred:
     (``nbytes``), so memory is accounted as strictly."""
 
     __slots__ = ("array", "shape", "dtype", "nbytes", "site", "adopted", "freed", "error", "result",
-                 "written", "__weakref__")
+                 "written", "views", "__weakref__")
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, site: tuple[int, int]):
         self.array: np.ndarray | None = None
@@ -135,13 +135,14 @@ class Deferred:
         self.result: Any = None
         #: A store of the region writes into it.
         self.written = False
+        #: Live :class:`PendingView` objects of it (a kernel argument read from a tensor that
+        #: is gone since, as numpy views keep memory alive strictly).
+        self.views = 0
 
     def wanted(self) -> bool:
-        """Whether its value can still be read: a live tensor holds it, or the result object is
-        still held (an in-place op's value on its way to ``self``)."""
-        if self.adopted:
-            return not self.freed
-        return self.result is not None and self.result() is not None
+        """Whether its value can still be read: a live tensor holds it, or a view of it (the
+        result object on its way to a tensor or to ``self``, an argument read earlier)."""
+        return self.views > 0 or (self.adopted and not self.freed)
 
 
 class PendingView:
@@ -156,6 +157,10 @@ class PendingView:
         self.shape = tuple(view.size)
         self.dtype = nx.numpy_dtype(view.dtype)
         self.strides = tuple(s * self.dtype.itemsize for s in view.stride)
+        deferred.views += 1
+
+    def __del__(self) -> None:
+        self.deferred.views -= 1
 
     def identity(self) -> bool:
         """Whether the view is the whole result as it was made (same dtype, shape, dense)."""
@@ -545,14 +550,19 @@ def store(block: Any, view: ViewSpec, value: Any) -> bool:
     return False
 
 
-def adopt(view: PendingView) -> tuple[Deferred, int] | None:
-    """The block and bytes of a recorded op's result, adopted as a new tensor's memory."""
+def adoptable(view: PendingView) -> tuple[Deferred, int] | None:
+    """The block and bytes of a recorded op's result, to adopt as a new tensor's memory."""
     d = view.deferred
     if d.adopted or d.result is None or d.result() is not view:
         return None
+    return d, d.nbytes
+
+
+def adopted(view: PendingView) -> None:
+    """A recorded op's result became a tensor's memory (its accounting succeeded)."""
+    d = view.deferred
     d.adopted = True
     d.result = None
-    return d, d.nbytes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -588,6 +598,8 @@ def _run(region: _Region) -> None:
                 wanted.append((i, j))
     stores = [e for e in region.entries if isinstance(e, _Store)]
     outputs = [_Ref(i, j, None) for i, j in wanted] + [s.value for s in stores]
+    if not outputs:
+        return  # nothing recorded is read any more: nothing runs
     key = (tuple(region.key), len(region.floats), tuple(r.key() for r in outputs))
     program = _programs.get(key)
     if program is None:
@@ -641,10 +653,16 @@ def _run_op_by_op(region: _Region) -> None:
             return {k: actual(x) for k, x in v.items()}
         return v
 
-    index = 0
+    stores = [e.value for e in region.entries if isinstance(e, _Store)]
+    needed = _needed(region, [_Ref(i, j, None) for i, n in enumerate(region.nodes)
+                              for j, d in enumerate(n.outs) if d.wanted()] + stores)
+    index = -1
     for position, entry in enumerate(region.entries):
         if isinstance(entry, _Store):
             _write(entry.block, entry.view, actual(entry.value))
+            continue
+        index += 1
+        if index not in needed:
             continue
         try:
             result = kernels.get(entry.op).fn(*actual(entry.args), **actual(entry.kwargs))
@@ -655,7 +673,6 @@ def _run_op_by_op(region: _Region) -> None:
         for j, (d, value) in enumerate(zip(entry.outs, results)):
             values[(index, j)] = value
             d.array = _flat(value)
-        index += 1
     # Every op ran (the program failed for none of them): the values are the strict ones.
 
 
@@ -695,6 +712,30 @@ def _meta(shape: tuple, dtype: torch.dtype, stride: tuple | None = None) -> torc
     return torch.empty_strided(shape, stride, dtype=dtype, device="meta")
 
 
+def _refs(value: Any) -> Iterator[_Ref]:
+    if isinstance(value, _Ref):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _refs(v)
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _refs(v)
+
+
+def _needed(region: _Region, outputs: list[_Ref]) -> set[int]:
+    """The nodes the outputs depend on (the others' results nobody can read)."""
+    needed: set[int] = set()
+    stack = [r.node for r in outputs]
+    while stack:
+        i = stack.pop()
+        if i not in needed:
+            needed.add(i)
+            node = region.nodes[i]
+            stack.extend(r.node for r in _refs((node.args, node.kwargs)))
+    return needed
+
+
 def _build(region: _Region, outputs: list[_Ref]) -> Any:
     from accelkit_backends.neuron.graph_lowering import RegionProgram
 
@@ -710,8 +751,9 @@ def _build(region: _Region, outputs: list[_Ref]) -> Any:
         node = graph.placeholder(f"float{i}")
         node.meta["val"] = value
         floats.append(node)
-    made: list[list[torch.fx.Node]] = []
+    made: list[list[torch.fx.Node] | None] = []
     views: dict[tuple, torch.fx.Node] = {}
+    needed = _needed(region, outputs)
 
     def fx(v: Any) -> Any:
         if isinstance(v, _Float):
@@ -735,7 +777,10 @@ def _build(region: _Region, outputs: list[_Ref]) -> Any:
             return {k: fx(x) for k, x in v.items()}
         return v
 
-    for node in region.nodes:
+    for i, node in enumerate(region.nodes):
+        if i not in needed:  # its results are read by nothing: never computed
+            made.append(None)
+            continue
         call = graph.call_function(node.op, fx(node.args), fx(node.kwargs))
         metas = [_meta(d.shape, d.dtype) for d in node.outs]
         if node.multi:

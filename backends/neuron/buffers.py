@@ -30,9 +30,15 @@ class NeuronAllocator(DeviceAllocator):
     def _alloc_block(self, nbytes: int) -> np.ndarray:
         return np.empty(nbytes, dtype=np.uint8)
 
+    def adopt(self, array: Any) -> Any:
+        buffer = super().adopt(array)  # may raise torch.OutOfMemoryError: nothing adopted then
+        if buffer is not None and type(array) is PendingView:
+            adaptive.adopted(array)
+        return buffer
+
     def _block_from_array(self, array: Any) -> tuple[Any, int] | None:
         if type(array) is PendingView:
-            return adaptive.adopt(array)
+            return adaptive.adoptable(array)
         if not isinstance(array, np.ndarray) or not array.flags.c_contiguous or not array.flags.owndata:
             return None
         return array.reshape(-1).view(np.uint8), array.nbytes

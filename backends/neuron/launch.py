@@ -100,15 +100,27 @@ def _launcher(op: OpOverload, body: Callable, static: bool = False, complex_awar
     def launch(*args: Any, **kwargs: Any) -> Any:
         if adaptive.engaged():
             # Adaptive eager: a static kernel is recorded (its results' geometry from the Meta
-            # kernel now), anything else runs now, after what it needs of the open region.
+            # kernel now), anything else runs now, after what it needs of the open region. A
+            # new instance runs now the first time (its compile, where a kernel may decline
+            # its arguments to the CPU fallback or warn of shape churn, at the op).
+            instance = None
             if recordable:
-                out = _output_specs(op, _instance_key(args, kwargs), args, kwargs)
+                key = _instance_key(args, kwargs)
+                out = _output_specs(op, key, args, kwargs)
                 if not _complex_involved(args, kwargs, out):
-                    result = adaptive.record(op, args, kwargs, out)
-                    if result is not None:
-                        return result
+                    instance = (op, key, tuple(out))
+                    if instance in _RAN:
+                        result = adaptive.record(op, args, kwargs, out)
+                        if result is not None:
+                            return result
             adaptive.STATS["ops_not_recorded"] += 1
             args, kwargs = adaptive.concrete((args, kwargs))
+            result = run(*args, **kwargs)
+            if instance is not None:
+                if len(_RAN) > 65536:
+                    _RAN.clear()
+                _RAN.add(instance)
+            return result
         return run(*args, **kwargs)
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -141,6 +153,10 @@ def _launcher(op: OpOverload, body: Callable, static: bool = False, complex_awar
 
     launch.__name__ = launch.__qualname__ = f"neuron_{body.__name__}"
     return launch
+
+
+#: Static kernel instances that ran once (adaptive eager records only these).
+_RAN: set[tuple] = set()
 
 
 def _complex_involved(args: tuple, kwargs: dict, out: list[OutSpec]) -> bool:

@@ -113,6 +113,7 @@ def accelkit_stats() -> dict[str, Any]:
     from accelkit_backends.neuron.cost import LEDGER
     from accelkit_backends.neuron.launch import REPLAY_COUNTS
 
+    adaptive.flush("stats")  # what the open region will cost is known once it ran
     instances = {op: len(keys) for op, keys in sorted(LEDGER.instances.items())}
     return {
         "compiles": sum(instances.values()),
@@ -141,6 +142,8 @@ def accelkit_reset_stats() -> None:
 
 @hookimpl
 def accelkit_estimate() -> Estimate:
+    from accelkit_backends.neuron import adaptive
     from accelkit_backends.neuron.cost import LEDGER
 
+    adaptive.flush("stats")
     return LEDGER.estimate()
