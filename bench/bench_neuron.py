@@ -145,6 +145,62 @@ def step_wall_times(steps: int, block: int = 10) -> dict[str, float]:
     return figures
 
 
+def adaptive_vs_strict(steps: int = 60, block: int = 10) -> dict[str, float]:
+    """The eager small-MLP SGD step (as :func:`step_wall_times`) in adaptive eager (recorded, one
+    program per step; ``ACCELKIT_NEURON_EAGER=adaptive``) and in strict eager (the default, one
+    program per op): simulator wall time per step (ms, median; the two modes take turns in blocks of ``block`` steps, the first
+    of each block not counted) and estimated device time per step (us)."""
+    import copy
+    import time
+
+    import accelkit
+    from accelkit_backends.neuron import eager_mode
+    from torch import nn
+
+    dev = accelkit.select_device("neuron")
+    batch, width_in, hidden, classes = MLPS["small"]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(width_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+    x, y = torch.randn(batch, width_in, device=dev), torch.randint(0, classes, (batch,), device=dev)
+    runs = {}
+    for mode in ("strict", "adaptive"):
+        net = copy.deepcopy(model).to(dev)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+
+        def step(net: nn.Module = net, optimizer: torch.optim.Optimizer = optimizer) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(net(x), y).backward()
+            optimizer.step()
+
+        runs[mode] = step
+    samples: dict[str, list[float]] = {mode: [] for mode in runs}
+    for mode, step in runs.items():
+        with eager_mode(mode):
+            for _ in range(3):
+                step()
+    for _ in range(max(1, steps // block)):
+        for mode, step in runs.items():
+            with eager_mode(mode):
+                step()
+                for _ in range(block):
+                    start = time.perf_counter()
+                    step()
+                    samples[mode].append(time.perf_counter() - start)
+    figures = {f"{mode}_ms": statistics.median(values) * 1e3 for mode, values in samples.items()}
+    for mode, step in runs.items():
+        with eager_mode(mode):
+            accelkit.reset_stats()
+            for _ in range(steps):
+                step()
+            stats = accelkit.stats()["neuron"]
+        figures[f"{mode}_device_us"] = stats["estimate"]["device_seconds"] / steps * 1e6
+        figures[f"{mode}_kernels"] = stats["estimate"]["kernels"] / steps
+        if mode == "adaptive":
+            figures.update(regions=stats["adaptive"]["regions"] / steps,
+                           programs_built=stats["adaptive"]["programs_built"])
+    return figures
+
+
 def _whole_step(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
     """The same SGD step as one compiled graph: the loss's gradients taken with ``torch.func``
     inside the compiled function, the update applied there too, so forward, backward and
@@ -306,6 +362,14 @@ def main() -> None:
           f"{step['whole_step_in_full_ms']:.2f} ms; device {step['whole_step_device_us']:.1f} us "
           f"({step['whole_step_device_us'] / step['eager_device_us']:.2f}x); HBM {step['whole_step_hbm_bytes']:.0f} "
           f"({step['whole_step_hbm_bytes'] / step['eager_hbm_bytes']:.2f}x); kernels {step['whole_step_kernels']:.0f}")
+    ab = adaptive_vs_strict(60)
+    print("\nThe same eager step, adaptive eager (one program per step) vs strict (the default, one program "
+          "per op), A/B in this run:")
+    print(f"  estimated device time: adaptive {ab['adaptive_device_us']:.1f} us, strict {ab['strict_device_us']:.1f} us "
+          f"({ab['adaptive_device_us'] / ab['strict_device_us']:.2f}x); kernels {ab['adaptive_kernels']:.0f} vs "
+          f"{ab['strict_kernels']:.0f}; regions per step {ab['regions']:.1f}, programs built {ab['programs_built']}")
+    print(f"  simulator wall time: adaptive {ab['adaptive_ms']:.2f} ms, strict {ab['strict_ms']:.2f} ms "
+          f"({ab['adaptive_ms'] / ab['strict_ms']:.2f}x)")
     block = block_estimates()
     print("\nAn elementwise block x + silu(g) * tanh(0.5 x + 1) - 0.1 g on 512x1024 float32, eager vs compiled:")
     print(f"  estimated device time: eager {block['eager_device_us']:.1f} us, compiled {block['compiled_device_us']:.1f} us "

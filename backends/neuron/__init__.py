@@ -11,8 +11,12 @@ The plugin's hooks live in the modules of their contract areas (``device``, ``ru
 ``compiler``, ``collectives``); the
 expectations are ``conformance.toml`` next to this file, and autocast is the core's default.
 
-Public extras: :func:`profile` (a timeline exported as a Chrome trace) and
-:func:`stochastic_rounding` (bf16 rounding mode).
+Eager ops run strictly (each op its own program, at once) unless ``ACCELKIT_NEURON_EAGER=adaptive``
+or :func:`eager_mode` asks for adaptive eager, TorchNeuron's default: recorded, and run as one
+scheduled program per region at the next flush (``adaptive.py``).
+
+Public extras: :func:`profile` (a timeline exported as a Chrome trace),
+:func:`stochastic_rounding` (bf16 rounding mode) and :func:`eager_mode`.
 """
 
 from __future__ import annotations
@@ -52,6 +56,15 @@ def profile():
     return _profile()
 
 
+def eager_mode(mode: str):
+    """Context manager: neuron's eager ops run ``"adaptive"`` (recorded, one program per region)
+    or ``"strict"`` (one program per op, at once) inside; the open region is flushed on the way
+    in and out."""
+    from accelkit_backends.neuron.adaptive import eager_mode as _eager_mode
+
+    return _eager_mode(mode)
+
+
 def stochastic_rounding(enabled: bool = True):
     """Context manager: round fp32 results to bf16 stochastically (or to nearest-even)."""
     from accelkit_backends.neuron.sim.numerics import stochastic_rounding as _stochastic_rounding
@@ -72,6 +85,7 @@ __all__ = [
     "accelkit_reset_stats",
     "accelkit_stats",
     "device_model",
+    "eager_mode",
     "probe",
     "profile",
     "stochastic_rounding",

@@ -32,7 +32,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from accelkit.sdk import GraphLowering, RandomDraw, graph_parts
-from accelkit_backends.neuron import fusion, graph_shapes, launch, runtime
+from accelkit_backends.neuron import adaptive, fusion, graph_shapes, launch, runtime
 from accelkit_backends.neuron.conversion import convert
 from accelkit_backends.neuron.kernels.shape import copy_view
 from accelkit_backends.neuron.launch import kernels
@@ -118,8 +118,8 @@ class GraphProgram:
         self._random = {node: i for i, node in enumerate(random_nodes)}
         self._steps = {node: _step(node) for node in self._body}
         with _count_lock:
-            GraphProgram.built += 1
-            number = GraphProgram.built
+            type(self).built += 1
+            number = type(self).built
         ops = [str(n.target).removeprefix("aten.").split(".")[0] for n in self._body
                if isinstance(n.target, torch._ops.OpOverload) and not _is_view(n.target)]
         #: The program's name in estimates and traces: its number and first and last ops.
@@ -137,11 +137,18 @@ class GraphProgram:
         self._straight: dict[tuple, Any] = {}
 
     def __call__(self, inputs: list, draws: Sequence[RandomDraw]) -> list:
+        # Under adaptive eager, inputs may be pending: computed first (and the kernels of the
+        # program run at once, never recorded).
+        inputs = adaptive.concrete(inputs)
+        with adaptive.running():
+            return self._call(inputs, draws)
+
+    def _call(self, inputs: list, draws: Sequence[RandomDraw]) -> list:
         structure = tuple(_structure_of(value) for value in inputs)
         if structure not in self._structures:
             self._structures.add(structure)
             with _count_lock:
-                GraphProgram.compiled_total += 1
+                type(self).compiled_total += 1
         core = runtime.core()
         instance = (self, structure)
         arrays = [v for v in inputs if isinstance(v, np.ndarray)]
@@ -233,6 +240,18 @@ class GraphProgram:
                 # Whatever goes in or out stays in HBM; intermediates may stay in SBUF.
                 program.boundary = [*arrays, *(a for a in pytree.tree_leaves(results) if isinstance(a, np.ndarray))]
         return [_own(r, arrays) if isinstance(o, torch.fx.Node) else r for o, r in zip(self._outputs, results)]
+
+
+class RegionProgram(GraphProgram):
+    """An adaptive eager region (:mod:`.adaptive`) as a program: a graph the region built from
+    its recorded ops, run as a compiled graph is; counted apart from ``torch.compile``'s."""
+
+    compiled_total = 0
+    built = 0
+
+    def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node], label: str):
+        super().__init__(graph, random_nodes)
+        self.label = label
 
 
 def _structure_of(value: Any) -> Any:

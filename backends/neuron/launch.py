@@ -30,7 +30,8 @@ import torch
 from torch._ops import OpOverload
 
 from accelkit.sdk import KernelDeclined, KernelTable, RandomDraw, meta_call, meta_tensor
-from accelkit_backends.neuron import cost, runtime
+from accelkit_backends.neuron import adaptive, cost, runtime
+from accelkit_backends.neuron.adaptive import PendingView
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim import replay
 
@@ -94,6 +95,33 @@ def body_of(op: OpOverload) -> Callable | None:
 
 def _launcher(op: OpOverload, body: Callable, static: bool = False, complex_aware: bool = False) -> Callable:
     name = str(op).removeprefix("aten.")
+    recordable = adaptive.recordable(op, static)
+
+    def launch(*args: Any, **kwargs: Any) -> Any:
+        if adaptive.engaged():
+            # Adaptive eager: a static kernel is recorded (its results' geometry from the Meta
+            # kernel now), anything else runs now, after what it needs of the open region. A
+            # new instance runs now the first time (its compile, where a kernel may decline
+            # its arguments to the CPU fallback or warn of shape churn, at the op).
+            instance = None
+            if recordable:
+                key = _instance_key(args, kwargs)
+                out = _output_specs(op, key, args, kwargs)
+                if not _complex_involved(args, kwargs, out):
+                    instance = (op, key, tuple(out))
+                    if instance in _RAN:
+                        result = adaptive.record(op, args, kwargs, out)
+                        if result is not None:
+                            return result
+            adaptive.STATS["ops_not_recorded"] += 1
+            args, kwargs = adaptive.concrete((args, kwargs))
+            result = run(*args, **kwargs)
+            if instance is not None:
+                if len(_RAN) > 65536:
+                    _RAN.clear()
+                _RAN.add(instance)
+            return result
+        return run(*args, **kwargs)
 
     def run(*args: Any, **kwargs: Any) -> Any:
         key = _instance_key(args, kwargs)
@@ -123,8 +151,12 @@ def _launcher(op: OpOverload, body: Callable, static: bool = False, complex_awar
         with runtime.core().kernel(name, instance) as k:
             return body_now(k, out, *args, **kwargs)
 
-    run.__name__ = run.__qualname__ = f"neuron_{body.__name__}"
-    return run
+    launch.__name__ = launch.__qualname__ = f"neuron_{body.__name__}"
+    return launch
+
+
+#: Static kernel instances that ran once (adaptive eager records only these).
+_RAN: set[tuple] = set()
 
 
 def _complex_involved(args: tuple, kwargs: dict, out: list[OutSpec]) -> bool:
@@ -133,7 +165,7 @@ def _complex_involved(args: tuple, kwargs: dict, out: list[OutSpec]) -> bool:
         return True
     for value in (*args, *kwargs.values()):
         for item in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(item, complex) or isinstance(item, np.ndarray) and item.dtype.kind == "c":
+            if isinstance(item, complex) or isinstance(item, (np.ndarray, PendingView)) and item.dtype.kind == "c":
                 return True
     return False
 
@@ -241,7 +273,7 @@ def _verify(core: Any, name: str, body: Callable, arrays: list[np.ndarray], befo
 
 
 def _key_of(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
+    if isinstance(value, (np.ndarray, PendingView)):
         return ("array", value.shape, value.dtype.str, value.strides)
     if isinstance(value, (list, tuple)):
         return tuple(_key_of(v) for v in value)
@@ -259,7 +291,7 @@ def _instance_key(args: tuple, kwargs: dict) -> tuple:
 
 
 def _to_meta(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
+    if isinstance(value, (np.ndarray, PendingView)):
         itemsize = value.dtype.itemsize
         strides = tuple(s // itemsize for s in value.strides)
         return meta_tensor(value.shape, nx.torch_dtype(value.dtype), strides)

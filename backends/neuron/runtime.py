@@ -109,9 +109,11 @@ def accelkit_backend_activated() -> None:
 
 @hookimpl
 def accelkit_stats() -> dict[str, Any]:
+    from accelkit_backends.neuron import adaptive
     from accelkit_backends.neuron.cost import LEDGER
     from accelkit_backends.neuron.launch import REPLAY_COUNTS
 
+    adaptive.flush("stats")  # what the open region will cost is known once it ran
     instances = {op: len(keys) for op, keys in sorted(LEDGER.instances.items())}
     return {
         "compiles": sum(instances.values()),
@@ -120,21 +122,28 @@ def accelkit_stats() -> dict[str, Any]:
                    # Static kernel runs the simulator replayed (numerics only) or recorded, and
                    # the kernels that cannot replay, with the reason.
                    "replay": {"replayed": REPLAY_COUNTS["replayed"], "recorded": REPLAY_COUNTS["recorded"],
-                              "refused": dict(REPLAY_COUNTS["refused"])}},
+                              "refused": dict(REPLAY_COUNTS["refused"])},
+                   # Adaptive eager: regions flushed (and why), ops and in-place writes recorded,
+                   # region programs built and reused.
+                   "adaptive": adaptive.stats()},
     }
 
 
 @hookimpl
 def accelkit_reset_stats() -> None:
+    from accelkit_backends.neuron import adaptive
     from accelkit_backends.neuron.cost import LEDGER
     from accelkit_backends.neuron.launch import REPLAY_COUNTS
 
+    adaptive.reset_stats()
     LEDGER.reset()
     REPLAY_COUNTS.update(replayed=0, recorded=0)
 
 
 @hookimpl
 def accelkit_estimate() -> Estimate:
+    from accelkit_backends.neuron import adaptive
     from accelkit_backends.neuron.cost import LEDGER
 
+    adaptive.flush("stats")
     return LEDGER.estimate()

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from accelkit_backends.neuron import adaptive
 from accelkit_backends.neuron.launch import OutSpec, _launcher, chip_dtype, hbm_empty, kernels, tile_kernel
 from accelkit_backends.neuron.kernels.convert import fill
 from accelkit_backends.neuron.kernels.shape import copy_view, free_blocks
@@ -628,6 +629,8 @@ def _register_with_integer_indices(op: Any, body: Any) -> None:
     launch = _launcher(op, body)
 
     def run(x: np.ndarray, indices: list, *args: Any, **kwargs: Any) -> Any:
+        # The indices' values are read here (boolean masks), so pending ones are computed first.
+        x, indices, args, kwargs = adaptive.concrete((x, indices, args, kwargs))
         return launch(x, _integer_indices(x, list(indices)), *args, **kwargs)
 
     run.__name__ = run.__qualname__ = f"neuron_{body.__name__}"

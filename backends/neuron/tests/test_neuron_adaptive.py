@@ -1,0 +1,211 @@
+"""neuron's adaptive eager (``adaptive.py``): recorded ops run as one program per region, with
+strict eager's values, views, in-place writes, memory accounting and errors."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import accelkit
+from accelkit_backends.neuron import adaptive, eager_mode
+
+
+def _adaptive() -> dict:
+    """The adaptive figures without a flush (``accelkit.stats()`` flushes first)."""
+    return adaptive.stats()
+
+
+@pytest.fixture
+def fresh(dev):
+    """The neuron device, adaptive, with no open region and the stats cleared."""
+    with eager_mode("adaptive"):
+        accelkit.reset_stats()
+        yield dev
+
+
+def test_strict_is_the_default_until_the_suite_passes_adaptively():
+    assert adaptive.DEFAULT_MODE == "strict"
+    assert _adaptive()["mode"] in adaptive.MODES
+
+
+def test_a_chain_is_one_fused_program_with_strict_values(fresh):
+    x, g = torch.randn(64, 96), torch.randn(64, 96)
+    dx, dg = x.to(fresh), g.to(fresh)
+
+    def block(x, g):
+        return x + torch.nn.functional.silu(g) * torch.tanh(x * 0.5 + 1.0) - 0.1 * g
+
+    block(dx, dg).cpu()  # a new kernel instance runs at once the first time (its compile)
+    accelkit.reset_stats()
+    out = block(dx, dg)
+    assert adaptive.pending() and adaptive._region.nodes.__len__() >= 6  # recorded, not run
+    adaptive_values = out.cpu()
+    estimate = accelkit.stats()["neuron"]["estimate"]
+    with eager_mode("strict"):
+        accelkit.reset_stats()
+        strict_values = block(dx, dg).cpu()
+        strict_kernels = accelkit.stats()["neuron"]["estimate"]["kernels"]
+    assert torch.equal(adaptive_values, strict_values)  # bit for bit
+    assert estimate["kernels"] < strict_kernels  # the chain fused
+
+
+def _warm(fn, *args):
+    """Run ``fn`` once, flushed: its kernel instances are then known (recorded from then on)."""
+    fn(*args)
+    torch.neuron.synchronize()
+    accelkit.reset_stats()
+
+
+def test_flush_points(fresh):
+    stats = _adaptive
+    a = torch.randn(8, 8).to(fresh)
+    _warm(lambda: (a * 2 + 1, (a * 2 + 1).sum(), a.exp(), a + 3, a - 1, torch.zeros(4).to(fresh) + 1))
+    b = a * 2 + 1
+    assert stats()["open_ops"] == 2
+    b.sum().item()  # a host read
+    assert stats()["open_ops"] == 0 and stats()["flushes"]["a pending value is read"] == 1
+
+    c = a.exp()
+    torch.neuron.synchronize()
+    assert stats()["open_ops"] == 0 and stats()["flushes"]["synchronize"] == 1
+    assert torch.equal(c.cpu(), a.cpu().exp()) or torch.allclose(c.cpu(), a.cpu().exp())
+
+    d = a + 3
+    assert stats()["open_ops"] == 1
+    index = torch.tensor([3, 0, 5]).to(fresh)
+    # index_select's kernel reads the indices' values: not recorded, it flushes what it reads.
+    picked = torch.index_select(d, 0, index)
+    assert stats()["flushes"]["an op that is not recorded"] == 1
+    assert torch.equal(picked.cpu(), torch.index_select(a.cpu() + 3, 0, index.cpu()))
+
+    before = a.cpu()
+    e = a - 1
+    a.copy_(torch.zeros(8, 8))  # the host writes memory the region reads: flushed first
+    assert stats()["flushes"]["the host writes memory the region uses"] == 1
+    assert torch.equal(e.cpu(), before - 1) and torch.equal(a.cpu(), torch.zeros(8, 8))
+    x = torch.zeros(4).to(fresh)
+    for _ in range(adaptive.MAX_NODES + 5):
+        x = x + 1
+    assert stats()["flushes"]["size limit"] == 1
+    assert torch.equal(x.cpu(), torch.full((4,), float(adaptive.MAX_NODES + 5)))
+
+
+def test_flush_before_a_cpu_fallback_reads_pending_values(fresh):
+    a = torch.randn(5, 5)
+    b = a.to(fresh) * 3
+    with accelkit.fallback_policy("allow"):
+        det = torch.linalg.det(b)  # no neuron kernel: the CPU fallback copies b to the host
+    assert _adaptive()["open_ops"] == 0
+    torch.testing.assert_close(det.cpu(), torch.linalg.det(a * 3))
+
+
+def _mlp_steps(dev, steps: int, mode: str):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to(dev)
+    x, y = torch.randn(16, 32).to(dev), torch.randint(0, 10, (16,)).to(dev)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    with eager_mode(mode):
+        for _ in range(steps):
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss)
+        values = [l.cpu() for l in losses], [p.cpu() for p in model.parameters()]
+    return values
+
+
+def test_training_loop_hits_the_program_cache_with_strict_values(fresh):
+    _mlp_steps(fresh, 2, "adaptive")  # warm-up
+    accelkit.reset_stats()
+    steps = 6
+    losses, params = _mlp_steps(fresh, steps, "adaptive")
+    stats = _adaptive()
+    # One region per step (cut where the next forward reads the updated weights), all but
+    # the first of this run served by one cached program: nothing is built per step.
+    assert stats["programs_built"] <= 2
+    assert stats["program_cache_hits"] >= steps - 1
+    strict_losses, strict_params = _mlp_steps(fresh, steps, "strict")
+    assert all(torch.equal(a, b) for a, b in zip(losses, strict_losses))
+    assert all(torch.equal(a, b) for a, b in zip(params, strict_params))
+
+
+def test_in_place_writes_through_views(fresh):
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+
+    def program(t: torch.Tensor) -> list[torch.Tensor]:
+        b = t * 2  # pending on neuron
+        row = b[1]  # a view of a pending value
+        row.mul_(3)  # in place through the view
+        b.t()[2].add_(t[:, 0])  # a transposed view, written with a strided input
+        col = t[:, 1]
+        col.copy_(b[:, 5])  # a view of a device tensor written with a pending value
+        s = b.sum(0)  # reads b after the writes
+        t.add_(1)  # in place on memory the region read
+        return [b, s, t, row]
+
+    expected = program(base.clone())
+    _warm(lambda: [v.cpu() for v in program(base.clone().to(fresh))])
+    got = [v.cpu() for v in program(base.clone().to(fresh))]
+    assert _adaptive()["stores_recorded"] >= 3
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+
+
+def test_out_of_memory_at_the_op(fresh):
+    a = torch.ones(1 << 20).to(fresh)  # 4 MiB
+    _warm(lambda: a + 1)
+    capacity = torch.neuron.memory_stats()["capacity_bytes"]
+    fillers = []  # never written: no host memory behind them
+    free = capacity - torch.neuron.memory_allocated()
+    while free >= 4 << 20:
+        size = 1 << (free.bit_length() - 1)  # a power of two is its own size class
+        fillers.append(torch.empty(size, dtype=torch.uint8, device=fresh))
+        free -= size
+    with pytest.raises(torch.OutOfMemoryError, match="out of memory: tried to allocate 4.00 MiB"):
+        a + 1  # recorded, and accounted at the op: the error is raised here, as strictly
+    assert _adaptive()["open_ops"] == 1
+    before = accelkit.stats()["neuron"]["estimate"]["kernels"]  # flushes: nothing reads the add
+    assert accelkit.stats()["neuron"]["estimate"]["kernels"] == before
+    with eager_mode("strict"), pytest.raises(torch.OutOfMemoryError, match="tried to allocate 4.00 MiB"):
+        a + 1
+    fillers.pop()
+    assert torch.equal((a + 1).cpu(), torch.full((1 << 20,), 2.0))
+    del fillers
+
+
+def test_device_side_error_raises_at_the_flush_naming_the_op(fresh):
+    logits = torch.randn(4, 10).to(fresh)
+    bad = torch.tensor([1, 2, 12, 3]).to(fresh)  # class 12 of 10
+    good = torch.tensor([1, 2, 9, 3]).to(fresh)
+    _warm(lambda: (nn.functional.cross_entropy(logits * 2, good) + 1).item())
+    scaled = logits * 2  # before the failing op: computed as strictly
+    loss = nn.functional.cross_entropy(scaled, bad)  # recorded: no error yet
+    after = loss + 1  # after the failing op: never computed
+    with pytest.raises(Exception, match="nll_loss_forward") as raised:
+        after.item()
+    assert "adaptive eager" in str(raised.value)
+    assert _adaptive()["errors_at_flush"] == 1
+    assert torch.equal(scaled.cpu(), logits.cpu() * 2)
+    with pytest.raises(RuntimeError, match="never computed"):
+        loss.cpu()
+    with eager_mode("strict"), pytest.raises(type(raised.value)):
+        nn.functional.cross_entropy(scaled, bad)  # strictly: at the op
+
+
+def test_strict_mode_records_nothing(fresh):
+    with eager_mode("strict"):
+        accelkit.reset_stats()
+        a = torch.randn(4).to(fresh) + 1
+        assert _adaptive()["ops_recorded"] == 0 and _adaptive()["open_ops"] == 0
+        assert a.cpu().shape == (4,)
+
+
+def test_the_mode_switch_is_validated():
+    with pytest.raises(ValueError, match="adaptive, strict"):
+        with eager_mode("fused"):
+            pass
