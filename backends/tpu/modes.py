@@ -40,7 +40,19 @@ def _from_env() -> str:
     value = os.environ.get(MODE_ENV, "strict").strip().lower() or "strict"
     if value not in MODES:
         raise ValueError(f"{MODE_ENV}={value!r} is not a mode; use one of {', '.join(MODES)}")
+    _check_devices(value)
     return value
+
+
+def _check_devices(mode: str) -> None:
+    """Fused regions run on one device: refuse fused mode with several tpu devices."""
+    if mode == "fused":
+        from accelkit.sdk import device_count_from_env
+
+        count = device_count_from_env("tpu")
+        if count > 1:
+            raise ValueError(f"fused mode runs on one tpu device, and ACCELKIT_TPU_DEVICES={count}: "
+                             "use strict mode with several devices, or one device in fused mode")
 
 
 _mode = _from_env()
@@ -57,6 +69,7 @@ def execution_mode(mode: str) -> Iterator[None]:
     global _mode
     if mode not in MODES:
         raise ValueError(f"execution mode must be one of {MODES}, not {mode!r}")
+    _check_devices(mode)
     previous = _mode
     _switch(mode)
     try:
