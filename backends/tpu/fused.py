@@ -70,7 +70,7 @@ class Pending:
     that held it (:func:`hold`) holds the array instead.
     """
 
-    __slots__ = ("shape", "dtype", "value", "holders", "region", "node", "leaf", "__weakref__")
+    __slots__ = ("shape", "dtype", "value", "holders", "region", "node", "leaf", "failure", "__weakref__")
 
     def __init__(self, shape: tuple[int, ...], dtype: np.dtype, region: _Region, node: int, leaf: int):
         self.shape = shape
@@ -78,6 +78,7 @@ class Pending:
         self.value: jax.Array | None = None
         self.holders: list[weakref.ref] | None = None
         self.region, self.node, self.leaf = region, node, leaf  # where it is computed
+        self.failure: BaseException | None = None  # why its region could not run
 
     @property
     def size(self) -> int:
@@ -165,7 +166,7 @@ _known: collections.OrderedDict[Any, _Known] = collections.OrderedDict()
 _shapes: dict[Any, tuple[list, Any, bool]] = {}
 _SHAPES_KEPT = 65536
 
-STATS = {"ops_recorded": 0, "regions": 0, "op_by_op": 0, "compiles": 0, "hits": 0, "results": 0,
+STATS = {"ops_recorded": 0, "regions": 0, "op_by_op": 0, "compiles": 0, "hits": 0, "results": 0, "failed_regions": 0,
          "flushes": collections.Counter(), "outside_regions": collections.Counter()}
 _flushes = 0  # flushes so far (the clock of RECENT_FLUSHES)
 
@@ -212,6 +213,9 @@ def concrete(value: Any) -> Any:
         return value
     if value.value is None:
         flush("host read")
+    if value.value is None:
+        raise RuntimeError(f"a tpu tensor of shape {list(value.shape)} was never computed: the fused region "
+                           f"that computes it failed ({value.failure!r})") from value.failure
     return value.value
 
 
@@ -396,20 +400,14 @@ def flush(reason: str) -> None:
         key = (tuple(node.key for node in region.nodes), tuple(_aval(x) for x in region.externals),
                tuple((i, leaf) for i, leaf, _ in live))
         known = _known.get(key)
-        with suspended():
-            if known is None or (known.program is None and _flushes - known.last_met > RECENT_FLUSHES):
-                if known is None:
-                    _known[key] = _Known(_flushes)
-                    if len(_known) > KNOWN_REGIONS:
-                        _known.popitem(last=False)
-                else:
-                    known.last_met = _flushes
-                    _known.move_to_end(key)
-                values = _op_by_op(region.nodes, region.externals, [(i, leaf) for i, leaf, _ in live])
-                STATS["op_by_op"] += 1
-            else:
-                _known.move_to_end(key)
-                values = _compiled(known, region, [(i, leaf) for i, leaf, _ in live])
+        wanted = [(i, leaf) for i, leaf, _ in live]
+        try:
+            with suspended():
+                values = _run(key, known, region, wanted)
+        except BaseException as failure:
+            for _, _, p in live:
+                p.failure, p.region, p.holders = failure, None, None
+            raise
         for (_, _, p), value in zip(live, values):
             p.value, p.region = value, None
             if p.holders:
@@ -418,6 +416,28 @@ def flush(reason: str) -> None:
                     if holder is not None and holder.array is p:
                         holder.array = value
                 p.holders = None
+
+
+def _run(key: Any, known: _Known | None, region: _Region, wanted: list) -> list:
+    """The region's wanted results: op by op, or as one program (see the module docstring). A
+    compiled region that fails runs op by op, so that an error is the failing op's own."""
+    if known is None or (known.program is None and _flushes - known.last_met > RECENT_FLUSHES):
+        if known is None:
+            _known[key] = _Known(_flushes)
+            if len(_known) > KNOWN_REGIONS:
+                _known.popitem(last=False)
+        else:
+            known.last_met = _flushes
+            _known.move_to_end(key)
+        STATS["op_by_op"] += 1
+        return _op_by_op(region.nodes, region.externals, wanted)
+    _known.move_to_end(key)
+    try:
+        return _compiled(known, region, wanted)
+    except Exception:
+        STATS["failed_regions"] += 1
+        _known.pop(key, None)
+        return _op_by_op(region.nodes, region.externals, wanted)
 
 
 def _op_by_op(nodes: list[_Node], externals: list, live: list) -> list:
@@ -486,7 +506,7 @@ def stats() -> dict[str, Any]:
 
 
 def reset_stats() -> None:
-    for key in ("ops_recorded", "regions", "op_by_op", "compiles", "hits", "results"):
+    for key in ("ops_recorded", "regions", "op_by_op", "compiles", "hits", "results", "failed_regions"):
         STATS[key] = 0
     STATS["flushes"].clear()
     STATS["outside_regions"].clear()

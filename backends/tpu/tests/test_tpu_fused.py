@@ -277,3 +277,37 @@ def test_every_kernel_either_records_or_runs_outside_regions():
         call = type(fn).__call__
         plain = isinstance(fn, Lowering) and (call is Lowering.__call__ or getattr(type(fn), "fusable", False))
         assert plain or getattr(call, "outside_regions", False), f"{entry.op}: {type(fn).__qualname__}"
+
+
+def test_a_region_whose_program_fails_runs_op_by_op(dev, monkeypatch):
+    from accelkit_backends.tpu import fused
+
+    def broken(*args):
+        raise RuntimeError("XLA could not compile the region")
+
+    x = torch.randn(11, device=dev)
+    with execution_mode("fused"):
+        for _ in range(2):  # met twice: the second time it would be compiled
+            chain(x, 7).cpu()
+        monkeypatch.setattr(fused, "_compiled", broken)
+        got = chain(x, 7).cpu()
+    assert fused_stats()["failed_regions"] == 1
+    close_to_strict(got, chain(x, 7).cpu())
+
+
+def test_results_of_a_region_that_could_not_run_raise_when_read(dev, monkeypatch):
+    from accelkit_backends.tpu import fused
+
+    def broken(*args):
+        raise RuntimeError("the device went away")
+
+    x = torch.randn(13, device=dev)
+    with execution_mode("fused"):
+        y, z = x * 2, x + 3
+        monkeypatch.setattr(fused, "_op_by_op", broken)
+        with pytest.raises(RuntimeError, match="the device went away"):
+            y.cpu()
+        monkeypatch.undo()
+        with pytest.raises(RuntimeError, match=r"shape \[13\] was never computed.*the device went away"):
+            z.cpu()
+        assert torch.equal((x * 2).cpu(), x.cpu() * 2)  # later regions run
