@@ -134,6 +134,10 @@ class _Region:
                 value = value.value
             else:
                 return (len(self.nodes) - value.node, value.leaf)
+        return self.external(value)
+
+    def external(self, value: Any) -> tuple:
+        """The reference of an input that is not computed in the region."""
         key = id(value)
         index = self.external_index.get(key)
         if index is None:
@@ -301,7 +305,7 @@ def _record(node: _Node, evaluate: Callable[[], Any]) -> Any:
     node.key = (node.kind, id(node.fn), node.template if node.kind == _LOWERING else node.shape_key, node.inputs)
     region.nodes.append(node)
     STATS["ops_recorded"] += 1
-    if len(region.nodes) >= (_cut_every or limit()):
+    if len(region.nodes) >= (_cut_every or _limit or limit()):
         _cut_by_size()
     return out
 
@@ -314,10 +318,22 @@ def record_program(lowering: Any, signature: Any, arrays: list, scalars: list) -
     """
     with _lock:
         region = _region
-        ref = region.ref
-        inputs = tuple([ref(a) for a in arrays] + [ref(s) for s in scalars])
-        shape_key = (id(signature), tuple([_aval(a) for a in arrays]), tuple([_aval(s) for s in scalars]))
-        node = _Node(_LOWERING, signature, lowering, len(arrays), inputs, shape_key, lowering.name)
+        index = len(region.nodes)
+        external = region.external
+        inputs, avals = [], []
+        for a in arrays:
+            if type(a) is Pending:
+                if a.value is None:
+                    inputs.append((index - a.node, a.leaf))
+                    avals.append((a.shape, a.dtype))
+                    continue
+                a = a.value
+            inputs.append(external(a))
+            avals.append((a.shape, a.dtype, getattr(a, "weak_type", False)))
+        # Scalars' kinds are fixed by the signature's structure: they need no place in the key.
+        inputs.extend([external(s) for s in scalars])
+        shape_key = (id(signature), tuple(avals))
+        node = _Node(_LOWERING, signature, lowering, len(arrays), tuple(inputs), shape_key, lowering.name)
 
         def evaluate() -> Any:
             from accelkit_backends.tpu import checks
