@@ -91,6 +91,24 @@ class Pending:
     def block_until_ready(self) -> jax.Array:
         return concrete(self).block_until_ready()
 
+    # A kernel that reads a value on the host (a count that sizes its next program) reads it
+    # from a pending array too: the read flushes the region.
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        value = np.asarray(concrete(self))
+        return value if dtype is None else value.astype(dtype)
+
+    def __int__(self) -> int:
+        return int(concrete(self))
+
+    def __index__(self) -> int:
+        return int(concrete(self))
+
+    def __float__(self) -> float:
+        return float(concrete(self))
+
+    def __bool__(self) -> bool:
+        return bool(concrete(self))
+
     def __repr__(self) -> str:
         state = "flushed" if self.value is not None else "pending"
         return f"Pending({self.shape}, {self.dtype}, {state})"
@@ -249,7 +267,9 @@ def outside_regions(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not recording():
             return fn(*args, **kwargs)
         if _region.nodes:
-            STATS["outside_regions"][fn.__qualname__] += 1
+            owner = args[0] if args else None  # the kernel object, for methods
+            name = getattr(owner, "name", None) or getattr(owner, "__name__", None) or fn.__qualname__
+            STATS["outside_regions"][name] += 1
             flush("kernel outside regions")
         with suspended():
             return fn(*resolve(args), **resolve(kwargs))

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import torch
 from torch._ops import OpOverload
 
@@ -48,13 +49,18 @@ class Specialised:
 
 class HostStep:
     """A kernel-table entry that runs host logic, then its programs (``uses``: the lowerings
-    and :class:`Specialised` families it calls, whose programs count as this op's)."""
+    and :class:`Specialised` families it calls, whose programs count as this op's).
+
+    In fused mode its programs are recorded like any op's; a value it reads on the host (a
+    count that sizes the next program: ``int(array)``, :func:`host_value`) flushes the region
+    then, so a step that reads nothing (an integer index, an arange) stays in the region."""
+
+    fusable = True
 
     def __init__(self, run: Callable[..., Any], uses: Sequence[Any]):
         self.run, self.uses = run, tuple(uses)
         functools.update_wrapper(self, run)
 
-    @fused.outside_regions
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.run(*args, **kwargs)
 
@@ -76,12 +82,17 @@ def host_step(*ops: OpOverload, uses: Sequence[Any]) -> Callable:
 
 
 def torch_dtype_of(argument: Any) -> torch.dtype | None:
-    """The dtype of a kernel argument (a device view or an array), else None."""
+    """The dtype of a kernel argument (a device view or an array, pending or not), else None."""
     if isinstance(argument, JaxView):
         return argument.spec.dtype
-    if isinstance(argument, jax.Array):
+    if isinstance(argument, jax.Array) or type(argument) is fused.Pending:
         return torch_dtype(argument.dtype)
     return None
+
+
+def host_value(array: Any) -> np.ndarray:
+    """``array``'s value on the host (a synchronisation; in fused mode, a flush)."""
+    return np.asarray(jax.device_get(fused.concrete(array)))
 
 
 def shape_of(argument: Any) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from accelkit_backends.tpu import checks
-from accelkit_backends.tpu.host_steps import Specialised, count_true, host_step, shape_of, true_counter
+from accelkit_backends.tpu.host_steps import Specialised, count_true, host_step, host_value, shape_of, true_counter
 from accelkit_backends.tpu.lowering import Lowering, lowering
 
 aten = torch.ops.aten
@@ -200,7 +200,7 @@ def repeat_interleave(repeats, output_size=None):
     """Each position ``i`` repeated ``repeats[i]`` times; the total is read on the host unless
     given (then negative repeats are refused on the host, else by a device-side check)."""
     if output_size is None:
-        least, output_size = (int(v) for v in jax.device_get(_least_and_total(repeats)))
+        least, output_size = (int(v) for v in host_value(_least_and_total(repeats)))
         if least < 0:
             raise RuntimeError(_NEGATIVE_REPEATS)
     return _repeat_interleave_program(repeats, output_size=output_size)
