@@ -20,8 +20,9 @@ issue's target beside it:
 
 Each execution mode runs in its own process (a mode is set for the whole process, through the
 public switch :func:`accelkit_backends.tpu.execution_mode`); the processes alternate over
-``--rounds`` and each figure is the median of the rounds. Inside a process the cases are
-interleaved (one block of each in turn, ``--repeat`` times) and a figure is the median block;
+``--rounds`` and each figure is the median of the rounds. Inside a process the cases compared
+with each other (the MLP steps; the two adds) are interleaved (one block of each in turn,
+``--repeat`` times), groups one after another, and a figure is the median block;
 the device is synchronised before every clock reading. A mode the backend does not have yet is
 reported as not available. Wall-clock on a shared machine: compare the ratios. The CPU runs on
 one thread, as in :mod:`bench_ops`.
@@ -37,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import timeit
+import types
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,13 +56,15 @@ NEW_TOKENS = 32
 Case = tuple[Callable[[], object], Callable[[], None], int, int]
 
 
-def interleaved(table: dict[str, Case], repeat: int, warmup: int = 3) -> dict[str, float]:
+def interleaved(table: dict[str, Case], repeat: int, warmup: int = 2) -> dict[str, float]:
     """Median µs per unit of work of each case: blocks of ``calls`` calls, then the case's
-    synchronisation, the cases in turn, ``repeat`` blocks each."""
-    for fn, sync, _, _ in table.values():
+    synchronisation, the cases in turn, ``repeat`` blocks each, after ``warmup`` blocks (a
+    fused region compiles when met the second time)."""
+    for fn, sync, calls, _ in table.values():
         for _ in range(warmup):
-            fn()
-        sync()
+            for _ in range(calls):
+                fn()
+            sync()
     samples: dict[str, list[float]] = {name: [] for name in table}
     for _ in range(repeat):
         for name, (fn, sync, calls, units) in table.items():
@@ -72,13 +76,19 @@ def interleaved(table: dict[str, Case], repeat: int, warmup: int = 3) -> dict[st
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def _own_code(fn: Callable) -> Callable:
+    """``fn`` with a code object of its own: Dynamo keeps compiled entries per code object, so
+    two backends compiling the same function would otherwise test each other's guards first."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
 def _stepper(device: torch.device | str, backend: str | None, base: torch.nn.Module,
              x: torch.Tensor, y: torch.Tensor) -> Callable[[], object]:
     """One SGD step of a copy of ``base`` on ``device``, eager or ``torch.compile``d."""
     model = mlp(SIZES).to(device)
     model.load_state_dict(base.state_dict())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    step = torch_step if backend is None else torch.compile(torch_step, backend=backend)
+    step = torch_step if backend is None else torch.compile(_own_code(torch_step), backend=backend)
     x, y = x.to(device), y.to(device)
     return lambda: step(model, optimizer, x, y)
 
@@ -128,9 +138,11 @@ def _generator(device: torch.device) -> Callable[[], object]:
     return generate
 
 
-def tpu_cases(device: torch.device, with_baselines: bool) -> dict[str, Case]:
-    """The cases run in every mode, and (``with_baselines``) the ones measured once, beside
-    strict: compiled, JAX, the CPU."""
+def tpu_cases(device: torch.device, with_baselines: bool) -> list[dict[str, Case]]:
+    """The cases run in every mode and (``with_baselines``) the ones measured once, beside
+    strict (compiled, JAX, the CPU), in groups: the cases of a group are compared with each other
+    and interleaved; groups run one after another, so that a case's fused regions recur at once
+    (fused mode compiles a region met again within a few flushes, as a loop's body is)."""
     sync = torch.tpu.synchronize
     torch.manual_seed(0)
     base = mlp(SIZES)
@@ -145,25 +157,25 @@ def tpu_cases(device: torch.device, with_baselines: bool) -> dict[str, Case]:
 
         return run
 
-    table: dict[str, Case] = {
-        "mlp_step": (_stepper(device, None, base, x, y), sync, 5, 1),
-        "chain10_1M": (no_grad(lambda: _chain(chain_in)), sync, 5, 1),
-        "long_chain_add16": (no_grad(lambda: _long_chain(small_a, small_b)), sync, 1, LONG_CHAIN),
-        "generate_token": (_generator(device), sync, 1, NEW_TOKENS),
-    }
+    steps: dict[str, Case] = {"mlp_step": (_stepper(device, None, base, x, y), sync, 5, 1)}
+    groups = [
+        steps,
+        {"chain10_1M": (no_grad(lambda: _chain(chain_in)), sync, 5, 1)},
+        {"long_chain_add16": (no_grad(lambda: _long_chain(small_a, small_b)), sync, 1, LONG_CHAIN)},
+        {"generate_token": (_generator(device), sync, 1, NEW_TOKENS)},
+    ]
     if with_baselines:
-        add, _ = op_cases(device)["add (16,)"]
-        cpu_add, _ = op_cases("cpu")["add (16,)"]
         jax_run, jax_sync, _ = jax_stepper(SIZES, BATCH, start=(base, x, y))
-        table.update({
+        steps.update({
             "compiled_step": (_stepper(device, "tpu", base, x, y), sync, 5, 1),
             "aot_eager_cpu_step": (_stepper("cpu", "aot_eager", base, x, y), lambda: None, 5, 1),
             "cpu_step": (_stepper("cpu", None, base, x, y), lambda: None, 5, 1),
             "jax_jit_step": (jax_run, jax_sync, 5, 1),
-            "add16": (add, sync, 500, 1),
-            "cpu_add16": (cpu_add, lambda: None, 500, 1),
         })
-    return table
+        add, _ = op_cases(device)["add (16,)"]
+        cpu_add, _ = op_cases("cpu")["add (16,)"]
+        groups.append({"add16": (add, sync, 500, 1), "cpu_add16": (cpu_add, lambda: None, 500, 1)})
+    return groups
 
 
 def child(mode: str, repeat: int) -> dict:
@@ -178,7 +190,11 @@ def child(mode: str, repeat: int) -> dict:
             stack.enter_context(execution_mode(mode))
         except ValueError as why:  # a mode this backend does not have (yet)
             return {"unavailable": str(why)}
-        figures = interleaved(tpu_cases(device, with_baselines=mode == "strict"), repeat)
+        figures: dict = {}
+        for group in tpu_cases(device, with_baselines=mode == "strict"):
+            figures.update(interleaved(group, repeat))
+    if mode == "fused":
+        figures["stats"] = accelkit.stats()["tpu"].get("fused")
     return figures
 
 
@@ -194,24 +210,27 @@ def combine(rounds: list[dict]) -> dict:
     """Median over rounds of each figure (a mode reported unavailable stays so)."""
     if any("unavailable" in r for r in rounds):
         return next(r for r in rounds if "unavailable" in r)
-    return {name: statistics.median(r[name] for r in rounds) for name in rounds[0]}
+    combined: dict = {name: statistics.median(r[name] for r in rounds) for name in rounds[0] if name != "stats"}
+    if "stats" in rounds[-1]:
+        combined["stats"] = rounds[-1]["stats"]
+    return combined
 
 
-# (label, mode, figure, baseline mode, baseline figure, ratio wanted, target, fmt)
-# The ratio is figure / baseline unless ``inverse`` (then baseline / figure: a speed-up).
+# (label, mode, figure, baseline mode, baseline figure, relation to the target, target):
+# the ratio is figure / baseline (a speed-up when the baseline is the candidate).
 ROWS = [
-    ("MLP step: tpu fused / JAX+jit", "fused", "mlp_step", "strict", "jax_jit_step", "≤", 3.0, False),
-    ("MLP step: tpu strict / JAX+jit", "strict", "mlp_step", "strict", "jax_jit_step", None, None, False),
-    ("MLP step: compiled tpu / JAX+jit", "strict", "compiled_step", "strict", "jax_jit_step", None, None, False),
-    ("MLP step: CPU eager / JAX+jit", "strict", "cpu_step", "strict", "jax_jit_step", None, None, False),
-    ("MLP step: aot_eager CPU / JAX+jit", "strict", "aot_eager_cpu_step", "strict", "jax_jit_step", None, None, False),
-    ("MLP step: compiled tpu / aot_eager CPU", "strict", "compiled_step", "strict", "aot_eager_cpu_step", "≤", 1.3, False),
-    ("MLP step: fused / strict", "fused", "mlp_step", "strict", "mlp_step", None, None, False),
-    ("10 elementwise ops on 1M: strict / fused", "strict", "chain10_1M", "fused", "chain10_1M", "≥", 2.0, True),
-    ("add in a 1000-op chain: fused µs per op", "fused", "long_chain_add16", None, None, "≤µs", 8.0, False),
-    ("add in a 1000-op chain: fused / strict", "fused", "long_chain_add16", "strict", "long_chain_add16", None, None, False),
-    ("HF generate per token: fused / strict", "fused", "generate_token", "strict", "generate_token", "≤", 1.1, False),
-    ("add (16,): strict / CPU", "strict", "add16", "strict", "cpu_add16", "≤", 4.0, False),
+    ("MLP step: tpu fused / JAX+jit", "fused", "mlp_step", "strict", "jax_jit_step", "≤", 3.0),
+    ("MLP step: tpu strict / JAX+jit", "strict", "mlp_step", "strict", "jax_jit_step", None, None),
+    ("MLP step: compiled tpu / JAX+jit", "strict", "compiled_step", "strict", "jax_jit_step", None, None),
+    ("MLP step: CPU eager / JAX+jit", "strict", "cpu_step", "strict", "jax_jit_step", None, None),
+    ("MLP step: aot_eager CPU / JAX+jit", "strict", "aot_eager_cpu_step", "strict", "jax_jit_step", None, None),
+    ("MLP step: compiled tpu / aot_eager CPU", "strict", "compiled_step", "strict", "aot_eager_cpu_step", "≤", 1.3),
+    ("MLP step: fused / strict", "fused", "mlp_step", "strict", "mlp_step", None, None),
+    ("10 elementwise ops on 1M: strict / fused", "strict", "chain10_1M", "fused", "chain10_1M", "≥", 2.0),
+    ("add in a 1000-op chain: fused µs per op", "fused", "long_chain_add16", None, None, "≤µs", 8.0),
+    ("add in a 1000-op chain: fused / strict", "fused", "long_chain_add16", "strict", "long_chain_add16", None, None),
+    ("HF generate per token: fused / strict", "fused", "generate_token", "strict", "generate_token", "≤", 1.1),
+    ("add (16,): strict / CPU", "strict", "add16", "strict", "cpu_add16", "≤", 4.0),
 ]
 
 
@@ -221,17 +240,17 @@ def report(modes: dict[str, dict]) -> None:
     for mode, figures in modes.items():
         if "unavailable" in figures:
             print(f"{mode}: not available ({figures['unavailable']})")
-    names = sorted({name for f in modes.values() for name in f if name != "unavailable"})
+    names = sorted({name for f in modes.values() for name in f if name not in ("unavailable", "stats")})
     print(f"\n{'figure (µs per step, op, chain or token)':<42}" + "".join(f"{m:>12}" for m in modes))
     for name in names:
         cells = [f"{modes[m][name]:>12.1f}" if name in modes[m] else f"{'—':>12}" for m in modes]
         print(f"{name:<42}" + "".join(cells))
     print(f"\n{'ratio':<42}{'value':>10}{'target':>10}  met")
-    for label, mode, name, base_mode, base_name, relation, target, inverse in ROWS:
+    for label, mode, name, base_mode, base_name, relation, target in ROWS:
         value = modes.get(mode, {}).get(name)
         if base_mode is not None:
             baseline = modes.get(base_mode, {}).get(base_name)
-            value = None if value is None or baseline is None else (baseline / value if inverse else value / baseline)
+            value = None if value is None or baseline is None else value / baseline
         shown = "n/a" if value is None else (f"{value:.1f}µs" if relation == "≤µs" else f"{value:.2f}×")
         if target is None:
             goal, met = "", ""
@@ -239,6 +258,9 @@ def report(modes: dict[str, dict]) -> None:
             goal = f"≤{target:g}µs" if relation == "≤µs" else f"{relation}{target:g}×"
             met = "—" if value is None else ("yes" if (value >= target if relation == "≥" else value <= target) else "NO")
         print(f"{label:<42}{shown:>10}{goal:>10}  {met}")
+    for mode, figures in modes.items():
+        if figures.get("stats"):
+            print(f"\n{mode} mode statistics (its last process, all cases): {json.dumps(figures['stats'])}")
 
 
 def main() -> None:
