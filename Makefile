@@ -105,6 +105,7 @@ bench: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_ops.py --device tpu
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_neuron.py
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_compile.py
+	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_eager.py
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_collectives.py
 
 clean:

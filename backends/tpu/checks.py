@@ -38,7 +38,8 @@ import numpy as np
 #: Statuses waiting to be read, at most this many; past it the oldest are read at once.
 PENDING_LIMIT = 256
 #: Statuses folded into one on the device before a read (a read costs about as much as a small
-#: op, a fold about as much as one read).
+#: op, a fold about as much as one read). XLA's CPU platform reads each status as it is instead
+#: (:func:`_read_each`).
 FOLD = 64
 
 
@@ -279,27 +280,48 @@ def _padded(statuses: list[jax.Array]) -> tuple[jax.Array, ...]:
 _PASSED = np.zeros((1 + VALUES,), np.int64)
 
 
+def _read_each(status: Any) -> bool:
+    """Whether statuses like ``status`` are read one by one: on XLA's CPU platform an array's
+    host view is its own memory, so a read costs about a microsecond (64 of them less than one
+    fold program and its transfer); on an accelerator each read is a transfer, and statuses are
+    folded first."""
+    return all(device.platform == "cpu" for device in status.devices())
+
+
 def _settle(device: str, count: int | None = None) -> None:
     """Read the oldest ``count`` waiting statuses (all by default), :data:`FOLD` at a time
-    folded into one read, and raise the first failure among them."""
+    folded into one read (each as it is where reads are cheap: :func:`_read_each`), and raise
+    the first failure among them."""
     with _pending_lock:
         taken = [_pending.popleft() for _ in range(min(len(_pending), count or len(_pending)))]
         if not taken:
             return
-        chunks = [taken[i:i + FOLD] for i in range(0, len(taken), FOLD)]
         from accelkit_backends.tpu.fused import concrete
 
-        folds = jax.device_get([_fold(_padded([concrete(p.status) for p in chunk])) for chunk in chunks])
-        failed: list[tuple[np.ndarray, str]] = []
-        for chunk, folded in zip(chunks, folds):
-            marks, first = folded[:-(1 + VALUES)], folded[-(1 + VALUES):]
-            names = [p.op for p, mark in zip(chunk, marks) if mark]
-            if names:
-                failed.append((first, names[0]))
-                failed.extend((None, name) for name in names[1:])
+        statuses = [concrete(p.status) for p in taken]
+        if _read_each(statuses[0]):
+            failed = [(found, p.op) for p, status in zip(taken, statuses) if (found := np.asarray(status))[0]]
+        else:
+            failed = _folded_failures(taken, statuses)
         if failed:
             (status, op), later = failed[0], [name for _, name in failed[1:]]
             raise _error(status, op, device, deferred=True, later=later)
+
+
+def _folded_failures(taken: list[_Pending], statuses: list[jax.Array]) -> list[tuple[np.ndarray | None, str]]:
+    """The failed ones of ``taken`` (whose ``statuses`` are these arrays), in order, :data:`FOLD`
+    statuses a read: the first with its status, the others (its chunk's later failures; other
+    chunks' firsts) by name at least."""
+    starts = range(0, len(taken), FOLD)
+    folds = jax.device_get([_fold(_padded(statuses[i:i + FOLD])) for i in starts])
+    failed: list[tuple[np.ndarray | None, str]] = []
+    for i, folded in zip(starts, folds):
+        marks, first = folded[:-(1 + VALUES)], folded[-(1 + VALUES):]
+        names = [p.op for p, mark in zip(taken[i:i + FOLD], marks) if mark]
+        if names:
+            failed.append((first, names[0]))
+            failed.extend((None, name) for name in names[1:])
+    return failed
 
 
 def pending() -> int:

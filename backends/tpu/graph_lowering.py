@@ -116,9 +116,12 @@ class GraphProgram:
                 structure.append(None)
             else:
                 structure.append(("static", value))
-        windows = tuple(None if d.window is None else (d.window.whole_shape, d.window.start, d.window.shape)
-                        for d in draws)
-        rng = [(np.asarray(d.seed, dtype=np.uint64), np.asarray(d.offset, dtype=np.uint64)) for d in draws]
+        if draws:
+            windows = tuple(None if d.window is None else (d.window.whole_shape, d.window.start, d.window.shape)
+                            for d in draws)
+            rng = [(np.asarray(d.seed, dtype=np.uint64), np.asarray(d.offset, dtype=np.uint64)) for d in draws]
+        else:
+            windows, rng = (), []
         key = (tuple(structure), windows)
         program = self._jitted.get(key)
         if program is None:

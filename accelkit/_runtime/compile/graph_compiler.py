@@ -233,7 +233,10 @@ class Segment:
             gm.recompile()
         random_nodes = [n for n in gm.graph.nodes if _is_random(n)]
         self._ctx = ctx
-        self._compiler = compiler
+        self._lowering = lowering
+        # Per input: True where the graph takes a tensor of this device (Dynamo guards the
+        # devices), read as it is; other tensors (CPU scalars) are converted by _array_of.
+        self._device_inputs = [_on_this_device(_val(p), ctx.name) for p in placeholders]
         self._draws = RandomNodes(random_nodes, placeholders) if random_nodes else None
         self._program = lowering.lower(gm, random_nodes)
         self._tensor_outputs = [isinstance(_val(a), torch.Tensor) for a in outputs[: len(outputs) - stored]]
@@ -248,18 +251,23 @@ class Segment:
         no longer holds (a saved activation at the end of its backward) is freed before the
         outputs are allocated, as the eager backward frees it op by op."""
         ctx = self._ctx
-        inputs = [_array_of(ctx, a) if isinstance(a, torch.Tensor) else a for a in args]
+        read, on_device = T.read, self._device_inputs
+        if len(on_device) != len(args):  # one value a placeholder, always; else the general path
+            on_device = [False] * len(args)
+        inputs = [read(ctx, a) if device else _array_of(ctx, a) if isinstance(a, torch.Tensor) else a
+                  for a, device in zip(args, on_device)]
         kept = {p: args[p] for p in self._passthrough if p is not None}
         args.clear()
         draws = self._draws.reserve(ctx, inputs) if self._draws is not None else []
-        before = self._compiler.programs_compiled()
+        lowering = self._lowering
+        before = lowering.programs_compiled()
         started = time.perf_counter()
         outputs = self._program(inputs, draws)
-        after = self._compiler.programs_compiled()
+        after = lowering.programs_compiled()
         if after != before:
             STATS.add(compile_seconds=time.perf_counter() - started, calls=1, programs=after - before)
         else:
-            STATS.add(program_cache_hits=1, calls=1)
+            STATS.hit()
         results = [
             kept[passed] if passed is not None
             else T.from_array(ctx, out) if is_tensor and out is not None else out
@@ -370,6 +378,11 @@ def _has_tensors(node: torch.fx.Node) -> bool:
     if _tensors_of(_val(node)):
         return True
     return any(_tensors_of(_val(a)) for a in node.all_input_nodes)
+
+
+def _on_this_device(value: Any, name: str) -> bool:
+    """A tensor on the device ``name`` (a placeholder's fake value)."""
+    return isinstance(value, torch.Tensor) and value.device.type == name
 
 
 def _on_device(node: torch.fx.Node, name: str) -> bool:

@@ -33,6 +33,12 @@ class CompileStats:
             for name, amount in amounts.items():
                 setattr(self, name, getattr(self, name) + amount)
 
+    def hit(self) -> None:
+        """One program call that found its executable (``add(program_cache_hits=1, calls=1)``)."""
+        with self._lock:
+            self.calls += 1
+            self.program_cache_hits += 1
+
     def graph(self, kind: str, segments: int, eager_ops: list[str]) -> None:
         with self._lock:
             self.aot_graphs[kind] += 1

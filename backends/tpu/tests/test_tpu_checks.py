@@ -161,6 +161,25 @@ def test_a_failure_among_many_waiting_statuses_is_not_lost(dev):
     torch.tpu.synchronize()  # the statuses after the failed one were all good
 
 
+@pytest.mark.parametrize("read_each", [True, False], ids=["read-each", "folded"])
+def test_both_ways_of_reading_statuses_raise_the_first_failure_and_name_the_later(dev, monkeypatch, read_each):
+    # XLA's CPU platform reads each status as it is; an accelerator folds FOLD into one read.
+    monkeypatch.setattr(checks, "_read_each", lambda status: read_each)
+    x = torch.arange(3.0, device=dev)
+    good = torch.tensor([1], device=dev)
+    for _ in range(checks.FOLD + 3):
+        x[good]
+    x[_bad_index(dev)]
+    x.gather(0, torch.tensor([9], device=dev))
+    for _ in range(checks.FOLD):  # the last failure falls in another fold than the first
+        x[good]
+    x.gather(0, torch.tensor([7], device=dev))
+    with pytest.raises(IndexError, match=OUT_OF_BOUNDS) as info:
+        torch.tpu.synchronize()
+    assert "2 later ops failed too: aten.gather.default, aten.gather.default" in str(info.value)
+    torch.tpu.synchronize()  # nothing left
+
+
 def test_ops_with_no_conditions_return_no_status(dev):
     x = torch.arange(3.0, device=dev)
     (x * 2 + 1).sin()
