@@ -52,7 +52,7 @@ kernels = KernelTable("tpu")
 
 _VIEW, _ARRAY, _SCALAR, _STATIC, _SEQ, _KEY = "v", "a", "f", "s", "l", "k"
 
-DEVICE = "tpu:0"  # named in the errors of failed device-side checks
+DEVICE = modes.DEVICE  # named in the errors of failed device-side checks
 
 
 class _Signature(Program):
@@ -240,6 +240,10 @@ class Lowering:
             return None
         signature = self._signature((tuple(positional), tuple(keywords)))
         run, read, to_scalar = self._run, allocator.read, _device_scalar
+        # What :meth:`_run` and :func:`modes.run_program` do for a strict-mode call, inline: a
+        # small op's Python overhead is mostly calls (other modes take :meth:`_run`).
+        jitted, name, tally_of = signature.jitted, self.name, self._tally
+        stamp, record, defer, refused_error = next_use, COSTS.record, checks.defer, checks.Refused
 
         def plan(blocks: list, values: list) -> Any:
             arrays = []
@@ -247,7 +251,20 @@ class Lowering:
                 array = block.array
                 arrays.append(array if array is not None else read(block, spec).array)
             scalars = [to_scalar(v) for v in values] if values else []
-            return run(signature, arrays, scalars, specs)
+            if modes._mode != "strict":
+                return run(signature, arrays, scalars, specs)
+            signature.last_use = stamp()
+            try:
+                out, status = jitted(arrays, scalars)
+            except refused_error as refused:
+                raise refused.error from None
+            if status is not None:
+                defer(status, name, DEVICE, out)
+            tally = signature.only
+            if tally is None or jitted._cache_size() != signature.loaded:
+                tally = tally_of(signature, arrays, scalars)
+            record(tally)
+            return out
 
         return plan
 

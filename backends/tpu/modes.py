@@ -31,6 +31,8 @@ from accelkit_backends.tpu import checks
 MODE_ENV = "ACCELKIT_TPU_MODE"
 MODES = ("strict", "debug", "fused")
 
+DEVICE = "tpu:0"  # named in the errors of failed device-side checks
+
 
 class TpuExecutionError(RuntimeError):
     """A program failed on the device; in debug mode the message names the op that ran it."""
@@ -118,10 +120,8 @@ def run_program(op: str, args: Any, program: Any, *inputs: Any) -> Any:
     in debug mode waited for (:func:`run_checked`) and its device-side checks raised at once; in
     strict mode its status left to the next synchronisation. PyTorch's own error for refused
     arguments (:class:`checks.Refused`) is raised as it is."""
-    from accelkit_backends.tpu.lowering import DEVICE
-
     try:
-        if current() == "debug":
+        if _mode == "debug":
             out, status = run_checked(op, args, program, *inputs)
             if status is not None:
                 checks.raise_now(status, op, DEVICE)
