@@ -37,6 +37,20 @@ def size_class(nbytes: int) -> int:
     return -(-nbytes // step) * step
 
 
+_SPANS: dict[int, int] = {}  # request -> size class, for the requests met so far (bounded)
+
+
+def _span(nbytes: int) -> int:
+    """:func:`size_class` of ``nbytes``, remembered: every kernel result claims and frees a
+    device address of its size class, and results repeat their sizes."""
+    span = _SPANS.get(nbytes)
+    if span is None:
+        if len(_SPANS) >= 4096:
+            _SPANS.clear()
+        span = _SPANS[nbytes] = size_class(nbytes)
+    return span
+
+
 def format_bytes(n: float) -> str:
     """``1536`` → ``"1.50 KiB"``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -293,12 +307,13 @@ class DeviceAllocator:
         block, nbytes = adopted
         with self._lock:
             # The common case inline (a kernel result on every op); a result that needs the
-            # cache emptied, or does not fit, takes the general path.
+            # cache emptied, or does not fit, or a new address range, takes the general path.
             allocated = self._allocated + nbytes
             if allocated + self._cached_bytes > self.capacity:
                 _, address = self._reserve(nbytes, nbytes, use_cache=False)
             else:
-                address = self._claim_address(nbytes)
+                free = self._free_addresses.get(_SPANS.get(nbytes) or _span(nbytes)) if nbytes else None
+                address = free.pop() if free else self._claim_address(nbytes)
                 self._allocated = allocated
                 requested = self._requested = self._requested + nbytes
                 live = self._live = self._live + 1
@@ -312,7 +327,7 @@ class DeviceAllocator:
                     self._peak_live = live
                 if live + self._cached_blocks > self._peak_segments:
                     self._peak_segments = live + self._cached_blocks
-        return Buffer(self, block, nbytes, nbytes, cacheable=False, address=address)
+        return Buffer(self, block, nbytes, nbytes, False, address)
 
     def _block_from_array(self, array: Any) -> tuple[Any, int] | None:
         """Backend hook for :meth:`adopt`: ``(block, nbytes)`` viewing ``array``, or None."""
@@ -384,7 +399,12 @@ class DeviceAllocator:
             self._freed_requested += nbytes
             counts = self._counts
             counts["frees"] += 1
-            self._free_address(address, nbytes)
+            if address:  # _free_address, inline (every kernel result comes through here)
+                span = _SPANS.get(nbytes) or _span(nbytes)
+                free = self._free_addresses.get(span)
+                if free is None:
+                    free = self._free_addresses[span] = []
+                free.append(address)
             # Adopted blocks are never cached: adoption does not draw on the cache, so caching
             # them would grow it by one block per kernel result until max_cached is reached.
             if cacheable and self._cached_bytes + block_bytes <= self.max_cached:

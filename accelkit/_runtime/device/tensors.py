@@ -231,12 +231,17 @@ def from_array(ctx: BackendContext, array: Any) -> torch.Tensor:
     return tensor
 
 
-def adopted_tensor(
-    payload: Buffer, shape: Sequence[int], dtype: torch.dtype, strides: Sequence[int]
-) -> torch.Tensor:
-    """A new contiguous device tensor over an adopted buffer (``strides`` are ``shape``'s
-    contiguous strides, which the new tensor has)."""
-    return _wrap(payload, tuple(shape), dtype, None)
+def adopted_tensor(payload: Buffer, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A new contiguous device tensor of ``shape`` (a tuple) over an adopted buffer: what
+    :func:`_wrap` makes, with its common case inline (a kernel result on every op)."""
+    if 0 in shape or (_device_tensor is not None and payload._allocator.index):
+        return _wrap(payload, shape, dtype, None)
+    tensor = _create_empty(shape, dtype)
+    storage = tensor.untyped_storage()
+    if payload.address:
+        storage._swap_data_ptr_(_storage_at(payload.address, _DEVICE, payload.nbytes))
+    storage.payload = payload
+    return tensor
 
 
 def has_math_bits(tensor: torch.Tensor) -> bool:

@@ -56,7 +56,7 @@ class _Plan:
 
     def __init__(self, run: Callable[[list, list], Any] | None):
         self.run = run  # None: the kernel declined the layout
-        self.result: tuple[type, tuple[int, ...], torch.dtype, tuple[int, ...]] | None = None
+        self.result: tuple[type, tuple[int, ...], torch.dtype] | None = None  # contiguous
         self.stores: tuple[ViewSpec, torch.dtype | None] | object | None = None
 
 
@@ -178,10 +178,10 @@ class Lane:
             if known is not None and type(out) is known[0]:
                 payload = adopt(out)
                 if payload is not None:
-                    return adopted_tensor(payload, known[1], known[2], known[3])
+                    return adopted_tensor(payload, known[1], known[2])
             result = wrap(out)
             if known is None and type(result) is _Tensor:  # one array, through the dtype check
-                plan.result = (type(out), result.shape, result.dtype, result.stride())
+                plan.result = (type(out), tuple(result.shape), result.dtype)
             return result
 
         return run
