@@ -235,6 +235,25 @@ def _install_native_hooks(ctx: BackendContext, module: DeviceModule) -> None:
         native.install_guard(1, lambda index: ctx.allocator.synchronize())
 
 
+#: View ops whose PrivateUse1 kernels are PyTorch's own CPU ones when the native extension is
+#: loaded (``_native/views.cpp``); otherwise the runtime's Python kernels (``core_ops``), which
+#: do the same through the Meta kernel.
+_aten = torch.ops.aten
+NATIVE_VIEWS = (_aten.as_strided.default, _aten.view.default, _aten._reshape_alias.default, _aten.alias.default)
+
+
+def _install_native_views() -> tuple[OpOverload, ...]:
+    """Register the native view kernels if the extension is loaded (activation loaded it for
+    the hooks); the ops they cover, or () when it is not."""
+    from accelkit import _native
+
+    native = _native.loaded()
+    if native is None or not hasattr(native, "install_views"):
+        return ()
+    native.install_views()
+    return NATIVE_VIEWS
+
+
 class _Hooks(_acc.PrivateUse1Hooks):
     def __init__(self, ctx: BackendContext):
         super().__init__()
@@ -369,8 +388,10 @@ def _install(ctx: BackendContext) -> None:
     global _pipeline
     pipeline = _pipeline = Pipeline(ctx)
     kernels = _KernelLibrary(ctx, torch.library.Library("aten", "IMPL"))
+    native_views = _install_native_views()
     for op, fn in core_ops(ctx).items():
-        kernels.impl(op, fn, "PrivateUse1")
+        if op not in native_views:
+            kernels.impl(op, fn, "PrivateUse1")
         registered[op] = "runtime"
     owned = set(core_ops(ctx))
     # Every native kernel goes behind PyTorch's number-fits-the-dtype check (a no-op wrapper
