@@ -242,3 +242,70 @@ def test_an_inplace_call_on_a_broadcast_view_goes_to_the_cpu_kernel_every_time(d
         with pytest.raises(RuntimeError, match="single memory location"):
             run(expanded, torch.ones(3).to(dev))
     assert kernel.plan_calls == [] and kernel.general_calls == 0
+
+
+class RecordingForeachAdd:
+    """``_foreach_add.List`` on ref arrays, with plans for layouts with lists of tensors (when
+    ``lists``); records layouts, plan calls and general calls."""
+
+    def __init__(self, lists: bool = True):
+        self.specializes_tensor_lists = lists
+        self.layouts: list[CallLayout] = []
+        self.plan_calls = 0
+        self.general_calls = 0
+
+    def __call__(self, xs, ys, alpha=1):
+        self.general_calls += 1
+        return [torch.add(x, y, alpha=alpha) for x, y in zip(xs, ys)]
+
+    def specialize(self, layout, allocator):
+        self.layouts.append(layout)
+        (xs, ys), names = layout.args, [name for name, _ in layout.kwargs]
+
+        def plan(blocks, numbers):
+            self.plan_calls += 1
+            arrays = [allocator.read(b, s) for b, s in zip(blocks, (*xs, *ys))]
+            alpha = {"alpha": numbers[0]} if names else {}
+            return [torch.add(x, y, **alpha) for x, y in zip(arrays[:len(xs)], arrays[len(xs):])]
+
+        return plan
+
+
+@pytest.fixture
+def foreach_add_inplace_with(pipeline):
+    """``make(kernel)``: the wrapper for _foreach_add_.List derived from ``kernel``."""
+    return lambda kernel: pipeline.native_inplace(aten._foreach_add_.List, kernel)
+
+
+def test_lists_of_tensors_are_one_layout_with_their_specs_and_each_result_is_written(dev, foreach_add_inplace_with):
+    kernel = RecordingForeachAdd()
+    run = foreach_add_inplace_with(kernel)
+    xs, ys = [torch.randn(3, 4), torch.randn(5)], [torch.randn(3, 4), torch.randn(5)]
+    dxs, dys = [x.to(dev) for x in xs], [y.to(dev) for y in ys]
+    for alpha in (1.0, -0.5, 2.0):
+        assert run(dxs, dys, alpha=alpha) is None
+        for x, y in zip(xs, ys):
+            x.add_(y, alpha=alpha)
+        for dx, x in zip(dxs, xs):
+            torch.testing.assert_close(dx.cpu(), x)
+    specs = tuple(ViewSpec(torch.float32, tuple(x.shape), x.stride(), 0) for x in xs)
+    assert kernel.layouts == [CallLayout((specs, specs), (("alpha", float),))]
+    assert kernel.plan_calls == 3 and kernel.general_calls == 0
+
+
+def test_a_list_result_a_tensor_cannot_hold_fails_every_time_and_writes_no_tensor(dev, foreach_add_inplace_with):
+    run = foreach_add_inplace_with(RecordingForeachAdd())
+    first, integers = torch.zeros(3).to(dev), torch.zeros(3, dtype=torch.int64).to(dev)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="result type Float can't be cast"):
+            run([first, integers], [torch.ones(3).to(dev), torch.ones(3).to(dev)])
+    assert first.cpu().tolist() == [0.0, 0.0, 0.0] and integers.cpu().tolist() == [0, 0, 0]
+
+
+def test_lists_of_tensors_take_the_general_path_unless_the_kernel_takes_them(dev, foreach_add_inplace_with):
+    kernel = RecordingForeachAdd(lists=False)
+    run = foreach_add_inplace_with(kernel)
+    x = torch.zeros(3).to(dev)
+    run([x], [torch.ones(3).to(dev)])
+    assert x.cpu().tolist() == [1.0, 1.0, 1.0]
+    assert kernel.layouts == [] and kernel.general_calls == 1

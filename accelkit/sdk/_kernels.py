@@ -25,7 +25,9 @@ class CallLayout(NamedTuple):
 
     Each item is a device tensor's :class:`~accelkit.sdk.ViewSpec`, the type ``float`` or
     ``complex`` for a Python number (its value changes from call to call), or a static value
-    itself (ints, bools, dtypes, None, ...; int lists as tuples).
+    itself (ints, bools, dtypes, None, ...; int lists as tuples). A kernel whose
+    ``specializes_tensor_lists`` attribute is true also gets layouts with a list of device
+    tensors, as a tuple of their view specs (their blocks come in that order).
     """
 
     #: one item per positional argument

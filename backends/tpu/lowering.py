@@ -107,6 +107,9 @@ def _device_scalar(value: float | complex) -> Any:
 class Lowering:
     """One aten overload's JAX implementation with its compile cache (see the module docstring)."""
 
+    #: :meth:`specialize` takes layouts with lists of device tensors (tuples of view specs).
+    specializes_tensor_lists = True
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass that does more per call than run its program (reads a result on the
         host, adds an argument) runs outside fused regions unless it says ``fusable = True``."""
@@ -231,6 +234,12 @@ class Lowering:
                 numbers += 1
                 return (_SCALAR, numbers - 1, item)
             if type(item) is tuple and not static:
+                if item and type(item[0]) is ViewSpec:  # a list of device tensors
+                    codes = []
+                    for spec in item:
+                        specs.append(spec)
+                        codes.append((_VIEW, len(specs) - 1, spec))
+                    return (_SEQ, tuple(codes))
                 return (_SEQ, tuple((_STATIC, v) for v in item))
             return (_STATIC, item)
 

@@ -306,7 +306,11 @@ class Pipeline:
                 T.write_values(ctx, s, r)
             return None
 
-        return run
+        lane = self._lane(op, fn)
+        if lane is None:
+            return run
+        # ``run`` is the general path: the lane hands it every call it does not cover.
+        return lane.inplace_list_front(name, run, functools.partial(cpu_fallback, op), writable, stored)
 
     def native_out(self, op: OpOverload, fn: Callable, functional: OpOverload) -> Callable:
         """Derive ``op`` (an ``out=`` overload) from ``fn``, the kernel of ``functional``."""

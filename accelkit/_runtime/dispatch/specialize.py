@@ -10,10 +10,14 @@ compiled program), and the inspection of its result: the result's shape and dtyp
 checked (against the dtype rules for a functional op; against ``self`` for an in-place
 variant), are those of every later call.
 
+Lists of device tensors (``_foreach_*``, ``cat``) are covered for kernels that say they take
+them (``specializes_tensor_lists``): the layout has a tuple of their view specs.
+
 Calls this lane does not cover take the general path unchanged: host tensors, conjugate or
-negative views, lists of anything but ints, and any layout the kernel declines to specialise
-(in place, also a broadcast ``self``). Ops that take a generator, or write arguments their
-schema does not declare (``UNDECLARED_WRITES``), never use it.
+negative views, lists of anything but ints (or device tensors, above), and any layout the
+kernel declines to specialise (in place, also a broadcast ``self``). Ops that take a
+generator, or write arguments their schema does not declare (``UNDECLARED_WRITES``), never
+use it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ _STATIC = frozenset({int, bool, str, type(None), torch.dtype, torch.device, torc
 _NOT_TENSORS = _STATIC | {float, complex, list}
 #: Ends the items of a key whose call has keyword arguments; their names follow it.
 _KEYWORDS = object()
+#: Starts a list of tensors in a key: their number follows, then four items per tensor.
+_TENSORS = object()
 
 
 #: A plan's ``stores`` when the layout's first argument is a broadcast view: in place, that
@@ -64,10 +70,11 @@ def _layout(key: tuple) -> CallLayout:
     """The :class:`~accelkit.sdk.CallLayout` a kernel's ``specialize`` receives, from a lane's
     flat cache key.
 
-    In the key a tensor is four items (a dtype *instance* first), a number its type, and a
-    static value a (type, value) pair (a type first, never a dtype instance). A call with
-    keyword arguments ends with :data:`_KEYWORDS` and the tuple of their names; their values
-    are the last items.
+    In the key a tensor is four items (a dtype *instance* first), a number its type, a
+    static value a (type, value) pair (a type first, never a dtype instance), and a list of
+    tensors :data:`_TENSORS`, their number and four items each (a tuple of view specs in the
+    layout). A call with keyword arguments ends with :data:`_KEYWORDS` and the tuple of their
+    names; their values are the last items.
     """
     items, i, end, names = [], 0, len(key), ()
     while i < end:
@@ -81,6 +88,10 @@ def _layout(key: tuple) -> CallLayout:
         elif item is _KEYWORDS:
             names = key[i + 1]
             break
+        elif item is _TENSORS:
+            count = key[i + 1]
+            items.append(tuple(ViewSpec(*key[j:j + 4]) for j in range(i + 2, i + 2 + 4 * count, 4)))
+            i += 2 + 4 * count
         else:
             items.append(key[i + 1])
             i += 2
@@ -91,16 +102,20 @@ def _layout(key: tuple) -> CallLayout:
 class Lane:
     """Prepared calls of one kernel (one per kernel object, shared by the op's variants)."""
 
-    def __init__(self, ctx: BackendContext, specialize: Callable):
+    def __init__(self, ctx: BackendContext, specialize: Callable, tensor_lists: bool = False):
         self._ctx = ctx
         self._specialize = specialize
+        self._tensor_lists = tensor_lists
         self._plans: dict[tuple, _Plan] = {}
 
     @classmethod
     def of(cls, ctx: BackendContext, fn: Callable) -> Lane | None:
-        """The lane for kernel ``fn``, or None when it offers no ``specialize``."""
+        """The lane for kernel ``fn``, or None when it offers no ``specialize``; lists of
+        device tensors are covered when ``fn.specializes_tensor_lists`` is true."""
         specialize = getattr(fn, "specialize", None)
-        return None if specialize is None else cls(ctx, specialize)
+        if specialize is None:
+            return None
+        return cls(ctx, specialize, bool(getattr(fn, "specializes_tensor_lists", False)))
 
     def _prepare(self, args: tuple, kwargs: dict) -> tuple[_Plan, list, list] | None:
         """The plan for these arguments, with their blocks and numbers; None when the call is
@@ -123,6 +138,20 @@ class Lane:
                 key.append(kind)  # with the type: True == 1 and both hash alike
                 key.append(a)
             elif kind is list:
+                if a and type(a[0]) is not int:
+                    if not self._tensor_lists:
+                        return None
+                    key.append(_TENSORS)
+                    key.append(len(a))
+                    for t in a:
+                        if type(t) is not _Tensor and not isinstance(t, _Tensor):
+                            return None
+                        payload = getattr(t.untyped_storage(), "payload", None)
+                        if payload is None or t.is_neg() or t.is_conj():
+                            return None
+                        key.extend((t.dtype, t.shape, t.stride(), t.storage_offset()))
+                        blocks.append(payload.block)
+                    continue
                 for v in a:
                     if type(v) is not int:
                         return None
@@ -228,5 +257,50 @@ class Lane:
             count(name, "native")
             write(blocks[0], stores[0], out)
             return self_
+
+        return run
+
+    def inplace_list_front(
+        self, name: str, general: Callable[..., Any], declined: Callable[..., Any],
+        writable: Callable[[torch.Tensor], bool],
+        stored: Callable[[torch.Tensor, Any], tuple[Any, torch.dtype | None]],
+    ) -> Callable[..., Any]:
+        """Like :meth:`inplace_front`, for in-place op ``name`` whose ``self`` is a list of
+        tensors (``_foreach_add_``): the kernel returns one result per tensor, written into
+        each. The first call of a layout hands every result to ``stored`` before anything is
+        written (an error leaves them all unchanged); later calls cast as it did and write
+        into the tensors' blocks directly. A layout with a broadcast tensor in ``self`` always
+        takes the general path, as do an empty ``self`` and every call the lane does not cover.
+        """
+        prepare, count = self._prepare, self._ctx.counters.count
+        write, cast = self._ctx.allocator.write, self._ctx.allocator.cast
+
+        def run(selves: list, *args: Any, **kwargs: Any) -> None:
+            prepared = prepare((selves, *args), kwargs) if selves else None
+            if prepared is None:
+                return general(selves, *args, **kwargs)
+            plan, blocks, numbers = prepared
+            stores = plan.stores
+            if stores is None and not all(writable(s) for s in selves):
+                stores = plan.stores = _NOT_IN_PLACE
+            if stores is _NOT_IN_PLACE:
+                return general(selves, *args, **kwargs)
+            try:
+                results = plan.run(blocks, numbers)
+            except KernelDeclined:
+                return declined(selves, *args, **kwargs)
+            if stores is None:
+                if len(results) != len(selves):
+                    raise RuntimeError(f"{name}: the kernel returned {len(results)} results for "
+                                       f"{len(selves)} tensors")
+                checked = [stored(s, r) for s, r in zip(selves, results)]
+                results = [r for r, _ in checked]
+                stores = plan.stores = tuple((ViewSpec.of(s), cast_to) for s, (_, cast_to) in zip(selves, checked))
+            else:
+                results = [r if cast_to is None else cast(r, cast_to) for r, (_, cast_to) in zip(results, stores)]
+            count(name, "native")
+            for block, (spec, _), r in zip(blocks, stores, results):  # ``self``'s blocks come first
+                write(block, spec, r)
+            return None
 
         return run
