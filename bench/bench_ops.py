@@ -5,8 +5,8 @@
 
 Prints microseconds per call (median of several repeats) for a small elementwise add, a chain
 of small adds (each waiting for the one before; the figure is per add: a small op's amortised
-cost in a long chain), a 64×64 matmul, an in-place update, a host batch moved to the device, indexed reads and writes (rows of a
-table, an embedding lookup, a gather), an integer division and one training step of a small MLP
+cost in a long chain), a 64×64 matmul, an in-place update, a host batch moved to the device,
+indexed reads and writes (rows of a table, an embedding lookup, a gather), an integer division and one training step of a small MLP
 (forward, backward, SGD), with the ratio to the same work on the CPU. The indexing, division and
 loss cases include the device-side checks that refuse bad indices and divisors as CPU does. The device is
 synchronised before each clock reading. Figures are wall-clock on this machine: compare ratios,
