@@ -394,13 +394,9 @@ def _template(value: Any, region: _Region) -> tuple[Any, tuple] | None:
                 return walk(resolve(v))
             if v.view.dtype != d.dtype:
                 raise _Cut
-            if d.written:
-                shadow = region.shadows.get(id(d))
-                if shadow is None:
-                    raise _Cut
-                ref = _Ref(shadow[0], shadow[1], None if v.identity() else v.view)
-            else:
-                ref = _Ref(d.site[0], d.site[1], None if v.identity() else v.view)
+            ref = _pending_ref(v, region)
+            if ref is None:
+                raise _Cut
             keys.append(ref.key())
             return ref
         if kind is float:
@@ -433,6 +429,32 @@ def _template(value: Any, region: _Region) -> tuple[Any, tuple] | None:
         region.first_read.setdefault(id(root), node)
     region.floats.extend(floats)
     return template, tuple(keys)
+
+
+def _pending_ref(view: PendingView, region: _Region) -> _Ref | None:
+    """A view of a value pending in ``region`` as a region reference: to its op's result, or,
+    when a store of the region wrote that value since, to the result the store wrote (None if
+    the store did not cover it from its start with a whole result)."""
+    d = view.deferred
+    if not d.written:
+        return _Ref(d.site[0], d.site[1], None if view.identity() else view.view)
+    shadow = region.shadows.get(id(d))
+    if shadow is None:
+        return None
+    node, out, dtype, nbytes = shadow
+    written = region.nodes[node].outs[out]
+    if dtype != view.view.dtype or _view_end(view.view) > nbytes:
+        return None
+    # The view is taken of the written result's memory, whose shape may differ from d's.
+    return _Ref(node, out, None if PendingView(written, view.view).identity() else view.view)
+
+
+def _view_end(view: ViewSpec) -> int:
+    """One past the last byte ``view`` addresses (0 for an empty view)."""
+    if any(size == 0 for size in view.size):
+        return 0
+    last = view.offset + sum((size - 1) * stride for size, stride in zip(view.size, view.stride))
+    return (last + 1) * view.dtype.itemsize
 
 
 def _shadowed(array: np.ndarray, root: np.ndarray, region: _Region) -> _Ref | None:
@@ -548,8 +570,13 @@ def store(block: Any, view: ViewSpec, value: Any) -> bool:
                 region = _region
                 target = block if isinstance(block, Deferred) and block.array is None else \
                     _root(block.array if isinstance(block, Deferred) else block)
-                identity = value.identity()
-                ref = _Ref(d.site[0], d.site[1], None if identity else value.view)
+                # The value as the region holds it now (a store of the region may have written
+                # it since its op); a written value no store result stands for is computed first.
+                ref = _pending_ref(value, region)
+                if ref is None:
+                    return False
+                identity = ref.view is None
+                d = region.nodes[ref.node].outs[ref.out]
                 region.entries.append(_Store(block, view, ref))
                 region.writes[id(target)] = target
                 if isinstance(target, Deferred):

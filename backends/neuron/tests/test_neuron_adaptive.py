@@ -156,6 +156,31 @@ def test_in_place_writes_through_views(fresh):
         assert torch.equal(e, g)
 
 
+def test_a_copy_of_a_pending_value_written_in_place_copies_the_written_value(fresh):
+    # As F.linear then multi-head attention do: mm's pending result, its bias added in place,
+    # then a transposed view of it made contiguous. The copy must read the value after the
+    # in-place add (the region's store), not the mm's result (found by a transformer encoder
+    # layer trained adaptively, which differed from strict in the last digits).
+    x, w, b = torch.randn(10, 16), torch.randn(48, 16), torch.randn(48)
+
+    def program(x, w, b):
+        proj = torch.mm(x, w.t())
+        proj.add_(b)
+        heads = proj.view(5, 2, 3, 16).permute(2, 0, 1, 3).contiguous()  # a strided copy
+        return [heads, proj.sum(0)]  # proj itself is gone at the flush
+
+    expected = program(x, w, b)
+    dev_args = [t.to(fresh) for t in (x, w, b)]
+    _warm(lambda: [v.cpu() for v in program(*dev_args)])
+    got = [v.cpu() for v in program(*dev_args)]
+    assert _adaptive()["stores_recorded"] >= 2 and _adaptive()["ops_recorded"] >= 2
+    with eager_mode("strict"):
+        strict = [v.cpu() for v in program(*dev_args)]
+    for e, s, g in zip(expected, strict, got):
+        assert torch.equal(g, s)
+        torch.testing.assert_close(g, e)
+
+
 def test_out_of_memory_at_the_op(fresh):
     a = torch.ones(1 << 20).to(fresh)  # 4 MiB
     _warm(lambda: a + 1)
