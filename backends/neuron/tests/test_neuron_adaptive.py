@@ -181,6 +181,21 @@ def test_a_copy_of_a_pending_value_written_in_place_copies_the_written_value(fre
         torch.testing.assert_close(g, e)
 
 
+def test_a_profile_sees_the_ops_recorded_inside_it_and_not_those_before(fresh):
+    from accelkit_backends.neuron import profile
+
+    x = torch.randn(512).to(fresh)
+    _warm(lambda: (torch.exp(x) * 2).cpu())
+    before = torch.sigmoid(x)  # recorded before the block: run on the way in, not profiled
+    with profile() as result:
+        inside = torch.exp(x) * 2  # recorded inside: run on the way out, profiled
+    assert not adaptive.pending()
+    assert result.instructions and result.programs
+    assert all(label.startswith("eager region (exp") for label, _, _ in result.programs), result.programs
+    torch.testing.assert_close(inside.cpu(), torch.exp(x.cpu()) * 2)
+    torch.testing.assert_close(before.cpu(), torch.sigmoid(x.cpu()))
+
+
 def test_out_of_memory_at_the_op(fresh):
     a = torch.ones(1 << 20).to(fresh)  # 4 MiB
     _warm(lambda: a + 1)
