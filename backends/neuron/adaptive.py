@@ -368,67 +368,80 @@ def _template(value: Any, region: _Region) -> tuple[Any, tuple] | None:
     and its part of the region's key; None if it reads memory the region wrote in a way no
     recorded value stands for, or holds what a region cannot take (a random draw). The region
     takes the new inputs only when the whole of ``value`` could be expressed."""
-    inputs: list[np.ndarray] = []
-    roots: list[Any] = []
-    floats: list[float] = []
-    keys: list = []
-    first_input, first_float = len(region.inputs), len(region.floats)
+    walker = _Walker(region)
+    try:
+        template = walker.walk(value)
+    except _Cut:
+        return None
+    node = len(region.nodes)
+    region.inputs.extend(walker.inputs)
+    for root in walker.roots:
+        region.reads[id(root)] = root
+        region.first_read.setdefault(id(root), node)
+    region.floats.extend(walker.floats)
+    return template, tuple(walker.keys)
 
-    def walk(v: Any) -> Any:
+
+class _Walker:
+    """One op's arguments turned into a template (see :func:`_template`). A class rather than
+    a recursive closure: a closure that calls itself is a reference cycle, garbage only the
+    cyclic collector frees, and one per recorded op made collections frequent enough to cost
+    wall time."""
+
+    __slots__ = ("region", "inputs", "roots", "floats", "keys", "first_input", "first_float")
+
+    def __init__(self, region: _Region):
+        self.region = region
+        self.inputs: list[np.ndarray] = []
+        self.roots: list[Any] = []
+        self.floats: list[float] = []
+        self.keys: list = []
+        self.first_input, self.first_float = len(region.inputs), len(region.floats)
+
+    def walk(self, v: Any) -> Any:
         kind = type(v)
         if kind is np.ndarray:
             root = _root(v)
+            region = self.region
             if id(root) in region.writes:
                 ref = _shadowed(v, root, region)
                 if ref is None:
                     raise _Cut
-                keys.append(ref.key())
+                self.keys.append(ref.key())
                 return ref
-            inputs.append(v)
-            roots.append(root)
-            keys.append(("in", v.shape, v.dtype.str, v.strides))
-            return _In(first_input + len(inputs) - 1)
+            self.inputs.append(v)
+            self.roots.append(root)
+            self.keys.append(("in", v.shape, v.dtype.str, v.strides))
+            return _In(self.first_input + len(self.inputs) - 1)
         if kind is PendingView:
             d = v.deferred
             if d.array is not None or d.site is None:
-                return walk(resolve(v))
+                return self.walk(resolve(v))
             if v.view.dtype != d.dtype:
                 raise _Cut
-            ref = _pending_ref(v, region)
+            ref = _pending_ref(v, self.region)
             if ref is None:
                 raise _Cut
-            keys.append(ref.key())
+            self.keys.append(ref.key())
             return ref
         if kind is float:
-            floats.append(v)
-            keys.append(float)
-            return _Float(first_float + len(floats) - 1)
+            self.floats.append(v)
+            self.keys.append(float)
+            return _Float(self.first_float + len(self.floats) - 1)
         if kind is list or kind is tuple:
-            keys.append((kind, len(v)))
-            return kind(walk(x) for x in v)
+            self.keys.append((kind, len(v)))
+            return kind([self.walk(x) for x in v])
         if kind is dict:
-            keys.append((dict, tuple(v)))
-            return {k: walk(x) for k, x in v.items()}
+            self.keys.append((dict, tuple(v)))
+            return {k: self.walk(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):  # torch.Size and kin
             base = list if isinstance(v, list) else tuple
-            keys.append((base, len(v)))
-            return base(walk(x) for x in v)
+            self.keys.append((base, len(v)))
+            return base([self.walk(x) for x in v])
         if isinstance(v, (RandomDraw, complex, np.ndarray, PendingView, float, dict)):
             raise _Cut  # a random draw, a complex number, or a subclass of the above
-        keys.append((kind, v))
+        self.keys.append((kind, v))
         return v
-
-    try:
-        template = walk(value)
-    except _Cut:
-        return None
-    node = len(region.nodes)
-    region.inputs.extend(inputs)
-    for root in roots:
-        region.reads[id(root)] = root
-        region.first_read.setdefault(id(root), node)
-    region.floats.extend(floats)
-    return template, tuple(keys)
 
 
 def _pending_ref(view: PendingView, region: _Region) -> _Ref | None:
