@@ -51,6 +51,7 @@ Figures: ``accelkit.stats()["neuron"]["adaptive"]``.
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 import threading
 import weakref
@@ -134,7 +135,7 @@ class Deferred:
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, site: tuple[int, int]):
         self.array: np.ndarray | None = None
         self.shape, self.dtype = shape, dtype
-        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.nbytes = math.prod(shape) * dtype.itemsize
         #: (node, output) in the open region; None once flushed.
         self.site: tuple[int, int] | None = site
         self.adopted = self.freed = False
@@ -323,6 +324,10 @@ def recordable(op: Any, static: bool) -> bool:
             and all(r.type.kind() == "TensorType" for r in returns))
 
 
+#: Per recorded op, whether it returns several tensors (its schema read once).
+_MULTI: dict[Any, bool] = {}
+
+
 def record(op: Any, args: tuple, kwargs: dict, specs: list) -> Any:
     """Record ``op`` (its kernel is static) with results of geometry ``specs``; returns its
     results as pending values, or None when these arguments cannot be recorded (the caller
@@ -345,7 +350,9 @@ def record(op: Any, args: tuple, kwargs: dict, specs: list) -> Any:
         (t_args, t_kwargs), key = template
         index = len(region.nodes)
         outs = [Deferred(tuple(s.shape), s.dtype, (index, j)) for j, s in enumerate(specs)]
-        multi = len(op._schema.returns) > 1
+        multi = _MULTI.get(op)
+        if multi is None:
+            multi = _MULTI[op] = len(op._schema.returns) > 1
         node = _Node(op, t_args, t_kwargs, outs, multi)
         region.nodes.append(node)
         region.entries.append(node)
@@ -424,6 +431,9 @@ class _Walker:
                 raise _Cut
             self.keys.append(ref.key())
             return ref
+        if kind is int or kind is bool or v is None:
+            self.keys.append((kind, v))
+            return v
         if kind is float:
             self.floats.append(v)
             self.keys.append(float)
