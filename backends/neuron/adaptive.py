@@ -1,8 +1,7 @@
 """neuron's adaptive eager: eager ops recorded, and run as one scheduled program per region.
 
-Strictly, each eager aten op is one tile program whose results go to HBM. Adaptively
-(``ACCELKIT_NEURON_EAGER=adaptive``, or :func:`eager_mode`; strict stays the default until
-neuron's whole suite passes adaptively, see the known gaps below), a *static* kernel
+Strictly (``ACCELKIT_NEURON_EAGER=strict``, or :func:`eager_mode`), each eager aten op is one
+tile program whose results go to HBM. Adaptively (the default, as TorchNeuron's), a *static* kernel
 (:func:`.launch.tile_kernel` ``static=True``: its instructions follow from shapes, dtypes and
 static arguments) is not run at the op: PyTorch's Meta kernel gives its results' geometry at
 once (so shape, dtype and argument errors raise at the op), and each result is a device tensor
@@ -40,10 +39,9 @@ nothing after it does (reading a result of those raises).
 Recorded ops whose results nobody can read any more are not run, so a value check in such an
 op raises nothing (strictly it raises at the op).
 
-Known gaps (why adaptive is not the default yet): a transformer encoder layer trained
-adaptively differs from strict eager (found by ``test_neuron_compile`` and the model parity
-tests; not yet traced); tests that count kernel instances or replays per eager op see region
-programs instead.
+What differs from strict, by design: per-op figures (kernel instances, replays, the estimate's
+kernels) count region programs where strictly each op is counted; tests of strict's own
+bookkeeping pin ``eager_mode("strict")``.
 
 Figures: ``accelkit.stats()["neuron"]["adaptive"]``.
 """
@@ -67,7 +65,7 @@ from accelkit_backends.neuron.sim import numerics as nx
 
 MODE_ENV = "ACCELKIT_NEURON_EAGER"
 MODES = ("adaptive", "strict")
-DEFAULT_MODE = "strict"
+DEFAULT_MODE = "adaptive"
 #: Ops a region records before it is flushed.
 MAX_NODES = 512
 #: Region programs kept (a new structure beyond it starts the cache afresh).

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from conftest import run_python
 from torch import nn
 
 import accelkit
@@ -26,9 +27,19 @@ def fresh(dev):
         yield dev
 
 
-def test_strict_is_the_default_until_the_suite_passes_adaptively():
-    assert adaptive.DEFAULT_MODE == "strict"
-    assert _adaptive()["mode"] in adaptive.MODES
+def test_adaptive_is_the_default_and_strict_the_switch():
+    assert adaptive.DEFAULT_MODE == "adaptive"
+    code = """
+        import accelkit, torch
+        from accelkit_backends.neuron import adaptive
+        dev = accelkit.select_device("neuron")
+        x = torch.ones(8, device=dev)
+        (x * 2).cpu()  # a kernel instance runs at once the first time
+        y = x * 2
+        print(adaptive.mode(), adaptive.pending())
+    """
+    assert run_python(code).stdout.split() == ["adaptive", "True"]
+    assert run_python(code, {"ACCELKIT_NEURON_EAGER": "strict"}).stdout.split() == ["strict", "False"]
 
 
 def test_a_chain_is_one_fused_program_with_strict_values(fresh):
