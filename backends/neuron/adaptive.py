@@ -13,7 +13,10 @@ scheduled program on the core whose kernels overlap, elementwise chains fused wi
 intermediates in SBUF (:mod:`.fusion`), intermediates nobody references any more never stored.
 Programs are cached by the region's structure (ops, layouts, which results are still
 referenced), so a training loop's steps reuse one program; float arguments are program inputs,
-so a new learning rate is not a new program.
+so a new learning rate is not a new program. A structure met for the first time runs op by op,
+through the same kernel instances as strictly; met again within :data:`RECENT_FLUSHES` flushes
+(a loop's body), it is built into a program, which every later meeting runs. A sequence of ops
+never repeated (a one-off computation, a shape that changes at every call) builds no program.
 
 A region is flushed
 
@@ -70,6 +73,13 @@ DEFAULT_MODE = "adaptive"
 MAX_NODES = 512
 #: Region programs kept (a new structure beyond it starts the cache afresh).
 MAX_PROGRAMS = 1024
+#: A region is built into a program when its structure is met again within this many flushes
+#: of its last meeting (a loop's body recurs at once); met for the first time, or again only
+#: long after, it runs op by op as strictly, so a structure never seen again (a one-off
+#: sequence, a shape that changes at every call) costs no program build.
+RECENT_FLUSHES = 32
+#: Structures met once and remembered for :data:`RECENT_FLUSHES` (beyond it, forgotten).
+MAX_SEEN = 4096
 
 _mode: str | None = None
 _lock = threading.RLock()
@@ -205,6 +215,19 @@ def _root(array: np.ndarray) -> Any:
     return array
 
 
+def _block(value: np.ndarray, owners: set[int]) -> np.ndarray:
+    """A computed result as the block of its tensor: memory of its own, as strictly (the
+    allocator adopts only a result that owns its memory, and copies any other). A kernel may
+    return a view of an argument, or two results may share memory; a later in-place write into
+    one tensor must not show in another."""
+    root = _root(value)
+    if not (value.flags.c_contiguous and value.flags.owndata) or id(root) in owners:
+        value = np.array(value, copy=True, order="C")
+        root = value
+    owners.add(id(root))
+    return value.reshape(-1).view(np.uint8)
+
+
 def _flat(array: np.ndarray) -> np.ndarray:
     """A result as a block: its row-major bytes."""
     if not array.flags.c_contiguous:
@@ -283,8 +306,11 @@ class _Region:
 
 _region = _Region()
 _programs: dict[tuple, Any] = {}
+#: Per region structure met once and not built: the flush number of that meeting.
+_seen: dict[tuple, int] = {}
+_flushes = 0
 STATS = {"regions": 0, "ops_recorded": 0, "stores_recorded": 0, "programs_built": 0, "program_cache_hits": 0,
-         "ops_not_recorded": 0, "flushes": {}, "errors_at_flush": 0}
+         "regions_op_by_op": 0, "ops_not_recorded": 0, "flushes": {}, "errors_at_flush": 0}
 
 
 def stats() -> dict[str, Any]:
@@ -294,7 +320,7 @@ def stats() -> dict[str, Any]:
 
 def reset_stats() -> None:
     STATS.update(regions=0, ops_recorded=0, stores_recorded=0, programs_built=0, program_cache_hits=0,
-                 ops_not_recorded=0, flushes={}, errors_at_flush=0)
+                 regions_op_by_op=0, ops_not_recorded=0, flushes={}, errors_at_flush=0)
 
 
 def pending() -> bool:
@@ -641,12 +667,13 @@ def adopted(view: PendingView) -> None:
 
 def flush(reason: str) -> None:
     """Run the open region (if any) as one program; ``reason`` is counted in the stats."""
-    global _region
+    global _region, _flushes
     with _lock:
         region = _region
         if not region.entries:
             return
         _region = _Region()
+        _flushes += 1
         STATS["regions"] += 1
         STATS["flushes"][reason] = STATS["flushes"].get(reason, 0) + 1
         with running():
@@ -672,6 +699,19 @@ def _run(region: _Region) -> None:
     key = (tuple(region.key), len(region.floats), tuple(r.key() for r in outputs))
     program = _programs.get(key)
     if program is None:
+        met = _seen.get(key)
+        if met is None or _flushes - met > RECENT_FLUSHES:
+            if len(_seen) >= MAX_SEEN:
+                _seen.clear()
+            _seen[key] = _flushes
+            STATS["regions_op_by_op"] += 1
+            try:
+                _run_op_by_op(region)
+            except Exception:
+                STATS["errors_at_flush"] += 1
+                raise
+            return
+        _seen.pop(key, None)
         if len(_programs) >= MAX_PROGRAMS:
             _programs.clear()
         program = _programs[key] = _build(region, outputs)
@@ -684,8 +724,9 @@ def _run(region: _Region) -> None:
         STATS["errors_at_flush"] += 1
         _run_op_by_op(region)
         return
+    owners: set[int] = set()
     for (i, j), value in zip(wanted, results):
-        region.nodes[i].outs[j].array = _flat(value)
+        region.nodes[i].outs[j].array = _block(value, owners)
     for entry, value in zip(stores, results[len(wanted):]):
         _write(entry.block, entry.view, value)
 
@@ -722,6 +763,7 @@ def _run_op_by_op(region: _Region) -> None:
             return {k: actual(x) for k, x in v.items()}
         return v
 
+    owners: set[int] = set()
     stores = [e.value for e in region.entries if isinstance(e, _Store)]
     needed = _needed(region, [_Ref(i, j, None) for i, n in enumerate(region.nodes)
                               for j, d in enumerate(n.outs) if d.wanted()] + stores)
@@ -740,8 +782,15 @@ def _run_op_by_op(region: _Region) -> None:
             raise
         results = result if entry.multi else (result,)
         for j, (d, value) in enumerate(zip(entry.outs, results)):
-            values[(index, j)] = value
-            d.array = _flat(value)
+            # Later ops read it as strictly they read its tensor: in PyTorch's result dtype
+            # (a kernel may compute another, as layer norm's bfloat16 statistics), row-major,
+            # in its own block (a kernel may hand over another layout, and a kernel's order
+            # of summation can follow its arguments' layout).
+            dtype = nx.numpy_dtype(d.dtype)
+            if value.dtype != dtype:
+                value = value.astype(dtype)
+            d.array = _block(value, owners)
+            values[(index, j)] = read_block(d.array, _contiguous(d.shape, d.dtype))
     # Every op ran (the program failed for none of them): the values are the strict ones.
 
 
