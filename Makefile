@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-.PHONY: demo test test-fused bench conformance-quick chromium titan vllm vllm-env clean
+.PHONY: demo test test-fused test-neuron-strict bench conformance-quick chromium titan vllm vllm-env clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -87,7 +87,14 @@ test: $(STAMP) $(VLLM_STAMP) chromium
 	$(MAKE) --no-print-directory test-fused
 	env -u ACCELKIT_DEVICE ACCELKIT_NEURON_FLOAT64=downcast $(NEURON_VERIFY) $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device neuron
 	env -u ACCELKIT_DEVICE $(NEURON_VERIFY) $(BIN)/python -m pytest backends/neuron/tests
+	$(MAKE) --no-print-directory test-neuron-strict
 	env -u ACCELKIT_DEVICE $(VLLM_BIN)/python -m pytest tests/vllm --durations=0
+
+# neuron's strict eager mode (one program per op, at once; adaptive eager is the default) under
+# the device-generic tests and the model and compile tests.
+test-neuron-strict: $(STAMP)
+	env -u ACCELKIT_DEVICE ACCELKIT_NEURON_EAGER=strict ACCELKIT_NEURON_FLOAT64=downcast $(NEURON_VERIFY) $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device neuron
+	env -u ACCELKIT_DEVICE ACCELKIT_NEURON_EAGER=strict $(NEURON_VERIFY) $(BIN)/python -m pytest backends/neuron/tests/test_neuron_models.py backends/neuron/tests/test_neuron_compile.py
 
 # tpu's fused eager mode (backends/tpu/fused.py) under the device-generic tests, the model tests
 # and the quick conformance profile (a gate here: any failure fails the target).

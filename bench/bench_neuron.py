@@ -146,8 +146,8 @@ def step_wall_times(steps: int, block: int = 10) -> dict[str, float]:
 
 
 def adaptive_vs_strict(steps: int = 60, block: int = 10) -> dict[str, float]:
-    """The eager small-MLP SGD step (as :func:`step_wall_times`) in adaptive eager (recorded, one
-    program per step; ``ACCELKIT_NEURON_EAGER=adaptive``) and in strict eager (the default, one
+    """The eager small-MLP SGD step (as :func:`step_wall_times`) in adaptive eager (the default:
+    recorded, one program per step) and in strict eager (``ACCELKIT_NEURON_EAGER=strict``, one
     program per op): simulator wall time per step (ms, median; the two modes take turns in blocks of ``block`` steps, the first
     of each block not counted) and estimated device time per step (us)."""
     import copy

@@ -11,9 +11,9 @@ The plugin's hooks live in the modules of their contract areas (``device``, ``ru
 ``compiler``, ``collectives``); the
 expectations are ``conformance.toml`` next to this file, and autocast is the core's default.
 
-Eager ops run strictly (each op its own program, at once) unless ``ACCELKIT_NEURON_EAGER=adaptive``
-or :func:`eager_mode` asks for adaptive eager, TorchNeuron's default: recorded, and run as one
-scheduled program per region at the next flush (``adaptive.py``).
+Eager ops run adaptively by default, as TorchNeuron's do: recorded, and run as one scheduled
+program per region at the next flush (``adaptive.py``). ``ACCELKIT_NEURON_EAGER=strict`` or
+:func:`eager_mode` ``("strict")`` runs each op as its own program, at once.
 
 Public extras: :func:`profile` (a timeline exported as a Chrome trace),
 :func:`stochastic_rounding` (bf16 rounding mode) and :func:`eager_mode`.

@@ -1,8 +1,7 @@
 """neuron's adaptive eager: eager ops recorded, and run as one scheduled program per region.
 
-Strictly, each eager aten op is one tile program whose results go to HBM. Adaptively
-(``ACCELKIT_NEURON_EAGER=adaptive``, or :func:`eager_mode`; strict stays the default until
-neuron's whole suite passes adaptively, see the known gaps below), a *static* kernel
+Strictly (``ACCELKIT_NEURON_EAGER=strict``, or :func:`eager_mode`), each eager aten op is one
+tile program whose results go to HBM. Adaptively (the default, as TorchNeuron's), a *static* kernel
 (:func:`.launch.tile_kernel` ``static=True``: its instructions follow from shapes, dtypes and
 static arguments) is not run at the op: PyTorch's Meta kernel gives its results' geometry at
 once (so shape, dtype and argument errors raise at the op), and each result is a device tensor
@@ -14,7 +13,10 @@ scheduled program on the core whose kernels overlap, elementwise chains fused wi
 intermediates in SBUF (:mod:`.fusion`), intermediates nobody references any more never stored.
 Programs are cached by the region's structure (ops, layouts, which results are still
 referenced), so a training loop's steps reuse one program; float arguments are program inputs,
-so a new learning rate is not a new program.
+so a new learning rate is not a new program. A structure met for the first time runs op by op,
+through the same kernel instances as strictly; met again within :data:`RECENT_FLUSHES` flushes
+(a loop's body), it is built into a program, which every later meeting runs. A sequence of ops
+never repeated (a one-off computation, a shape that changes at every call) builds no program.
 
 A region is flushed
 
@@ -40,10 +42,9 @@ nothing after it does (reading a result of those raises).
 Recorded ops whose results nobody can read any more are not run, so a value check in such an
 op raises nothing (strictly it raises at the op).
 
-Known gaps (why adaptive is not the default yet): a transformer encoder layer trained
-adaptively differs from strict eager (found by ``test_neuron_compile`` and the model parity
-tests; not yet traced); tests that count kernel instances or replays per eager op see region
-programs instead.
+What differs from strict, by design: per-op figures (kernel instances, replays, the estimate's
+kernels) count region programs where strictly each op is counted; tests of strict's own
+bookkeeping pin ``eager_mode("strict")``.
 
 Figures: ``accelkit.stats()["neuron"]["adaptive"]``.
 """
@@ -51,6 +52,7 @@ Figures: ``accelkit.stats()["neuron"]["adaptive"]``.
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 import threading
 import weakref
@@ -66,11 +68,18 @@ from accelkit_backends.neuron.sim import numerics as nx
 
 MODE_ENV = "ACCELKIT_NEURON_EAGER"
 MODES = ("adaptive", "strict")
-DEFAULT_MODE = "strict"
+DEFAULT_MODE = "adaptive"
 #: Ops a region records before it is flushed.
 MAX_NODES = 512
 #: Region programs kept (a new structure beyond it starts the cache afresh).
 MAX_PROGRAMS = 1024
+#: A region is built into a program when its structure is met again within this many flushes
+#: of its last meeting (a loop's body recurs at once); met for the first time, or again only
+#: long after, it runs op by op as strictly, so a structure never seen again (a one-off
+#: sequence, a shape that changes at every call) costs no program build.
+RECENT_FLUSHES = 32
+#: Structures met once and remembered for :data:`RECENT_FLUSHES` (beyond it, forgotten).
+MAX_SEEN = 4096
 
 _mode: str | None = None
 _lock = threading.RLock()
@@ -134,7 +143,7 @@ class Deferred:
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, site: tuple[int, int]):
         self.array: np.ndarray | None = None
         self.shape, self.dtype = shape, dtype
-        self.nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        self.nbytes = math.prod(shape) * dtype.itemsize
         #: (node, output) in the open region; None once flushed.
         self.site: tuple[int, int] | None = site
         self.adopted = self.freed = False
@@ -204,6 +213,19 @@ def _root(array: np.ndarray) -> Any:
     while isinstance(array.base, np.ndarray):
         array = array.base
     return array
+
+
+def _block(value: np.ndarray, owners: set[int]) -> np.ndarray:
+    """A computed result as the block of its tensor: memory of its own, as strictly (the
+    allocator adopts only a result that owns its memory, and copies any other). A kernel may
+    return a view of an argument, or two results may share memory; a later in-place write into
+    one tensor must not show in another."""
+    root = _root(value)
+    if not (value.flags.c_contiguous and value.flags.owndata) or id(root) in owners:
+        value = np.array(value, copy=True, order="C")
+        root = value
+    owners.add(id(root))
+    return value.reshape(-1).view(np.uint8)
 
 
 def _flat(array: np.ndarray) -> np.ndarray:
@@ -284,8 +306,11 @@ class _Region:
 
 _region = _Region()
 _programs: dict[tuple, Any] = {}
+#: Per region structure met once and not built: the flush number of that meeting.
+_seen: dict[tuple, int] = {}
+_flushes = 0
 STATS = {"regions": 0, "ops_recorded": 0, "stores_recorded": 0, "programs_built": 0, "program_cache_hits": 0,
-         "ops_not_recorded": 0, "flushes": {}, "errors_at_flush": 0}
+         "regions_op_by_op": 0, "ops_not_recorded": 0, "flushes": {}, "errors_at_flush": 0}
 
 
 def stats() -> dict[str, Any]:
@@ -295,7 +320,7 @@ def stats() -> dict[str, Any]:
 
 def reset_stats() -> None:
     STATS.update(regions=0, ops_recorded=0, stores_recorded=0, programs_built=0, program_cache_hits=0,
-                 ops_not_recorded=0, flushes={}, errors_at_flush=0)
+                 regions_op_by_op=0, ops_not_recorded=0, flushes={}, errors_at_flush=0)
 
 
 def pending() -> bool:
@@ -323,6 +348,10 @@ def recordable(op: Any, static: bool) -> bool:
             and all(r.type.kind() == "TensorType" for r in returns))
 
 
+#: Per recorded op, whether it returns several tensors (its schema read once).
+_MULTI: dict[Any, bool] = {}
+
+
 def record(op: Any, args: tuple, kwargs: dict, specs: list) -> Any:
     """Record ``op`` (its kernel is static) with results of geometry ``specs``; returns its
     results as pending values, or None when these arguments cannot be recorded (the caller
@@ -345,7 +374,9 @@ def record(op: Any, args: tuple, kwargs: dict, specs: list) -> Any:
         (t_args, t_kwargs), key = template
         index = len(region.nodes)
         outs = [Deferred(tuple(s.shape), s.dtype, (index, j)) for j, s in enumerate(specs)]
-        multi = len(op._schema.returns) > 1
+        multi = _MULTI.get(op)
+        if multi is None:
+            multi = _MULTI[op] = len(op._schema.returns) > 1
         node = _Node(op, t_args, t_kwargs, outs, multi)
         region.nodes.append(node)
         region.entries.append(node)
@@ -368,71 +399,109 @@ def _template(value: Any, region: _Region) -> tuple[Any, tuple] | None:
     and its part of the region's key; None if it reads memory the region wrote in a way no
     recorded value stands for, or holds what a region cannot take (a random draw). The region
     takes the new inputs only when the whole of ``value`` could be expressed."""
-    inputs: list[np.ndarray] = []
-    roots: list[Any] = []
-    floats: list[float] = []
-    keys: list = []
-    first_input, first_float = len(region.inputs), len(region.floats)
+    walker = _Walker(region)
+    try:
+        template = walker.walk(value)
+    except _Cut:
+        return None
+    node = len(region.nodes)
+    region.inputs.extend(walker.inputs)
+    for root in walker.roots:
+        region.reads[id(root)] = root
+        region.first_read.setdefault(id(root), node)
+    region.floats.extend(walker.floats)
+    return template, tuple(walker.keys)
 
-    def walk(v: Any) -> Any:
+
+class _Walker:
+    """One op's arguments turned into a template (see :func:`_template`). A class rather than
+    a recursive closure: a closure that calls itself is a reference cycle, garbage only the
+    cyclic collector frees, and one per recorded op made collections frequent enough to cost
+    wall time."""
+
+    __slots__ = ("region", "inputs", "roots", "floats", "keys", "first_input", "first_float")
+
+    def __init__(self, region: _Region):
+        self.region = region
+        self.inputs: list[np.ndarray] = []
+        self.roots: list[Any] = []
+        self.floats: list[float] = []
+        self.keys: list = []
+        self.first_input, self.first_float = len(region.inputs), len(region.floats)
+
+    def walk(self, v: Any) -> Any:
         kind = type(v)
         if kind is np.ndarray:
             root = _root(v)
+            region = self.region
             if id(root) in region.writes:
                 ref = _shadowed(v, root, region)
                 if ref is None:
                     raise _Cut
-                keys.append(ref.key())
+                self.keys.append(ref.key())
                 return ref
-            inputs.append(v)
-            roots.append(root)
-            keys.append(("in", v.shape, v.dtype.str, v.strides))
-            return _In(first_input + len(inputs) - 1)
+            self.inputs.append(v)
+            self.roots.append(root)
+            self.keys.append(("in", v.shape, v.dtype.str, v.strides))
+            return _In(self.first_input + len(self.inputs) - 1)
         if kind is PendingView:
             d = v.deferred
             if d.array is not None or d.site is None:
-                return walk(resolve(v))
+                return self.walk(resolve(v))
             if v.view.dtype != d.dtype:
                 raise _Cut
-            if d.written:
-                shadow = region.shadows.get(id(d))
-                if shadow is None:
-                    raise _Cut
-                ref = _Ref(shadow[0], shadow[1], None if v.identity() else v.view)
-            else:
-                ref = _Ref(d.site[0], d.site[1], None if v.identity() else v.view)
-            keys.append(ref.key())
+            ref = _pending_ref(v, self.region)
+            if ref is None:
+                raise _Cut
+            self.keys.append(ref.key())
             return ref
+        if kind is int or kind is bool or v is None:
+            self.keys.append((kind, v))
+            return v
         if kind is float:
-            floats.append(v)
-            keys.append(float)
-            return _Float(first_float + len(floats) - 1)
+            self.floats.append(v)
+            self.keys.append(float)
+            return _Float(self.first_float + len(self.floats) - 1)
         if kind is list or kind is tuple:
-            keys.append((kind, len(v)))
-            return kind(walk(x) for x in v)
+            self.keys.append((kind, len(v)))
+            return kind([self.walk(x) for x in v])
         if kind is dict:
-            keys.append((dict, tuple(v)))
-            return {k: walk(x) for k, x in v.items()}
+            self.keys.append((dict, tuple(v)))
+            return {k: self.walk(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):  # torch.Size and kin
             base = list if isinstance(v, list) else tuple
-            keys.append((base, len(v)))
-            return base(walk(x) for x in v)
+            self.keys.append((base, len(v)))
+            return base([self.walk(x) for x in v])
         if isinstance(v, (RandomDraw, complex, np.ndarray, PendingView, float, dict)):
             raise _Cut  # a random draw, a complex number, or a subclass of the above
-        keys.append((kind, v))
+        self.keys.append((kind, v))
         return v
 
-    try:
-        template = walk(value)
-    except _Cut:
+
+def _pending_ref(view: PendingView, region: _Region) -> _Ref | None:
+    """A view of a value pending in ``region`` as a region reference: to its op's result, or,
+    when a store of the region wrote that value since, to the result the store wrote (None if
+    the store did not cover it from its start with a whole result)."""
+    d = view.deferred
+    if not d.written:
+        return _Ref(d.site[0], d.site[1], None if view.identity() else view.view)
+    shadow = region.shadows.get(id(d))
+    if shadow is None:
         return None
-    node = len(region.nodes)
-    region.inputs.extend(inputs)
-    for root in roots:
-        region.reads[id(root)] = root
-        region.first_read.setdefault(id(root), node)
-    region.floats.extend(floats)
-    return template, tuple(keys)
+    node, out, dtype, nbytes = shadow
+    written = region.nodes[node].outs[out]
+    if dtype != view.view.dtype or _view_end(view.view) > nbytes:
+        return None
+    # The view is taken of the written result's memory, whose shape may differ from d's.
+    return _Ref(node, out, None if PendingView(written, view.view).identity() else view.view)
+
+
+def _view_end(view: ViewSpec) -> int:
+    """One past the last byte ``view`` addresses (0 for an empty view)."""
+    if any(size == 0 for size in view.size):
+        return 0
+    last = view.offset + sum((size - 1) * stride for size, stride in zip(view.size, view.stride))
+    return (last + 1) * view.dtype.itemsize
 
 
 def _shadowed(array: np.ndarray, root: np.ndarray, region: _Region) -> _Ref | None:
@@ -548,8 +617,13 @@ def store(block: Any, view: ViewSpec, value: Any) -> bool:
                 region = _region
                 target = block if isinstance(block, Deferred) and block.array is None else \
                     _root(block.array if isinstance(block, Deferred) else block)
-                identity = value.identity()
-                ref = _Ref(d.site[0], d.site[1], None if identity else value.view)
+                # The value as the region holds it now (a store of the region may have written
+                # it since its op); a written value no store result stands for is computed first.
+                ref = _pending_ref(value, region)
+                if ref is None:
+                    return False
+                identity = ref.view is None
+                d = region.nodes[ref.node].outs[ref.out]
                 region.entries.append(_Store(block, view, ref))
                 region.writes[id(target)] = target
                 if isinstance(target, Deferred):
@@ -593,12 +667,13 @@ def adopted(view: PendingView) -> None:
 
 def flush(reason: str) -> None:
     """Run the open region (if any) as one program; ``reason`` is counted in the stats."""
-    global _region
+    global _region, _flushes
     with _lock:
         region = _region
         if not region.entries:
             return
         _region = _Region()
+        _flushes += 1
         STATS["regions"] += 1
         STATS["flushes"][reason] = STATS["flushes"].get(reason, 0) + 1
         with running():
@@ -624,6 +699,19 @@ def _run(region: _Region) -> None:
     key = (tuple(region.key), len(region.floats), tuple(r.key() for r in outputs))
     program = _programs.get(key)
     if program is None:
+        met = _seen.get(key)
+        if met is None or _flushes - met > RECENT_FLUSHES:
+            if len(_seen) >= MAX_SEEN:
+                _seen.clear()
+            _seen[key] = _flushes
+            STATS["regions_op_by_op"] += 1
+            try:
+                _run_op_by_op(region)
+            except Exception:
+                STATS["errors_at_flush"] += 1
+                raise
+            return
+        _seen.pop(key, None)
         if len(_programs) >= MAX_PROGRAMS:
             _programs.clear()
         program = _programs[key] = _build(region, outputs)
@@ -636,8 +724,9 @@ def _run(region: _Region) -> None:
         STATS["errors_at_flush"] += 1
         _run_op_by_op(region)
         return
+    owners: set[int] = set()
     for (i, j), value in zip(wanted, results):
-        region.nodes[i].outs[j].array = _flat(value)
+        region.nodes[i].outs[j].array = _block(value, owners)
     for entry, value in zip(stores, results[len(wanted):]):
         _write(entry.block, entry.view, value)
 
@@ -674,6 +763,7 @@ def _run_op_by_op(region: _Region) -> None:
             return {k: actual(x) for k, x in v.items()}
         return v
 
+    owners: set[int] = set()
     stores = [e.value for e in region.entries if isinstance(e, _Store)]
     needed = _needed(region, [_Ref(i, j, None) for i, n in enumerate(region.nodes)
                               for j, d in enumerate(n.outs) if d.wanted()] + stores)
@@ -692,8 +782,15 @@ def _run_op_by_op(region: _Region) -> None:
             raise
         results = result if entry.multi else (result,)
         for j, (d, value) in enumerate(zip(entry.outs, results)):
-            values[(index, j)] = value
-            d.array = _flat(value)
+            # Later ops read it as strictly they read its tensor: in PyTorch's result dtype
+            # (a kernel may compute another, as layer norm's bfloat16 statistics), row-major,
+            # in its own block (a kernel may hand over another layout, and a kernel's order
+            # of summation can follow its arguments' layout).
+            dtype = nx.numpy_dtype(d.dtype)
+            if value.dtype != dtype:
+                value = value.astype(dtype)
+            d.array = _block(value, owners)
+            values[(index, j)] = read_block(d.array, _contiguous(d.shape, d.dtype))
     # Every op ran (the program failed for none of them): the values are the strict ones.
 
 

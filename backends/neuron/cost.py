@@ -215,14 +215,19 @@ class profile:
         with accelkit_backends.neuron.profile() as prof:
             loss = model(x).sum(); loss.backward()
         prof.export_chrome_trace("step.json")
+
+    Under adaptive eager the open region is flushed on the way in (work recorded before the
+    block is not profiled) and on the way out (work recorded inside it is).
     """
 
     def __init__(self) -> None:
         self.result = Profile()
 
     def __enter__(self) -> Profile:
+        from accelkit_backends.neuron import adaptive
         from accelkit_backends.neuron.runtime import core
 
+        adaptive.flush("profile")
         c = core()
         c.listeners.append(self.result._collect)
         c.program_listeners.append(self.result._collect_program)
@@ -231,9 +236,13 @@ class profile:
         return self.result
 
     def __exit__(self, *exc: Any) -> None:
+        from accelkit_backends.neuron import adaptive
         from accelkit_backends.neuron.runtime import core
 
-        c = core()
-        c.listeners.remove(self.result._collect)
-        c.program_listeners.remove(self.result._collect_program)
-        c.record_instructions = self._previous
+        try:
+            adaptive.flush("profile")
+        finally:
+            c = core()
+            c.listeners.remove(self.result._collect)
+            c.program_listeners.remove(self.result._collect_program)
+            c.record_instructions = self._previous

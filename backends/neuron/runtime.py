@@ -135,6 +135,8 @@ def accelkit_reset_stats() -> None:
     from accelkit_backends.neuron.cost import LEDGER
     from accelkit_backends.neuron.launch import REPLAY_COUNTS
 
+    # Ops recorded before the reset are counted before it (their region runs now).
+    adaptive.flush("stats")
     adaptive.reset_stats()
     LEDGER.reset()
     REPLAY_COUNTS.update(replayed=0, recorded=0)

@@ -58,11 +58,15 @@ def _apply_binary(k: Kernel, dst: Tile, a: Any, b: Any, op: str) -> None:
 
 
 def _scaled(k: Kernel, y: Any, alpha: Any, like: Tile | None) -> Any:
+    """``alpha * y``: a new tile (of ``y``'s dtype) for a tile, never ``y`` itself: in a fused
+    program ``y`` may be a value other ops read too, or a matmul's result block about to be
+    stored."""
     if alpha == 1 or alpha is None:
         return y
     if isinstance(y, Tile):
-        k.tensor_scalar(y, y, "multiply", alpha)
-        return y
+        scaled = k.sbuf(y.shape, np.int64 if y.checked else y.dtype, "scaled")
+        k.tensor_scalar(scaled, y, "multiply", alpha)
+        return scaled
     return y * alpha
 
 

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from conftest import run_python
 from torch import nn
 
 import accelkit
@@ -26,9 +27,19 @@ def fresh(dev):
         yield dev
 
 
-def test_strict_is_the_default_until_the_suite_passes_adaptively():
-    assert adaptive.DEFAULT_MODE == "strict"
-    assert _adaptive()["mode"] in adaptive.MODES
+def test_adaptive_is_the_default_and_strict_the_switch():
+    assert adaptive.DEFAULT_MODE == "adaptive"
+    code = """
+        import accelkit, torch
+        from accelkit_backends.neuron import adaptive
+        dev = accelkit.select_device("neuron")
+        x = torch.ones(8, device=dev)
+        (x * 2).cpu()  # a kernel instance runs at once the first time
+        y = x * 2
+        print(adaptive.mode(), adaptive.pending())
+    """
+    assert run_python(code).stdout.split() == ["adaptive", "True"]
+    assert run_python(code, {"ACCELKIT_NEURON_EAGER": "strict"}).stdout.split() == ["strict", "False"]
 
 
 def test_a_chain_is_one_fused_program_with_strict_values(fresh):
@@ -38,8 +49,7 @@ def test_a_chain_is_one_fused_program_with_strict_values(fresh):
     def block(x, g):
         return x + torch.nn.functional.silu(g) * torch.tanh(x * 0.5 + 1.0) - 0.1 * g
 
-    block(dx, dg).cpu()  # a new kernel instance runs at once the first time (its compile)
-    accelkit.reset_stats()
+    _warm(lambda: block(dx, dg).cpu())
     out = block(dx, dg)
     assert adaptive.pending() and adaptive._region.nodes.__len__() >= 6  # recorded, not run
     adaptive_values = out.cpu()
@@ -53,9 +63,12 @@ def test_a_chain_is_one_fused_program_with_strict_values(fresh):
 
 
 def _warm(fn, *args):
-    """Run ``fn`` once, flushed: its kernel instances are then known (recorded from then on)."""
-    fn(*args)
-    torch.neuron.synchronize()
+    """Run ``fn`` until its ops are recorded and its regions run as programs: the first call
+    runs its new kernel instances at once, the second records them and runs the region (met
+    for the first time) op by op, the third builds its program."""
+    for _ in range(3):
+        fn(*args)
+        torch.neuron.synchronize()
     accelkit.reset_stats()
 
 
@@ -120,15 +133,16 @@ def _mlp_steps(dev, steps: int, mode: str):
 
 
 def test_training_loop_hits_the_program_cache_with_strict_values(fresh):
-    _mlp_steps(fresh, 2, "adaptive")  # warm-up
+    for _ in range(2):  # warm-up: each region structure met twice (once op by op, then built)
+        _mlp_steps(fresh, 3, "adaptive")
     accelkit.reset_stats()
     steps = 6
     losses, params = _mlp_steps(fresh, steps, "adaptive")
     stats = _adaptive()
-    # One region per step (cut where the next forward reads the updated weights), all but
-    # the first of this run served by one cached program: nothing is built per step.
-    assert stats["programs_built"] <= 2
-    assert stats["program_cache_hits"] >= steps - 1
+    # One region per step (cut where the next forward reads the updated weights), each served
+    # by a cached program: nothing is built, nothing runs op by op.
+    assert stats["regions"] == steps and stats["program_cache_hits"] == steps, str(stats)
+    assert stats["programs_built"] == 0 and stats["regions_op_by_op"] == 0, str(stats)
     strict_losses, strict_params = _mlp_steps(fresh, steps, "strict")
     assert all(torch.equal(a, b) for a, b in zip(losses, strict_losses))
     assert all(torch.equal(a, b) for a, b in zip(params, strict_params))
@@ -154,6 +168,86 @@ def test_in_place_writes_through_views(fresh):
     assert _adaptive()["stores_recorded"] >= 3
     for e, g in zip(expected, got):
         assert torch.equal(e, g)
+
+
+def test_a_region_met_once_runs_op_by_op_and_a_recurring_one_is_built_once(fresh):
+    x = torch.randn(64, 96).to(fresh)
+
+    def chain(scale: float) -> torch.Tensor:
+        return (torch.tanh(x * scale) + x).sigmoid()
+
+    chain(0.5).cpu()  # new kernel instances run at once
+    accelkit.reset_stats()
+    first = chain(0.5).cpu()  # recorded; its structure met for the first time: op by op
+    stats = _adaptive()
+    assert stats["regions_op_by_op"] == 1 and stats["programs_built"] == 0, str(stats)
+    values = [chain(scale).cpu() for scale in (0.5, 0.25, 0.125)]  # met again: built once, reused
+    stats = _adaptive()
+    assert stats["programs_built"] == 1 and stats["program_cache_hits"] == 2, str(stats)
+    assert torch.equal(values[0], first)
+    with eager_mode("strict"):
+        assert all(torch.equal(v, chain(scale).cpu()) for v, scale in zip(values, (0.5, 0.25, 0.125)))
+
+
+def test_a_region_run_op_by_op_gives_results_in_pytorchs_dtypes(fresh):
+    # neuron's layer norm computes bfloat16 statistics where PyTorch's are float32: a region
+    # run op by op (met for the first time) converts them as strict eager and programs do.
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(*shape, generator=g).to(torch.bfloat16) for shape in ((2, 5, 16), (16,), (16,)))
+    dx, dw, db = x.to(fresh), w.to(fresh), b.to(fresh)
+
+    def norm():
+        out, mean, rstd = torch.native_layer_norm(dx, [16], dw, db, 1e-5)
+        return [out, mean, rstd, (out * 2).sum(-1)]
+
+    [v.cpu() for v in norm()]  # new kernel instances run at once
+    accelkit.reset_stats()
+    got = [v.cpu() for v in norm()]
+    assert _adaptive()["regions_op_by_op"] == 1
+    with eager_mode("strict"):
+        strict = [v.cpu() for v in norm()]
+    assert [v.dtype for v in got] == [torch.bfloat16, torch.float32, torch.float32, torch.bfloat16]
+    assert all(torch.equal(a, s) for a, s in zip(got, strict))
+
+
+def test_a_copy_of_a_pending_value_written_in_place_copies_the_written_value(fresh):
+    # As F.linear then multi-head attention do: mm's pending result, its bias added in place,
+    # then a transposed view of it made contiguous. The copy must read the value after the
+    # in-place add (the region's store), not the mm's result (found by a transformer encoder
+    # layer trained adaptively, which differed from strict in the last digits).
+    x, w, b = torch.randn(10, 16), torch.randn(48, 16), torch.randn(48)
+
+    def program(x, w, b):
+        proj = torch.mm(x, w.t())
+        proj.add_(b)
+        heads = proj.view(5, 2, 3, 16).permute(2, 0, 1, 3).contiguous()  # a strided copy
+        return [heads, proj.sum(0)]  # proj itself is gone at the flush
+
+    expected = program(x, w, b)
+    dev_args = [t.to(fresh) for t in (x, w, b)]
+    _warm(lambda: [v.cpu() for v in program(*dev_args)])
+    got = [v.cpu() for v in program(*dev_args)]
+    assert _adaptive()["stores_recorded"] >= 2 and _adaptive()["ops_recorded"] >= 2
+    with eager_mode("strict"):
+        strict = [v.cpu() for v in program(*dev_args)]
+    for e, s, g in zip(expected, strict, got):
+        assert torch.equal(g, s)
+        torch.testing.assert_close(g, e)
+
+
+def test_a_profile_sees_the_ops_recorded_inside_it_and_not_those_before(fresh):
+    from accelkit_backends.neuron import profile
+
+    x = torch.randn(512).to(fresh)
+    _warm(lambda: (torch.exp(x) * 2).cpu())
+    before = torch.sigmoid(x)  # recorded before the block: run on the way in, not profiled
+    with profile() as result:
+        inside = torch.exp(x) * 2  # recorded inside: run on the way out, profiled
+    assert not adaptive.pending()
+    assert result.instructions and result.programs
+    assert all(label.startswith("eager region (exp") for label, _, _ in result.programs), result.programs
+    torch.testing.assert_close(inside.cpu(), torch.exp(x.cpu()) * 2)
+    torch.testing.assert_close(before.cpu(), torch.sigmoid(x.cpu()))
 
 
 def test_out_of_memory_at_the_op(fresh):

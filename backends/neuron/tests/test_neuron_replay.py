@@ -4,6 +4,9 @@ A static instance's second run replays its recorded instructions on the new memo
 must be those of running the body (bit for bit), a value check must be made again, and what
 fixes the recording (float arguments, aliasing between arguments) must be part of its key. A
 body that breaks the static promise is caught by ``ACCELKIT_NEURON_VERIFY_REPLAY=1``.
+
+These tests count, check and profile each eager op's own instance, so they run in strict eager
+mode (adaptive eager runs recorded ops in region programs, see ``test_neuron_adaptive.py``).
 """
 
 from __future__ import annotations
@@ -13,11 +16,18 @@ import pytest
 import torch
 
 import accelkit
-from accelkit_backends.neuron import launch, profile
+from accelkit_backends.neuron import eager_mode, launch, profile
 from accelkit_backends.neuron.launch import OutSpec, ReplayMismatch, hbm_empty
 from accelkit_backends.neuron.tiling import map_flat
 
 aten = torch.ops.aten
+
+
+@pytest.fixture(autouse=True)
+def strict():
+    """Each eager op runs at once as its own kernel instance."""
+    with eager_mode("strict"):
+        yield
 
 
 def _replay_counts() -> dict:
