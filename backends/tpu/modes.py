@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -42,19 +43,25 @@ def _from_env() -> str:
     value = os.environ.get(MODE_ENV, "strict").strip().lower() or "strict"
     if value not in MODES:
         raise ValueError(f"{MODE_ENV}={value!r} is not a mode; use one of {', '.join(MODES)}")
-    _check_devices(value)
+    if value == "fused" and _devices() > 1:
+        # A process-wide default, not a request: the process runs, in strict mode, and says so.
+        warnings.warn(f"{MODE_ENV}=fused: fused regions run on one tpu device, and "
+                      f"ACCELKIT_TPU_DEVICES={_devices()}; ops run in strict mode", stacklevel=2)
+        return "strict"
     return value
 
 
-def _check_devices(mode: str) -> None:
-    """Fused regions run on one device: refuse fused mode with several tpu devices."""
-    if mode == "fused":
-        from accelkit.sdk import device_count_from_env
+def _devices() -> int:
+    from accelkit.sdk import device_count_from_env
 
-        count = device_count_from_env("tpu")
-        if count > 1:
-            raise ValueError(f"fused mode runs on one tpu device, and ACCELKIT_TPU_DEVICES={count}: "
-                             "use strict mode with several devices, or one device in fused mode")
+    return device_count_from_env("tpu")
+
+
+def _check_devices(mode: str) -> None:
+    """Fused regions run on one device: refuse a request for fused mode with several."""
+    if mode == "fused" and _devices() > 1:
+        raise ValueError(f"fused mode runs on one tpu device, and ACCELKIT_TPU_DEVICES={_devices()}: "
+                         "use strict mode with several devices, or one device in fused mode")
 
 
 _mode = _from_env()

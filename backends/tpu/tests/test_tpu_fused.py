@@ -324,3 +324,29 @@ def test_results_of_a_region_that_could_not_run_raise_when_read(dev, monkeypatch
         with pytest.raises(RuntimeError, match=r"shape \[13\] was never computed.*the device went away"):
             z.cpu()
         assert torch.equal((x * 2).cpu(), x.cpu() * 2)  # later regions run
+
+
+def test_with_several_devices_the_fused_default_runs_strictly_and_a_request_is_refused():
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import warnings, torch, accelkit\n"
+        "from accelkit_backends.tpu import execution_mode\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.simplefilter('always')\n"
+        "    accelkit.select_device('tpu')\n"
+        "print(torch.tpu.device_count(), accelkit.stats()['tpu']['mode'])\n"
+        "print(any('fused regions run on one tpu device' in str(w.message) for w in seen))\n"
+        "try:\n"
+        "    with execution_mode('fused'): pass\n"
+        "except ValueError as e: print('refused:', e)\n"
+    )
+    env = {**os.environ, "ACCELKIT_TPU_DEVICES": "2", "ACCELKIT_TPU_MODE": "fused"}
+    env.pop("ACCELKIT_DEVICE", None)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "2 strict" and lines[1] == "True"
+    assert lines[2].startswith("refused: fused mode runs on one tpu device, and ACCELKIT_TPU_DEVICES=2")
