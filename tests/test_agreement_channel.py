@@ -86,7 +86,7 @@ def test_a_peer_that_closed_its_connections_is_reported_at_once():
 
 
 def test_the_advertised_address_routes_to_a_local_master(monkeypatch):
-    from accelkit._runtime.distributed.agreement_channel import advertised_address
+    from accelkit._runtime.distributed.addresses import advertised_address
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     assert advertised_address() == "127.0.0.1"

@@ -110,6 +110,7 @@ def test_a_dead_rank_is_an_error_not_a_hang():
     outcome = survivor.findings["all_reduce"]
     assert outcome["raised"] == "CollectiveError"
     assert "peer process exited" in outcome["message"] and "all_reduce" in outcome["message"]
+    assert "rank 1's process exited" in outcome["message"]  # the dead rank, by number
     assert outcome["seconds"] < 20
 
 
@@ -118,6 +119,7 @@ def test_a_rank_that_never_comes_times_out_within_the_group_timeout():
     outcome = ranks[0].findings["all_reduce"]
     assert outcome["raised"] == "CollectiveError"
     assert "timeout" in outcome["message"] and "3 s" in outcome["message"]
+    assert "rank 1 did not take part" in outcome["message"]  # the missing rank, by number
     assert 2.5 < outcome["seconds"] < 3 + 5
 
 

@@ -19,7 +19,6 @@ channel then refuses every later swap, as gloo refuses a group whose pairs close
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 import time
@@ -27,6 +26,8 @@ import weakref
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+
+from accelkit._runtime.distributed.addresses import advertised_address
 
 #: How long a rank waits to connect to a peer while the group is being created.
 _CONNECT_SECONDS = 30.0
@@ -57,14 +58,15 @@ class AgreementChannel:
         step).
 
         Raises :class:`TimeoutError` when a peer sends nothing within the group's timeout,
-        :class:`ConnectionResetError` when a peer's connection closed (its process exited), and
-        :class:`ChannelBroken` once either has happened.
+        :class:`ConnectionResetError` when a peer's connection closed (its process exited), each
+        with the peer's rank as ``peer_rank``, and :class:`ChannelBroken` once either has happened.
         """
         with self._lock:
             if self._broken is not None:
                 raise ChannelBroken(f"an earlier collective of this group failed ({self._broken})")
+            current = None
             try:
-                for peer in self._peers.values():
+                for current, peer in self._peers.items():
                     peer.sendall(message)
                 try:
                     meanwhile()
@@ -73,9 +75,12 @@ class AgreementChannel:
                 else:
                     failed = None
                 deadline = time.monotonic() + self._timeout
-                received = {r: _receive(peer, len(message), deadline) for r, peer in self._peers.items()}
+                received = {}
+                for current, peer in self._peers.items():
+                    received[current] = _receive(peer, len(message), deadline)
             except OSError as exc:
                 self._broken = type(exc).__name__
+                exc.peer_rank = current  # type: ignore[attr-defined]  # the rank to name in the error
                 raise
         if failed is not None:
             raise failed
@@ -124,24 +129,6 @@ def open_channel(store: Any, rank: int, world: int, timeout: timedelta,
         return AgreementChannel(rank, peers, timeout)
     _close_all(list(peers.values()))
     return None
-
-
-def advertised_address() -> str:
-    """This host's address as its peers reach it: the local end of a route to ``MASTER_ADDR``
-    (torchrun sets it), else the host name's address."""
-    master = os.environ.get("MASTER_ADDR")
-    if master:
-        try:
-            family, _, _, _, where = socket.getaddrinfo(master, 1, type=socket.SOCK_DGRAM)[0]
-            with socket.socket(family, socket.SOCK_DGRAM) as probe:
-                probe.connect(where)  # a UDP connect sends nothing; it only picks the route
-                return probe.getsockname()[0]
-        except OSError:
-            pass
-    try:
-        return socket.gethostbyname(socket.gethostname())
-    except OSError:
-        return "127.0.0.1"
 
 
 def _family(address: str) -> socket.AddressFamily:

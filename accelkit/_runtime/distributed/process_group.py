@@ -35,6 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from accelkit._runtime.distributed.addresses import gloo_group
 from accelkit._runtime.distributed.agreement_channel import ChannelBroken, open_channel
 from accelkit._runtime.distributed.agreement import (
     DTYPE_CODES,
@@ -123,7 +124,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self._device_type = device_type
         self._timeout = timeout
-        self._gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, size, timeout)
+        self._gloo = gloo_group(dist.PrefixStore("gloo", store), rank, size, timeout)
         # c10d asks a group for the backend of a device (init_process_group(device_id=...),
         # DeviceMesh); gloo is what moves this group's bytes, for the device and for the CPU.
         for device in (torch.device(device_type), torch.device("cpu")):
@@ -173,9 +174,15 @@ class HostStagedProcessGroup(dist.ProcessGroup):
             raise
         except (RuntimeError, OSError) as exc:
             text = str(exc)
+            peer = getattr(exc, "peer_rank", None)
             if isinstance(exc, ChannelBroken):
                 cause = (f"{text}, which left its connections out of step; the group cannot be used "
                          "again: destroy it and create a new one")
+            elif ("Timed out" in text or "timed out" in text) and peer is not None:
+                cause = (f"rank {peer} did not take part within the group's timeout "
+                         f"({self._timeout.total_seconds():g} s): it is slow, stuck, dead, or calls "
+                         f"a different collective. Check rank {peer}'s log; if it is only slow, pass "
+                         "a longer timeout= to init_process_group/new_group")
             elif "Timed out" in text or "timed out" in text:
                 cause = (f"another rank did not take part within the group's timeout "
                          f"({self._timeout.total_seconds():g} s): it is slow, stuck, dead, or calls "
@@ -184,6 +191,8 @@ class HostStagedProcessGroup(dist.ProcessGroup):
             elif "Application timeout caused pair closure" in text:
                 cause = ("an earlier collective of this group timed out, which closed its connections; "
                          "the group cannot be used again: destroy it and create a new one")
+            elif peer is not None and isinstance(exc, (ConnectionResetError, BrokenPipeError)):
+                cause = f"rank {peer}'s process exited or lost its connection (a peer process exited); see rank {peer}'s log"
             elif "reset by peer" in text or "closed" in text.lower() or "Broken pipe" in text:
                 cause = "a peer process exited or lost its connection; see that rank's log"
             else:

@@ -571,7 +571,9 @@ def scenario_ddp() -> dict[str, Any]:
     import accelkit
 
     findings = _compare_training(model, losses, world)
-    findings["all_reduce_calls"] = accelkit.stats()["distributed"]["collectives"]["all_reduce"]["calls"]
+    distributed = accelkit.stats()["distributed"]
+    findings["all_reduce_calls"] = distributed["collectives"]["all_reduce"]["calls"]
+    findings["agreement_checks"] = distributed["agreement_checks"]  # which path each group's checks took
     return findings
 
 
