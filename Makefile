@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-.PHONY: demo test test-fused test-neuron-strict bench conformance-quick chromium titan vllm vllm-env clean
+.PHONY: demo test test-fused test-neuron-strict launchers bench conformance-quick chromium titan vllm vllm-env clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -102,6 +102,12 @@ test-fused: $(STAMP)
 	env -u ACCELKIT_DEVICE ACCELKIT_TPU_MODE=fused ACCELKIT_TPU_FLOAT64=emulate $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device tpu
 	env -u ACCELKIT_DEVICE ACCELKIT_TPU_MODE=fused $(BIN)/python -m pytest backends/tpu/tests/test_tpu_models.py
 	env -u ACCELKIT_DEVICE ACCELKIT_TPU_MODE=fused $(BIN)/accelkit conformance run --profile quick --backend tpu --out conformance-results-fused
+
+# Launches beyond one host's process group, on tpu and neuron: torchrun across two simulated hosts
+# (network namespaces; needs root), a rank killed and the job restarted from its checkpoint
+# (tests/test_multinode.py, tests/test_elastic.py). `make test` runs their tpu cases.
+launchers: $(STAMP)
+	env -u ACCELKIT_DEVICE ACCELKIT_LAUNCHERS=full $(BIN)/python -m pytest tests/test_multinode.py tests/test_elastic.py -rA --durations=0
 
 # TorchTitan's full matrix on tpu and neuron against ref (tests/titan; the quick part runs in `test`).
 titan: $(STAMP)

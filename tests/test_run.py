@@ -292,8 +292,37 @@ def test_under_torchrun_each_rank_writes_its_report(tmp_path):
         assert report["ops"]["executions"] > 0
         all_reduce = report["collectives"]["by_kind"]["all_reduce"]
         assert all_reduce == report["stats"]["distributed"]["collectives"]["all_reduce"]
-        assert (all_reduce["calls"], all_reduce["bytes"]) == (1, 4)
+        assert (all_reduce["calls"], all_reduce["bytes"], all_reduce["world"]) == (1, 4, 2)
     assert result.stderr.count("accelkit run:") == 1  # the text report is rank 0's
+
+
+def test_a_distributed_run_on_tpu_reports_compute_and_communication_side_by_side(tmp_path):
+    path = script(tmp_path, """
+        import accelkit, torch, torch.distributed as dist
+        dev = accelkit.select_device()
+        dist.init_process_group(dev.type)
+        x = torch.ones(256, 256, device=dev)
+        y = x @ x
+        dist.all_reduce(y)
+        dist.all_gather_into_tensor(torch.empty(512, 256, device=dev), y)
+        dist.destroy_process_group()
+    """)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELKIT_", "ACCELERATE_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "accelkit", "run", "--device", "tpu", "--report", str(out), str(path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((out / "report-rank0.json").read_text())
+    coll = report["collectives"]
+    assert set(coll["by_kind"]) == {"all_reduce", "all_gather"}
+    for row in coll["by_kind"].values():
+        assert row["world"] == 2 and row["estimated_seconds"] > 0
+    assert coll["estimated_seconds"] == pytest.approx(sum(r["estimated_seconds"] for r in coll["by_kind"].values()))
+    split = [line for line in result.stderr.splitlines() if line.strip().startswith("split")]
+    assert len(split) == 1 and "compute" in split[0] and "communication" in split[0], result.stderr[-2000:]
+    assert "over 2 ranks" in result.stderr
 
 
 def test_processes_the_script_starts_report_their_device_work_after_it(tmp_path):

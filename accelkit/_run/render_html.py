@@ -181,10 +181,11 @@ def _memory(m: Mapping[str, Any]) -> str:
 def _collectives(coll: Mapping[str, Any] | None) -> str:
     if coll is None:
         return ""
-    rows = [(kind, row["calls"], format_bytes(row["bytes"]), format_seconds(row["host_seconds"]),
+    rows = [(kind, row["calls"], row["world"], format_bytes(row["bytes"]), format_seconds(row["host_seconds"]),
              format_seconds(row["estimated_seconds"]) if row["estimated_seconds"] is not None else "-")
             for kind, row in coll["by_kind"].items()]
     where = f" on {coll['interconnect']}" if coll["interconnect"] else ""
     return ("<h2>Collectives</h2>"
-            + _table(["collective", "calls", "bytes", "time here", f"estimated{where}"], rows, numeric=(1, 2, 3, 4))
+            + _table(["collective", "calls", "ranks", "bytes", "time here", f"estimated{where}"], rows,
+                     numeric=(1, 2, 3, 4, 5))
             + f'<p class="note">Here: {escape(coll["transport"])}. {escape(coll["note"])}.</p>')

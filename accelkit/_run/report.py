@@ -190,6 +190,7 @@ def _collectives(distributed: Mapping[str, Any]) -> dict[str, Any] | None:
         "interconnect": interconnect["name"] if interconnect else None,
         "note": distributed["estimate_note"],
         "by_kind": {kind: dict(row) for kind, row in sorted(distributed["collectives"].items())},
+        "estimated_seconds": sum(row["estimated_seconds"] for row in distributed["collectives"].values()),
     }
 
 
@@ -281,8 +282,15 @@ def render_text(report: Mapping[str, Any], written: Sequence[Path] = (), process
         for kind, row in coll["by_kind"].items():
             estimated = (f", estimated {format_seconds(row['estimated_seconds'])} on {coll['interconnect']}"
                          if coll["interconnect"] and row["estimated_seconds"] is not None else "")
-            lines.append(f"  {'collective':<9} {kind} ×{row['calls']}: {format_bytes(row['bytes'])}, "
-                         f"{format_seconds(row['host_seconds'])} here (host-staged through gloo){estimated}")
+            lines.append(f"  {'collective':<9} {kind} ×{row['calls']} over {row['world']} ranks: "
+                         f"{format_bytes(row['bytes'])}, {format_seconds(row['host_seconds'])} here "
+                         f"(host-staged through gloo){estimated}")
+        if e is not None and coll["interconnect"]:
+            compute, communication = e["seconds"], coll["estimated_seconds"]
+            total = compute + communication
+            lines.append(f"  {'split':<9} compute {format_seconds(compute)} + communication "
+                         f"{format_seconds(communication)} on {e['target']}, estimated "
+                         f"({percent(communication / total if total else None)} communication, no overlap assumed)")
     for name, section in report.get("sections", {}).items():  # an engine's own figures
         lines.append(f"  {name:<9} {section['summary']}")
     for path in written:

@@ -16,6 +16,9 @@ import socket
 from datetime import timedelta
 from typing import Any
 
+#: torchrun's count of restarts of the job (``--max-restarts``), 0 in its first attempt.
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+
 #: Gloo's own variable: the network interfaces its pairs use. Set, it wins, as with plain gloo.
 GLOO_INTERFACES_ENV = "GLOO_SOCKET_IFNAME"
 
@@ -49,3 +52,16 @@ def gloo_group(store: Any, rank: int, size: int, timeout: timedelta) -> Any:
     options._timeout = timeout
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=advertised_address())]
     return dist.ProcessGroupGloo(store, rank, size, options)
+
+
+def this_attempts_keys(store: Any) -> Any:
+    """``store`` seen through a prefix of the launch attempt, under torchrun.
+
+    torchrun's agent keeps one store server for the whole job, across restarts, and its workers
+    use it unprefixed: a restarted rank would read the addresses its dead predecessor published
+    (gloo's pairs, the agreement channel's) and wait on them until the group's timeout, or not,
+    depending on which rank wrote first. Keys written under the attempt's prefix are fresh."""
+    import torch.distributed as dist
+
+    attempt = os.environ.get(RESTART_COUNT_ENV)
+    return dist.PrefixStore(f"attempt-{attempt}", store) if attempt else store

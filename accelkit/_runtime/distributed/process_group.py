@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from accelkit._runtime.distributed.addresses import gloo_group
+from accelkit._runtime.distributed.addresses import gloo_group, this_attempts_keys
 from accelkit._runtime.distributed.agreement_channel import ChannelBroken, open_channel
 from accelkit._runtime.distributed.agreement import (
     DTYPE_CODES,
@@ -124,6 +124,7 @@ class HostStagedProcessGroup(dist.ProcessGroup):
         super().__init__(rank, size)
         self._device_type = device_type
         self._timeout = timeout
+        store = this_attempts_keys(store)
         self._gloo = gloo_group(dist.PrefixStore("gloo", store), rank, size, timeout)
         # c10d asks a group for the backend of a device (init_process_group(device_id=...),
         # DeviceMesh); gloo is what moves this group's bytes, for the device and for the CPU.

@@ -57,6 +57,7 @@ class _Kind:
     bytes: int = 0
     host_seconds: float = 0.0
     estimated_seconds: float = 0.0
+    world: int = 0  # the largest group the kind ran over: the world size its estimate is for
 
 
 class CollectiveStats:
@@ -95,6 +96,7 @@ class CollectiveStats:
             entry.bytes += nbytes
             entry.host_seconds += seconds
             entry.estimated_seconds += estimate or 0.0
+            entry.world = max(entry.world, world)
 
     def snapshot(self) -> dict[str, Any]:
         link = self._interconnect
