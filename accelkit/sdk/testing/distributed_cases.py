@@ -9,6 +9,10 @@ single-process full-batch run on the CPU for training.
 
 Scenarios: ``collectives``, ``reductions``, ``mismatch``, ``dead_rank``, ``timeout``, ``ddp``,
 ``fsdp2``, ``fsdp2_mixed``, ``dtensor``, ``checkpoint``, ``sharded_random``, ``fsdp2_meta_init``.
+
+The trainings of ``ddp`` and ``fsdp2_meta_init`` also run under another launcher's process group
+through :func:`train` (Ray Train's workers call it), which reports what those scenarios' findings
+carry under ``trained``: the launchers' runs compare number for number.
 """
 
 from __future__ import annotations
@@ -561,19 +565,26 @@ def _compare_training(device_model: torch.nn.Module, losses: list[float], world:
     }
 
 
-def scenario_ddp() -> dict[str, Any]:
+def _ddp_training(device: torch.device, rank: int, world: int) -> tuple[torch.nn.Module, list[float]]:
+    """:func:`_model` under DDP with several gradient buckets, trained on ``_batches(4, 8)``:
+    (the model, this rank's losses)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    device, _gloo, rank, world = _join()
     model = _model().to(device)
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.0001)  # several gradient buckets
-    losses = _train(ddp, _batches(4, 8), device, rank, world)
+    return model, _train(ddp, _batches(4, 8), device, rank, world)
+
+
+def scenario_ddp() -> dict[str, Any]:
+    device, _gloo, rank, world = _join()
+    model, losses = _ddp_training(device, rank, world)
     import accelkit
 
     findings = _compare_training(model, losses, world)
     distributed = accelkit.stats()["distributed"]
     findings["all_reduce_calls"] = distributed["collectives"]["all_reduce"]["calls"]
     findings["agreement_checks"] = distributed["agreement_checks"]  # which path each group's checks took
+    findings["trained"] = _trained(model, losses)
     return findings
 
 
@@ -824,21 +835,16 @@ def scenario_fsdp2_meta_init() -> dict[str, Any]:
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     device, gloo, rank, world = _join()
-    sharded = _meta_built()
-    _fully_shard(sharded, init_device_mesh(device.type, (world,)))
-    sharded.to_empty(device=device)
-    _initialise(sharded)
+    sharded = _meta_init_sharded(device, init_device_mesh(device.type, (world,)))
     whole = _meta_built().to_empty(device=device)
     _initialise(whole)
     init_equal = all(torch.equal(a, b) for a, b in zip(_parameters(sharded), _parameters(whole)))
 
     own = [dist.new_group([r]) for r in range(world)][rank]
-    alone = _meta_built()
-    _fully_shard(alone, DeviceMesh.from_group(own, device.type))
-    alone.to_empty(device=device)
-    _initialise(alone)
+    alone = _meta_init_sharded(device, DeviceMesh.from_group(own, device.type))
     batches = _batches(3, 8)
-    losses = torch.tensor(_train(sharded, batches, device, rank, world))
+    rank_losses = _train(sharded, batches, device, rank, world)
+    losses = torch.tensor(rank_losses)
     dist.all_reduce(losses, group=gloo)
     losses /= world  # the full batch's loss is the mean of the ranks' slice losses
     single = torch.tensor(_train(alone, batches, device))
@@ -849,7 +855,68 @@ def scenario_fsdp2_meta_init() -> dict[str, Any]:
         "losses": losses.tolist(), "single_rank_losses": single.tolist(),
         "max_loss_difference": float((losses - single).abs().max()),
         "max_parameter_difference": max(float((g - w).abs().max()) for g, w in zip(got, want)),
+        "trained": _trained(sharded, rank_losses),
     }
+
+
+def _meta_init_sharded(device: torch.device, mesh: Any) -> torch.nn.Module:
+    """:func:`_meta_built`, sharded over ``mesh`` (:func:`_fully_shard`), moved to ``device`` with
+    ``to_empty`` and initialised there (:func:`_initialise`)."""
+    model = _meta_built()
+    _fully_shard(model, mesh)
+    model.to_empty(device=device)
+    _initialise(model)
+    return model
+
+
+def _fsdp2_meta_init_training(device: torch.device, rank: int, world: int) -> tuple[torch.nn.Module, list[float]]:
+    """:func:`_meta_init_sharded` over every rank, trained on ``_batches(3, 8)``: (the model, this
+    rank's losses)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = _meta_init_sharded(device, init_device_mesh(device.type, (world,)))
+    return model, _train(model, _batches(3, 8), device, rank, world)
+
+
+# -- the trainings any launcher runs --------------------------------------------------------------
+
+#: What :func:`train` runs, by name: each takes ``(device, rank, world)`` and returns the trained
+#: model and this rank's losses.
+TRAININGS: dict[str, Callable[[torch.device, int, int], tuple[torch.nn.Module, list[float]]]] = {
+    "ddp": _ddp_training,
+    "fsdp2_meta_init": _fsdp2_meta_init_training,
+}
+
+
+def _trained(model: torch.nn.Module, losses: list[float]) -> dict[str, list[float]]:
+    return {"losses": losses, "parameters": torch.cat([p.flatten() for p in _parameters(model)]).tolist()}
+
+
+def train(name: str, device: torch.device, rank: int, world: int) -> dict[str, list[float]]:
+    """Run the training ``name`` of :data:`TRAININGS` as rank ``rank`` of ``world``, in the default
+    process group that the launcher initialised on ``device`` (torchrun's ranks: the scenarios of
+    the same names, whose findings carry this under ``trained``; Ray Train's workers:
+    ``TorchConfig(backend=device.type)``), and return what each worker reports, as Python floats:
+    ``losses``, this rank's loss at each step (on its slice of every batch), and ``parameters``,
+    the model's full parameters after training, flattened into one list. Every collective runs
+    in the default group, so two launchers that give the ranks the same device and world size
+    give the same results.
+
+    ``ddp``: :func:`_model` under DDP with several gradient buckets, SGD on ``_batches(4, 8)``,
+    each rank on its slice of every batch: the mean of the ranks' losses and the parameters are
+    one process's on the whole batches (:func:`single_process_training`). ``fsdp2_meta_init``: a
+    model built on the meta device, sharded with FSDP2 (bfloat16 parameters, float32
+    reduction), moved with ``to_empty``, initialised from the device generator and trained on
+    ``_batches(3, 8)``."""
+    return _trained(*TRAININGS[name](device, rank, world))
+
+
+def single_process_training() -> dict[str, list[float]]:
+    """The ``ddp`` training of :func:`train` in one process on the CPU on the whole batches, as
+    :func:`train` reports it: the losses and parameters that the ranks' must equal (the ranks'
+    losses averaged) to float32 rounding."""
+    model = _model()
+    return _trained(model, _train(model, _batches(4, 8), torch.device("cpu")))
 
 
 def scenario_checkpoint(directory: str) -> dict[str, Any]:
