@@ -362,6 +362,40 @@ def test_processes_the_script_starts_report_their_device_work_after_it(tmp_path)
     assert ": ended," in text[2] and "ops " in text[2]
 
 
+def test_a_process_killed_after_destroying_its_process_group_still_reports(tmp_path):
+    # How Ray Train ends its workers: their process group destroyed, then the process killed, so
+    # no exit handler runs. The child that is killed without the destroy is the control: no report.
+    path = script(tmp_path, """
+        import multiprocessing, os, torch, accelkit
+
+        def train_then_killed(destroy):
+            import torch.distributed as dist
+            dev = accelkit.select_device()
+            dist.init_process_group(dev.type, store=dist.HashStore(), rank=0, world_size=1)
+            t = torch.ones(4, device=dev)
+            dist.all_reduce(t)
+            print(multiprocessing.current_process().name, t.sum().item(), flush=True)
+            if destroy:
+                dist.destroy_process_group()
+            os._exit(0)
+
+        if __name__ == "__main__":
+            spawn = multiprocessing.get_context("spawn")
+            for name, destroy in (("destroyed", True), ("killed_first", False)):
+                child = spawn.Process(target=train_then_killed, args=(destroy,), name=name)
+                child.start(); child.join()
+                assert child.exitcode == 0
+    """)
+    out = tmp_path / "out"
+    result = run("--device", "ref", "--report", str(out), str(path), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["destroyed 4.0", "killed_first 4.0"]
+    reports = [json.loads(p.read_text()) for p in out.glob("report-pid*.json")]
+    assert [r["command"] for r in reports] == [["destroyed"]], result.stderr
+    assert reports[0]["collectives"]["by_kind"]["all_reduce"]["calls"] == 1
+    assert reports[0]["ops"]["executions"] > 0
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="needs POSIX signals")
 def test_sigterm_from_outside_ends_the_run_as_it_would_python(tmp_path):
     path = script(tmp_path, """

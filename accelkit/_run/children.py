@@ -11,7 +11,9 @@ knows: its exit status (a child's report is written by its exit handlers, or las
 that called :func:`write_report`, so it says "ended"), the memory timeline (the child's peak is in
 its memory section) and the compile redirect. A child that is killed before it writes, or still
 runs when the launcher ends, has no report; an engine whose processes are killed at shutdown (vLLM)
-rewrites its report as it runs (:func:`write_report_at_most_every`).
+rewrites its report as it runs (:func:`write_report_at_most_every`). A child also writes when its
+device's process group is destroyed (``accelkit._runtime.distributed.backend``): Ray Train destroys
+its workers' group at the end of a run, then kills them.
 """
 
 from __future__ import annotations
@@ -98,13 +100,34 @@ def write_report() -> bool:
 
 def _command() -> list[str]:
     """How this process is named in its report: a multiprocessing child by its process name
-    (vLLM's ``EngineCore_DP0``; its command line is multiprocessing's bootstrap), any other by
-    its command line."""
+    (vLLM's ``EngineCore_DP0``; its command line is multiprocessing's bootstrap), a Ray worker by
+    Ray's name for it (:func:`_ray_worker_name`), any other by its command line."""
     import multiprocessing
 
     if multiprocessing.parent_process() is not None:
         return [multiprocessing.current_process().name]
+    ray_name = _ray_worker_name()
+    if ray_name is not None:
+        return [ray_name]
     return list(sys.orig_argv[1:])
+
+
+def _ray_worker_name() -> str | None:
+    """In a Ray worker process, Ray's name for it: ``ray::RayTrainWorker`` for an actor (its
+    class), else what ``ps`` shows (``ray::f`` while task ``f`` runs); its command line is Ray's
+    worker bootstrap with a score of internal arguments. ``None`` elsewhere."""
+    worker = sys.modules.get("ray._private.worker")
+    if worker is None or getattr(worker.global_worker, "mode", None) != getattr(worker, "WORKER_MODE", object()):
+        return None
+    try:
+        import ray
+
+        context = ray.get_runtime_context()
+        if context.get_actor_id() is not None:
+            return "ray::" + context.current_actor._ray_actor_creation_function_descriptor.class_name
+        return ray._raylet.getproctitle() or None
+    except Exception:  # noqa: BLE001 - Ray's internals moved: the command line names it
+        return None
 
 
 def collect(directory: Path) -> list[dict[str, Any]]:

@@ -44,9 +44,34 @@ def install_distributed(ctx: Any, record: BackendRecord) -> None:
             raise CollectiveError(f"backend {ctx.name!r}: accelkit_make_process_group answered None")
         STATS.group_created(f"rank {rank} of {world_size}", world_size, ctx.model.interconnect)
         install_dtensor_random(ctx.name)
+        _report_at_shutdown(group)
         return group
 
     dist.Backend.register_backend(ctx.name, create, devices=[ctx.name, "cpu"])
+
+
+def _report_at_shutdown(group: Any) -> None:
+    """In a process that reports to ``accelkit run`` (:mod:`accelkit._run.children`), also write
+    the report when ``group`` is shut down (``dist.destroy_process_group``): a launcher may end
+    its workers without letting them exit. Ray Train destroys the process group of every worker
+    at the end of a run, then kills the worker processes, so their exit handlers never run. A
+    process that goes on after that writes its report again at exit, with the figures then."""
+    from accelkit._run import children
+
+    if not children.reporting():
+        return
+    shutdown = group.shutdown
+
+    def shutdown_and_report(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return shutdown(*args, **kwargs)
+        finally:
+            children.write_report()
+
+    try:
+        group.shutdown = shutdown_and_report
+    except AttributeError:  # a plugin's group without instance attributes: its report at exit only
+        pass
 
 
 def distributed_stats() -> dict[str, Any]:
