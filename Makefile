@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-stamp
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,tpu,neuron,titan]'
+	$(BIN)/pip install --quiet -e '.[test,tpu,neuron,titan,ray]'
 	env -u ACCELKIT_DEVICE $(BIN)/python -m accelkit native build || echo "accelkit: the native extension did not build; pinned memory, device generators and several devices per process need it"
 	touch $(STAMP)
 
