@@ -32,7 +32,8 @@ WORKERS = 2
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
     """One Ray Train worker: the training on the device ``ACCELKIT_DEVICE`` names, in the process
-    group Ray initialised (``TorchConfig(backend=...)``); reports its rank, process, device and
+    group Ray initialised (``TorchConfig(backend=...)``); reports its rank, process, device, the
+    address Ray gave the group (``MASTER_ADDR``), the path of the group's agreement checks and
     :func:`~accelkit.sdk.testing.distributed_cases.train`'s losses and parameters."""
     import accelkit
     from accelkit.sdk.testing.distributed_cases import train
@@ -41,7 +42,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     device = accelkit.select_device()
     rank, world = context.get_world_rank(), context.get_world_size()
     trained = train(config["training"], device, rank, world)
-    ray.train.report({"rank": rank, "world": world, "pid": os.getpid(), "device": str(device), **trained})
+    ray.train.report({
+        "rank": rank, "world": world, "pid": os.getpid(), "device": str(device),
+        "master_addr": os.environ["MASTER_ADDR"], "accelerate_device": os.environ.get("ACCELERATE_TORCH_DEVICE"),
+        "agreement_checks": accelkit.stats()["distributed"]["agreement_checks"], **trained,
+    })
 
 
 class _EveryWorkersMetrics(UserCallback):
@@ -56,13 +61,13 @@ class _EveryWorkersMetrics(UserCallback):
             out.write(json.dumps(metrics) + "\n")
 
 
-def fit(device: str, training: str, storage: Path, runtime_env: bool = True) -> list[dict[str, Any]]:
+def fit(device: str, training: str, storage: Path, worker_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Run ``training`` with ``TorchTrainer`` on :data:`WORKERS` workers of ``device`` (Ray already
     initialised); return each worker's last report, by world rank.
 
-    :param runtime_env: put ``ACCELKIT_DEVICE`` in the workers' runtime environment here
-        (``RunConfig(worker_runtime_env=...)``); ``False`` when the job's runtime environment
-        (``ray.init(runtime_env=...)``) already does.
+    :param worker_env: the environment variables of this trainer's workers
+        (``RunConfig(worker_runtime_env=...)``), ``ACCELKIT_DEVICE`` among them unless the job's
+        runtime environment (``ray.init(runtime_env=...)``) has it.
     """
     storage = Path(storage)
     storage.mkdir(parents=True, exist_ok=True)
@@ -75,7 +80,7 @@ def fit(device: str, training: str, storage: Path, runtime_env: bool = True) -> 
         torch_config=TorchConfig(backend=device),
         run_config=RunConfig(
             name=f"{training}-{device}", storage_path=str(storage),
-            worker_runtime_env={"env_vars": {"ACCELKIT_DEVICE": device}} if runtime_env else None,
+            worker_runtime_env={"env_vars": worker_env} if worker_env else None,
             callbacks=[_EveryWorkersMetrics(reports)],
         ),
     )
@@ -87,7 +92,7 @@ def fit(device: str, training: str, storage: Path, runtime_env: bool = True) -> 
 def main(device: str, training: str, storage: str) -> None:
     ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": {"ACCELKIT_DEVICE": device}})
     try:
-        print(json.dumps(fit(device, training, Path(storage), runtime_env=False)), flush=True)
+        print(json.dumps(fit(device, training, Path(storage))), flush=True)
     finally:
         ray.shutdown()
 
