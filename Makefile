@@ -104,10 +104,11 @@ test-fused: $(STAMP)
 	env -u ACCELKIT_DEVICE ACCELKIT_TPU_MODE=fused $(BIN)/accelkit conformance run --profile quick --backend tpu --out conformance-results-fused
 
 # Launches beyond one host's process group, on tpu and neuron: torchrun across two simulated hosts
-# (network namespaces; needs root), a rank killed and the job restarted from its checkpoint
-# (tests/test_multinode.py, tests/test_elastic.py). `make test` runs their tpu cases.
+# (network namespaces; needs root), a rank killed and the job restarted from its checkpoint, Ray
+# Train's TorchTrainer against torchrun (tests/test_multinode.py, tests/test_elastic.py,
+# tests/test_ray.py). `make test` runs their tpu cases.
 launchers: $(STAMP)
-	env -u ACCELKIT_DEVICE ACCELKIT_LAUNCHERS=full $(BIN)/python -m pytest tests/test_multinode.py tests/test_elastic.py -rA --durations=0
+	env -u ACCELKIT_DEVICE ACCELKIT_LAUNCHERS=full $(BIN)/python -m pytest tests/test_multinode.py tests/test_elastic.py tests/test_ray.py -rA --durations=0
 
 # TorchTitan's full matrix on tpu and neuron against ref (tests/titan; the quick part runs in `test`).
 titan: $(STAMP)

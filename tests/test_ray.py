@@ -9,6 +9,8 @@ parameters), which torchrun's ranks carry in their findings under ``trained``: r
 the two launchers' numbers must agree to float32 rounding. The workers run
 ``tests/ray_train_run.py``'s training function, which is also the script ``accelkit run`` runs
 for the workers' reports. The cluster is started once for the module, on loopback.
+
+CI runs the tpu cases; ``make launchers`` (``ACCELKIT_LAUNCHERS=full``) runs neuron too.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ import torch  # noqa: E402
 from accelkit.sdk.testing.distributed import run_ranks  # noqa: E402
 from accelkit.sdk.testing.distributed_cases import single_process_training  # noqa: E402
 
-DEVICES = ["tpu", "neuron"]
+FULL = os.environ.get("ACCELKIT_LAUNCHERS") == "full"
+DEVICES = [pytest.param("tpu"), pytest.param("neuron", marks=pytest.mark.skipif(
+    not FULL, reason="neuron under Ray Train runs under `make launchers` (ACCELKIT_LAUNCHERS=full)"))]
 RUN = Path(ray_train_run.__file__)
 
 #: The same program on the same device under two launchers: equal up to float32 rounding (a
