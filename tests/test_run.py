@@ -267,6 +267,15 @@ def test_hostile_strings_stay_text_in_the_html(tmp_path):
     assert "&lt;img src=x onerror=alert(1)&gt;" in page
 
 
+def _run_under_torchrun(tmp_path: Path, path: Path, device: str, out: Path) -> subprocess.CompletedProcess:
+    """``torchrun --nproc-per-node 2 -m accelkit run --device DEVICE --report OUT PATH``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELKIT_", "ACCELERATE_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "accelkit", "run", "--device", device, "--report", str(out), str(path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+
+
 def test_under_torchrun_each_rank_writes_its_report(tmp_path):
     path = script(tmp_path, """
         import accelkit, torch, torch.distributed as dist
@@ -279,11 +288,7 @@ def test_under_torchrun_each_rank_writes_its_report(tmp_path):
         dist.destroy_process_group()
     """)
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELKIT_", "ACCELERATE_"))}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "accelkit", "run", "--device", "ref", "--report", str(out), str(path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    result = _run_under_torchrun(tmp_path, path, "ref", out)
     assert result.returncode == 0, result.stderr
     assert [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)] == ["3.0", "3.0"]
     for rank in (0, 1):
@@ -308,11 +313,7 @@ def test_a_distributed_run_on_tpu_reports_compute_and_communication_side_by_side
         dist.destroy_process_group()
     """)
     out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELKIT_", "ACCELERATE_"))}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "accelkit", "run", "--device", "tpu", "--report", str(out), str(path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    result = _run_under_torchrun(tmp_path, path, "tpu", out)
     assert result.returncode == 0, result.stderr
     report = json.loads((out / "report-rank0.json").read_text())
     coll = report["collectives"]
