@@ -82,4 +82,11 @@ def test_convolution_bfloat16_adds_the_bias_before_rounding(dev, transposed):
         fn = F.conv2d
     got = fn(x.to(dev), w.to(dev), b.to(dev)).cpu()
     assert got.item() == 0.5390625
-    assert torch.equal(got, fn(x, w, b))
+    cpu = fn(x, w, b)
+    if transposed:
+        # CPU's own transposed kernel differs by machine: on AVX-512 hosts it rounds once too
+        # (0.5390625); on AVX2 hosts (seen on an AMD EPYC) it rounds the sum to bfloat16 first
+        # (8.0625 - 7.5 = 0.5625), one bfloat16 ulp of the sum away. tpu keeps the exact one.
+        assert cpu.item() in (0.5390625, 0.5625)
+    else:
+        assert torch.equal(got, cpu)
