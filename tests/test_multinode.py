@@ -26,12 +26,17 @@ DEVICES = [pytest.param("tpu"), pytest.param("neuron", marks=pytest.mark.skipif(
 EXAMPLE = Path(__file__).parents[1] / "examples" / "train_ddp.py"
 
 
-def _enter(own_names: bool = True):
-    manager = two_hosts(own_names)
+@pytest.fixture
+def hosts(request):
+    """Two simulated hosts (with names of their own unless the test's parameter is False),
+    removed after the test; the test skips where this machine cannot make them."""
     try:
-        return manager, manager.__enter__()
+        with two_hosts(getattr(request, "param", True)) as pair:
+            yield pair
+            return
     except HostsUnavailable as exc:
-        pytest.skip(f"cannot simulate two hosts here: {exc}")
+        unavailable = exc
+    pytest.skip(f"cannot simulate two hosts here: {unavailable}")
 
 
 def _torchrun_args(endpoint: str, run_id: str) -> list[str]:
@@ -40,15 +45,12 @@ def _torchrun_args(endpoint: str, run_id: str) -> list[str]:
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_ddp_and_fsdp2_on_two_hosts_of_two_ranks_equal_one_process(tmp_path, device):
-    manager, (a, b) = _enter()
-    try:
-        args = _torchrun_args(f"{a.name}:{free_port()}", "ddp-fsdp2")
-        nodes = run_torchrun([(a, args), (b, args)],
-                             ["-m", "accelkit.sdk.testing.distributed_cases", "ddp+fsdp2"],
-                             tmp_path, env={"ACCELKIT_DEVICE": device}, deadline=400)
-    finally:
-        manager.__exit__(None, None, None)
+def test_ddp_and_fsdp2_on_two_hosts_of_two_ranks_equal_one_process(tmp_path, hosts, device):
+    a, b = hosts
+    args = _torchrun_args(f"{a.name}:{free_port()}", "ddp-fsdp2")
+    nodes = run_torchrun([(a, args), (b, args)],
+                         ["-m", "accelkit.sdk.testing.distributed_cases", "ddp+fsdp2"],
+                         tmp_path, env={"ACCELKIT_DEVICE": device}, deadline=400)
     for node in nodes:
         assert node.returncode == 0, node.describe()
         assert sorted(node.findings) == [(0, 0), (0, 1)], node.describe()  # two ranks, one attempt
@@ -66,21 +68,18 @@ def test_ddp_and_fsdp2_on_two_hosts_of_two_ranks_equal_one_process(tmp_path, dev
 
 
 @pytest.mark.skipif(not FULL, reason="runs under `make launchers` (ACCELKIT_LAUNCHERS=full): CI's budget")
-def test_hosts_whose_names_resolve_to_loopback_train_when_torchrun_is_given_their_addresses(tmp_path):
+@pytest.mark.parametrize("hosts", [False], indirect=True, ids=["names-as-this-machine"])
+def test_hosts_whose_names_resolve_to_loopback_train_when_torchrun_is_given_their_addresses(tmp_path, hosts):
     """Containers often resolve the host name to 127.0.0.x. torchrun is then told each host's
     address (``--local-addr``, and ``is_host`` on the rendezvous host); the device's process group
     must find the routed address by itself (gloo's default follows the host name, to loopback,
     and the group never formed)."""
-    manager, (a, b) = _enter(own_names=False)
-    port = free_port()
-    try:
-        nodes = run_torchrun(
-            [(a, [*_torchrun_args(f"{a.address}:{port}", "loopback-names"), "--rdzv-conf", "is_host=1",
-                  "--local-addr", a.address]),
-             (b, [*_torchrun_args(f"{a.address}:{port}", "loopback-names"), "--local-addr", b.address])],
-            [str(EXAMPLE)], tmp_path, env={"ACCELKIT_DEVICE": "tpu"}, deadline=300)
-    finally:
-        manager.__exit__(None, None, None)
+    a, b = hosts
+    args = _torchrun_args(f"{a.address}:{free_port()}", "loopback-names")
+    nodes = run_torchrun(
+        [(a, [*args, "--rdzv-conf", "is_host=1", "--local-addr", a.address]),
+         (b, [*args, "--local-addr", b.address])],
+        [str(EXAMPLE)], tmp_path, env={"ACCELKIT_DEVICE": "tpu"}, deadline=300)
     for node in nodes:
         assert node.returncode == 0, node.describe()
     outputs = [log.read_text() for log in tmp_path.glob("*/*/attempt_0/*/stdout.log")]

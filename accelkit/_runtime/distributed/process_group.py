@@ -175,25 +175,21 @@ class HostStagedProcessGroup(dist.ProcessGroup):
             raise
         except (RuntimeError, OSError) as exc:
             text = str(exc)
-            peer = getattr(exc, "peer_rank", None)
+            peer = getattr(exc, "peer_rank", None)  # set by the agreement channel, not by gloo
+            who, log = (f"rank {peer}", f"rank {peer}'s log") if peer is not None else ("another rank", "every rank's log")
             if isinstance(exc, ChannelBroken):
                 cause = (f"{text}, which left its connections out of step; the group cannot be used "
                          "again: destroy it and create a new one")
-            elif ("Timed out" in text or "timed out" in text) and peer is not None:
-                cause = (f"rank {peer} did not take part within the group's timeout "
-                         f"({self._timeout.total_seconds():g} s): it is slow, stuck, dead, or calls "
-                         f"a different collective. Check rank {peer}'s log; if it is only slow, pass "
-                         "a longer timeout= to init_process_group/new_group")
             elif "Timed out" in text or "timed out" in text:
-                cause = (f"another rank did not take part within the group's timeout "
+                cause = (f"{who} did not take part within the group's timeout "
                          f"({self._timeout.total_seconds():g} s): it is slow, stuck, dead, or calls "
-                         "a different collective. Check every rank's log; if it is only slow, pass "
+                         f"a different collective. Check {log}; if it is only slow, pass "
                          "a longer timeout= to init_process_group/new_group")
             elif "Application timeout caused pair closure" in text:
                 cause = ("an earlier collective of this group timed out, which closed its connections; "
                          "the group cannot be used again: destroy it and create a new one")
             elif peer is not None and isinstance(exc, (ConnectionResetError, BrokenPipeError)):
-                cause = f"rank {peer}'s process exited or lost its connection (a peer process exited); see rank {peer}'s log"
+                cause = f"rank {peer}'s process exited or lost its connection (a peer process exited); see {log}"
             elif "reset by peer" in text or "closed" in text.lower() or "Broken pipe" in text:
                 cause = "a peer process exited or lost its connection; see that rank's log"
             else:

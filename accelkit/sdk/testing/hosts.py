@@ -15,7 +15,8 @@ Making namespaces needs root (``CAP_SYS_ADMIN`` and ``CAP_NET_ADMIN``); :func:`t
 :class:`HostsUnavailable` with the reason where it cannot, for a test to skip with::
 
     with two_hosts() as (a, b):
-        node_a = run_torchrun(a, ["--rdzv-endpoint", f"{a.name}:29500", ...], ...)
+        args = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{a.name}:29500", ...]
+        nodes = run_torchrun([(a, args), (b, args)], ["train.py"], log_dir)
 """
 
 from __future__ import annotations
