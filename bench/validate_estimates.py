@@ -200,7 +200,7 @@ def _run_child(backend: str, skip_large: bool) -> list[dict]:
 def print_tables(rows: list[dict]) -> None:
     print("Published measurements against accelkit's estimates (estimate = device + launch; "
           "launch '—' = not reported separately)\n")
-    header = f"| point | published | est. device | est. launch | ratio est/pub | source |"
+    header = "| point | published | est. device | est. launch | ratio est/pub | source |"
     print(header)
     print("|---|---|---|---|---|---|")
     for r in rows:
