@@ -54,3 +54,22 @@ def test_small_ops_before_one_read_are_launch_bound(dev):
     # every launch but the work it hides: each program here is far shorter than a launch
     assert e["launches"] * launch - e["seconds"] <= e["launch_seconds"] <= e["launches"] * launch
     assert e["launch_seconds"] > e["seconds"]
+
+
+def test_a_compiled_graphs_runs_are_in_the_estimate(dev):
+    def mlp(x, w1, w2):
+        return torch.relu(x @ w1) @ w2
+
+    x, w1, w2 = (torch.ones(64, 128, device=dev), torch.ones(128, 256, device=dev), torch.ones(256, 32, device=dev))
+    compiled = torch.compile(mlp, backend="tpu")
+    compiled(x, w1, w2).cpu()
+    accelkit.reset_stats()
+    runs = 3
+    for _ in range(runs):
+        compiled(x, w1, w2).cpu()
+    e = _estimate()
+    graphs = {op: row for op, row in e["per_op"].items() if op.startswith("compiled graph")}
+    assert sum(row["calls"] for row in graphs.values()) == runs
+    matmul_flops = 2 * 64 * 128 * 256 + 2 * 64 * 256 * 32
+    assert e["flops"] >= runs * matmul_flops
+    assert e["launches"] == runs and e["syncs"] == runs
