@@ -79,12 +79,13 @@ def print_comparison(runs: list[dict], steps: int) -> None:
             str(ops["totals"]["fallback"]),
             f"{compiled['graphs_captured']} / {compiled['programs_compiled']}",
             format_bytes(memory["peak_bytes"]),
-            f"{estimate['seconds'] / steps * 1e6:.1f} µs" if estimate else "no estimate",
+            *((f"{estimate[key] / steps * 1e6:.1f} µs" for key in ("seconds", "launch_seconds", "total_seconds"))
+              if estimate else ["no estimate"] * 3),
             f"{report['wall_seconds']:.1f} s",
         ]
 
     labels = ["target", "ran on the device", "CPU-fallback runs", "graphs / programs", "peak memory",
-              "est. device time/step", "wall time (here)"]
+              "est. device time/step", "est. launch time/step", "est. total/step", "wall time (here)"]
     columns = [cells(r) for r in runs]
     print("  ".join([f"{'':>22}", *(f"{r['name']:>22}" for r in runs)]))
     for i, label in enumerate(labels):
@@ -107,9 +108,10 @@ def main() -> None:
 
     print("\nlosses, from the same weights and batches:")
     print_losses(runs)
-    print("\nwhat each run reported (accelkit run). Device times are estimates from each backend's model of "
-          "its chip, not measurements, and not comparable across backends: tpu's is a roofline bound per "
-          "XLA program, neuron's a simulation of the engines with each kernel's fixed costs.")
+    print("\nwhat each run reported (accelkit run). Times are estimates, not measurements. Device time is "
+          "each backend's model of its chip (tpu: a roofline per XLA program; neuron: a simulation of the "
+          "engines with each kernel's fixed costs); launch time is the same rule on both (each program "
+          "handed to the device costs the target's published per-launch time; see docs/estimates.md).")
     print_comparison(runs, args.steps)
     print("\nHTML reports (ops by path, estimated time by op family, memory over the run):")
     for r in runs:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from accelkit._run.report import format_seconds
+
 TIMEOUT = 180
 
 
@@ -208,6 +210,13 @@ def test_the_reports_figures_are_the_stats_at_the_end(tmp_path, device):
         assert sum(estimate["by_family"].values()) == pytest.approx(
             sum(row["seconds"] for row in stats["estimate"]["per_op"].values()))
         assert "estimate" in result.stderr and estimate["target"] in result.stderr
+        # device + launch = total, in the report, in stats and in both renderings
+        for key in ("launch_seconds", "total_seconds", "launches", "syncs"):
+            assert estimate[key] == stats["estimate"][key]
+        assert estimate["launches"] > 0 and estimate["syncs"] > 0 and estimate["launch_seconds"] > 0
+        assert estimate["total_seconds"] == pytest.approx(estimate["seconds"] + estimate["launch_seconds"])
+        line = f"{format_seconds(estimate['seconds'])} device + {format_seconds(estimate['launch_seconds'])} launch"
+        assert line in result.stderr and line in (out / "report.html").read_text()
     else:
         assert report["estimate"] is None and stats["estimate"] is None
     assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-from accelkit._run.report import format_seconds, headline
+from accelkit._run.report import estimate_sum, format_seconds, headline
 from accelkit.sdk import format_bytes
 from accelkit_conformance.render_html import STYLESHEET, bars, legend
 from accelkit_conformance.render_words import percent
@@ -96,9 +96,11 @@ def _estimate(estimate: Mapping[str, Any] | None, device: Mapping[str, Any]) -> 
     if estimate is None:
         return f'<h2>Estimated time on the target</h2><p class="note">{escape(device["backend"])} makes no estimate.</p>'
     families = estimate["by_family"]
-    parts = [f'<h2>Estimated time on {escape(estimate["target"])}: {escape(format_seconds(estimate["seconds"]))}</h2>',
+    parts = [f'<h2>Estimated time on {escape(estimate["target"])}: {escape(format_seconds(estimate["total_seconds"]))}</h2>',
+             f'<p id="estimate-sum">{escape(estimate_sum(estimate))}: device time is what the chip is busy for, '
+             'launch time what it waits on the host to hand it each program.</p>',
              f'<p class="note">Estimated, not measured: {escape(estimate["note"])}. Per-family times '
-             'are each op\'s own estimate; ops that overlap on the device add up to more than the total.</p>']
+             'are each op\'s own device time; ops that overlap on the device add up to more than the total.</p>']
     if families:
         label_w, bar_w, bar_h, gap = 220, 520, 18, 6
         longest = max(families.values()) or 1.0

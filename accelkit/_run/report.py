@@ -157,6 +157,12 @@ def _memory(memory_stats: Mapping[str, int], timeline: Sequence[tuple[float, int
     }
 
 
+def estimate_sum(e: Mapping[str, Any]) -> str:
+    """"X device + Y launch = Z (N launches, M host waits)": the report's one line of an estimate."""
+    return (f"{format_seconds(e['seconds'])} device + {format_seconds(e['launch_seconds'])} launch = "
+            f"{format_seconds(e['total_seconds'])} ({e['launches']} launches, {e['syncs']} host waits)")
+
+
 def _estimate(estimate: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if estimate is None:
         return None
@@ -174,6 +180,10 @@ def _estimate(estimate: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "target": estimate["target"],
         "note": estimate["note"],
         "seconds": estimate["seconds"],
+        "launch_seconds": estimate["launch_seconds"],
+        "total_seconds": estimate["total_seconds"],
+        "launches": estimate["launches"],
+        "syncs": estimate["syncs"],
         "hbm_bytes": estimate["hbm_bytes"],
         "flops": estimate["flops"],
         "by_family": by_family,
@@ -274,9 +284,9 @@ def render_text(report: Mapping[str, Any], written: Sequence[Path] = (), process
     else:
         families = ", ".join(f"{family} {percent(seconds / e['seconds'] if e['seconds'] else None)}"
                              for family, seconds in list(e["by_family"].items())[:5])
-        lines.append(f"  estimate  {format_seconds(e['seconds'])} of device time on {e['target']}, estimated: {e['note']}")
+        lines.append(f"  estimate  {estimate_sum(e)} on {e['target']}, estimated: {e['note']}")
         if families:
-            lines.append(f"            by op family: {families}")
+            lines.append(f"            device time by op family: {families}")
     coll = report["collectives"]
     if coll:
         for kind, row in coll["by_kind"].items():

@@ -7,7 +7,8 @@ entry-point group ``accelkit.backends``; ``accelkit new-backend NAME`` writes on
 
 - records: :class:`BackendInfo`, :class:`DeviceProbe`, :class:`DeviceModel`,
   :class:`DtypeRules`, :class:`Expectations`, :class:`Estimate` (estimated time on the
-  target);
+  target: device time, and launch time by :class:`LaunchLedger`'s rule, the same on every
+  backend);
 - memory: :class:`DeviceAllocator` (the base a backend's allocator subclasses), :class:`Buffer`,
   :class:`ViewSpec`;
 - kernels: :class:`KernelTable`, :class:`KernelEntry`, :class:`KernelDeclined`, autocast
@@ -68,6 +69,7 @@ from accelkit.sdk._records import (
     Tolerance,
     UnsupportedDtypeError,
 )
+from accelkit.sdk._launches import LaunchLedger
 from accelkit.sdk._options import FAST_COMPILE_ENV, device_count_from_env, env_choice, env_count, fast_compile
 from accelkit.sdk._registry_view import BackendView, backends
 from accelkit.sdk import random_stream
@@ -96,6 +98,7 @@ __all__ = [
     "KernelDeclined",
     "KernelEntry",
     "KernelTable",
+    "LaunchLedger",
     "RandomDraw",
     "ShardWindow",
     "Tolerance",

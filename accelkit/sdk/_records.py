@@ -110,6 +110,9 @@ class DeviceModel:
     :ivar product: the hardware's name as the vendor's own software reports it (JAX's
         ``"TPU v5e"``, Neuron's ``"trn2"``): ``get_device_properties().name``, which tools such
         as TorchTitan look up to find the peak FLOP/s. Default: ``"<vendor> <name>"``.
+    :ivar launch_seconds: host time per program execution (handing an XLA executable or a NEFF
+        to the device), which estimates add as launch time (:class:`accelkit.sdk.LaunchLedger`);
+        its source under ``sources["launch_seconds"]``. 0: not modelled.
     """
 
     name: str
@@ -123,8 +126,11 @@ class DeviceModel:
     extra: Mapping[str, Any] = field(default_factory=dict)
     interconnect: Interconnect | None = None
     product: str = ""
+    launch_seconds: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.launch_seconds < 0:
+            raise ValueError(f"device model {self.name!r}: launch_seconds must not be negative")
         if self.memory_bytes <= 0:
             raise ValueError(f"device model {self.name!r}: memory_bytes must be positive")
         object.__setattr__(self, "peak_flops", _frozen(self.peak_flops))
@@ -143,13 +149,17 @@ class Estimate:
 
     :ivar target: the hardware generation estimated for (``"v5e"``, ``"trn2"``).
     :ivar note: how the figures were obtained (model and sources), shown next to them.
-    :ivar seconds: estimated device seconds of all the work.
+    :ivar seconds: estimated device seconds of all the work: how long the chip is busy.
     :ivar per_op: ``{op: (calls, seconds)}`` with ``op`` an aten overload
         (``"aten.mm.default"``) or a backend's label for work that is several ops (a fused
         kernel, a compiled program). The seconds are each op's own estimate; where ops overlap
         on the device they may sum to more than ``seconds``.
     :ivar flops: floating-point operations, if the model counts them.
     :ivar hbm_bytes: bytes moved to and from device memory, if the model counts them.
+    :ivar launch_seconds: estimated seconds the device waits on the host to launch programs
+        (the rule: :class:`accelkit.sdk.LaunchLedger`); 0 where the backend models no launch cost.
+    :ivar launches: program executions counted (XLA executables, NEFFs).
+    :ivar syncs: host waits that ended a run of launches (reads to the host, ``synchronize()``).
     """
 
     target: str
@@ -158,16 +168,26 @@ class Estimate:
     per_op: Mapping[str, tuple[int, float]] = field(default_factory=dict)
     flops: float | None = None
     hbm_bytes: float | None = None
+    launch_seconds: float = 0.0
+    launches: int = 0
+    syncs: int = 0
 
     def __post_init__(self) -> None:
-        if self.seconds < 0:
+        if self.seconds < 0 or self.launch_seconds < 0:
             raise ValueError(f"estimate for {self.target!r}: seconds must not be negative")
         object.__setattr__(self, "per_op", _frozen(self.per_op))
+
+    @property
+    def total_seconds(self) -> float:
+        """Device time plus launch time: the estimated wall time of the work on the target."""
+        return self.seconds + self.launch_seconds
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON-ready form ``accelkit.stats()["estimate"]`` holds."""
         return {
             "target": self.target, "note": self.note, "seconds": self.seconds,
+            "launch_seconds": self.launch_seconds, "total_seconds": self.total_seconds,
+            "launches": self.launches, "syncs": self.syncs,
             "flops": self.flops, "hbm_bytes": self.hbm_bytes,
             "per_op": {op: {"calls": int(calls), "seconds": float(seconds)}
                        for op, (calls, seconds) in sorted(self.per_op.items())},

@@ -21,6 +21,7 @@ import torch
 from accelkit.sdk import DeviceAllocator, ViewSpec
 from accelkit_backends.neuron import adaptive
 from accelkit_backends.neuron.adaptive import Deferred, PendingView
+from accelkit_backends.neuron.cost import LEDGER
 from accelkit_backends.neuron.sim import numerics as nx
 
 
@@ -65,9 +66,12 @@ class NeuronAllocator(DeviceAllocator):
 
     def synchronize(self) -> None:
         adaptive.flush("synchronize")
+        LEDGER.launches.wait()
 
     def to_host(self, array: Any) -> torch.Tensor:
-        return nx.to_torch(adaptive.for_host_read(array))
+        host = nx.to_torch(adaptive.for_host_read(array))
+        LEDGER.launches.wait()
+        return host
 
     def from_host(self, tensor: torch.Tensor) -> np.ndarray:
         return nx.from_torch(tensor)
@@ -87,7 +91,9 @@ class NeuronAllocator(DeviceAllocator):
         return convert(adaptive.for_host_read(array), dtype)
 
     def read_bytes(self, block: Any, nbytes: int) -> torch.Tensor:
-        return torch.from_numpy(adaptive.block_array(block, write=False)[:nbytes].copy())
+        host = torch.from_numpy(adaptive.block_array(block, write=False)[:nbytes].copy())
+        LEDGER.launches.wait()
+        return host
 
     def write_bytes(self, block: Any, data: torch.Tensor) -> None:
         adaptive.block_array(block, write=True)[: data.numel()] = data.numpy()

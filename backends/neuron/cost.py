@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from accelkit.sdk import Estimate
+from accelkit.sdk import Estimate, LaunchLedger
 from accelkit_backends.neuron.device import target_name
 from accelkit_backends.neuron.sim.timeline import ENGINES, Instruction, KernelRecord
 
@@ -38,13 +38,18 @@ class ShapeChurnWarning(UserWarning):
 
 
 class Ledger:
-    """Estimated device time per op and per engine, and compiled-instance counts."""
+    """Estimated device time per op and per engine, compiled-instance counts, and launches: each
+    kernel run outside a program and each program run is one NEFF execution (:attr:`launches`,
+    whose per-launch cost the runtime sets from the device model); the allocator reports host
+    waits to it."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.launches = LaunchLedger()
         self.reset()
 
     def reset(self) -> None:
+        self.launches.reset()
         with self._lock:
             self.per_op: dict[str, dict[str, float]] = {}
             self.per_engine = dict.fromkeys(ENGINES, 0.0)
@@ -69,6 +74,8 @@ class Ledger:
             self.flops += record.flops
             self.hbm_bytes += record.hbm_bytes
             self.kernels += 1
+        if record.advance is None:  # a kernel alone, not one of a program's (counted with it)
+            self.launches.launch(record.latency)
 
     def note_instance(self, op: str, key: tuple) -> None:
         """Count a compiled instance; warn once per op when one call pattern (same ranks,
@@ -109,6 +116,8 @@ class Ledger:
             for r in records:
                 for engine, busy in r.busy.items():
                     entry["per_engine_seconds"][engine] += busy
+        if records:
+            self.launches.launch(sum(r.device_seconds for r in records))
 
     def summary(self) -> dict[str, Any]:
         with self._lock:
@@ -132,7 +141,8 @@ class Ledger:
         with self._lock:
             per_op = {_aten_name(op): (int(row["calls"]), row["seconds"]) for op, row in self.per_op.items()}
             return Estimate(target=target_name(), note=ESTIMATE_NOTE, seconds=self.device_seconds,
-                            per_op=per_op, flops=self.flops, hbm_bytes=self.hbm_bytes)
+                            per_op=per_op, flops=self.flops, hbm_bytes=self.hbm_bytes,
+                            **self.launches.fields())
 
 
 def _aten_name(op: str) -> str:

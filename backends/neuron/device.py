@@ -166,6 +166,19 @@ _NEURONLINK = {
 }
 
 
+#: Host time per NEFF execution (the runtime handing a NEFF to a NeuronCore and learning it
+#: finished), as launch time (accelkit.sdk.LaunchLedger). Only trn2 has a published figure;
+#: trn1 and trn3 take trn2's (the same Neuron runtime on the host), flagged so.
+_LAUNCH_TRN2 = 437e-6
+_LAUNCH = {
+    "trn2": (_LAUNCH_TRN2, "vllm-neuron docs/design/framework/async_execution.md: a trn2 NeuronCore is idle "
+                           "437 µs between two synchronous NEFF executions (research/workloads-and-estimates.md)"),
+}
+_LAUNCH_UNPUBLISHED = ("no published figure: trn2's (437 µs idle between synchronous NEFF executions, "
+                       "vllm-neuron's async-execution note) is used, as the host side (the Neuron runtime) "
+                       "is the same software")
+
+
 def _interconnect(generation: str) -> Interconnect:
     name, per_chip, links, source = _NEURONLINK[generation]
     return Interconnect(
@@ -203,6 +216,7 @@ def device_model(generation: str | None = None) -> DeviceModel:
     name = generation or target_name()
     spec = dict(_GENERATIONS[name])
     core: CoreSpec = spec.pop("core")
+    launch_seconds, launch_source = _LAUNCH.get(name, (_LAUNCH_TRN2, _LAUNCH_UNPUBLISHED))
     return DeviceModel(
         name=name,
         vendor="AWS Trainium",
@@ -215,7 +229,9 @@ def device_model(generation: str | None = None) -> DeviceModel:
         dtypes=NATIVE_DTYPES,
         simulated=True,
         sources={**spec["sources"], "product": "instance family (trn1/trn2/trn3), the name TorchTitan's "
-                 "get_peak_flops expects from torch.neuron.get_device_properties().name"},
+                 "get_peak_flops expects from torch.neuron.get_device_properties().name",
+                 "launch_seconds": launch_source},
+        launch_seconds=launch_seconds,
         extra=dict(
             core=core, neuroncore=core.version, cores_per_chip=spec["cores_per_chip"],
             chip_memory_bytes=spec["chip_memory_bytes"], partitions=core.partitions,

@@ -92,9 +92,10 @@ def core() -> NeuronCore:
         with _core_lock:
             if _core is None:
                 from accelkit_backends.neuron.cost import LEDGER
-                from accelkit_backends.neuron.device import core_spec
+                from accelkit_backends.neuron.device import core_spec, device_model
                 from accelkit_backends.neuron.sim.core import NeuronCore
 
+                LEDGER.launches.launch_seconds = device_model().launch_seconds
                 created = NeuronCore(core_spec())
                 created.listeners.append(LEDGER.record)
                 created.program_listeners.append(LEDGER.record_program)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit.sdk import DeviceModel, Estimate
+from accelkit.sdk import DeviceModel, Estimate, LaunchLedger
 
 
 @dataclass(frozen=True)
@@ -72,13 +72,26 @@ class CostLedger:
     Each compiled program gets a :class:`Tally` once (:meth:`tally`); running it adds its cost
     to its op's totals (:meth:`record`), so reading them (:meth:`summary`) takes one step per
     op, however many programs the process has compiled (a conformance run compiles thousands
-    and reads the totals twice per test).
+    and reads the totals twice per test). Each execution is also one launch
+    (:attr:`launches`); the allocator reports host waits to it.
     """
 
-    model: DeviceModel | None = None
+    _model: DeviceModel | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     #: op -> [calls, flops, bytes accessed, estimated seconds] since the last reset.
     _totals: dict[str, list] = field(default_factory=dict)
+    launches: LaunchLedger = field(default_factory=LaunchLedger)
+
+    @property
+    def model(self) -> DeviceModel | None:
+        """The target's device model (set when the backend is activated): its peaks and its
+        per-launch time."""
+        return self._model
+
+    @model.setter
+    def model(self, model: DeviceModel | None) -> None:
+        self._model = model
+        self.launches.launch_seconds = model.launch_seconds if model is not None else 0.0
 
     def seconds(self, cost: ProgramCost) -> float:
         if self.model is None:
@@ -105,8 +118,10 @@ class CostLedger:
             row[1] += cost.flops
             row[2] += cost.bytes_accessed
             row[3] += seconds
+        self.launches.launch(seconds)
 
     def reset(self) -> None:
+        self.launches.reset()
         with self._lock:
             for row in self._totals.values():
                 row[:] = [0, 0.0, 0.0, 0.0]
@@ -133,7 +148,7 @@ class CostLedger:
         return Estimate(
             target=summary["target"], note=summary["note"], seconds=summary["estimated_seconds"],
             per_op={op: (row["calls"], row["estimated_seconds"]) for op, row in summary["ops"].items()},
-            flops=summary["flops"], hbm_bytes=summary["bytes"],
+            flops=summary["flops"], hbm_bytes=summary["bytes"], **self.launches.fields(),
         )
 
 

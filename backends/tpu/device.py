@@ -86,6 +86,24 @@ _ICI = {
 }
 
 
+#: Host time per program execution (dispatching an XLA executable from Python and learning it
+#: finished), as launch time (accelkit.sdk.LaunchLedger). Only v5e has a published figure; the
+#: other generations take v5e's (the same host software, PJRT driven from Python), flagged so.
+_LAUNCH_V5E = 100e-6
+_LAUNCH = {
+    "v5e": (_LAUNCH_V5E, "JAX Pallas TPU matmul guide (docs/pallas/tpu/matmul.ipynb, 'XLA matmul', v5e): "
+                         "a bf16 1024³ jnp.matmul timed with block_until_ready takes 119.4 µs against a "
+                         "device roofline of 10.9 µs (research/workloads-and-estimates.md): ~100 µs per "
+                         "synchronous call, rounded"),
+}
+_LAUNCH_UNPUBLISHED = ("no published figure: v5e's (~100 µs per synchronous call, Pallas matmul guide) is "
+                       "used, as the host side (PJRT from Python) is the same software")
+
+
+def _launch(name: str) -> tuple[float, str]:
+    return _LAUNCH.get(name, (_LAUNCH_V5E, _LAUNCH_UNPUBLISHED))
+
+
 def _interconnect(name: str) -> Interconnect:
     bidirectional, links, topology, source = _ICI[name]
     return Interconnect(
@@ -115,9 +133,11 @@ def device_model(name: str | None = None, simulated: bool = True) -> DeviceModel
     sources["float32 peak"] = "derived: XLA's default f32 matmul uses 3 bf16 passes (G-bf16, precision=HIGH)"
     sources["dtypes"] = "hardware-facts §1.3: no f64/c128 hardware; f16 converted"
     sources["product"] = "JAX's device_kind names (jax/_src/pallas/mosaic/tpu_info.py)"
+    launch_seconds, sources["launch_seconds"] = _launch(name)
     return DeviceModel(
         name=name, vendor="Google TPU", peak_flops=peak, dtypes=_NATIVE, simulated=simulated,
-        sources=sources, interconnect=_interconnect(name), product=_PRODUCTS[name], **spec,
+        sources=sources, interconnect=_interconnect(name), product=_PRODUCTS[name],
+        launch_seconds=launch_seconds, **spec,
     )
 
 

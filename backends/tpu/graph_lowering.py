@@ -18,6 +18,7 @@ from accelkit_backends.tpu import cache_files, checks, fused, modes, stored_prog
 from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize
 from accelkit_backends.tpu.graph_ops import GRAPH_OPS, RANDOM, indexed_view, is_view
 from accelkit_backends.tpu.lowering import Lowering, kernels
+from accelkit_backends.tpu.cost import COSTS, ProgramCost, Tally
 from accelkit_backends.tpu.programs import LOADED, Program, next_use
 
 def _pure_lowerings() -> tuple[type, ...]:
@@ -99,6 +100,7 @@ class GraphProgram:
         self._random = {node: i for i, node in enumerate(random_nodes)}
         self._jitted: dict[tuple, Program] = {}
         self._statics: dict[tuple, dict[int, Any]] = {}  # per structure: non-array outputs
+        self._tallies: dict[tuple, Tally] = {}  # per structure and input shapes: the cost of a run
         self.name = f"compiled graph ({len(self._body)} ops)"
 
     def __call__(self, inputs: list, draws: Sequence[RandomDraw]) -> list:
@@ -133,12 +135,23 @@ class GraphProgram:
         if compiled:
             with _count_lock:
                 GraphProgram.compiled_total += compiled
+        COSTS.record(self._tally(key, program, arrays, rng, compiled))
         statics = self._statics[key]
         if statics:  # sizes the graph returns: Python numbers, fixed per input structure
             outputs = list(outputs)
             for position, value in statics.items():
                 outputs[position] = value
         return outputs
+
+    def _tally(self, key: tuple, program: Program, arrays: list, rng: list, compiled: int) -> Tally:
+        """The cost tally of the executable just run, analysed once per input shapes (the
+        estimate counts a compiled graph's run as one program, as it counts an eager op's)."""
+        shapes = (key, tuple((a.shape, a.dtype) for a in arrays))
+        tally = self._tallies.get(shapes)
+        if tally is None or compiled:
+            executable = program.jitted.lower(arrays, rng).compile()  # jax's cache: the one just run
+            tally = self._tallies[shapes] = COSTS.tally(self.name, ProgramCost.of(executable, arrays))
+        return tally
 
     def _program(self, key: tuple) -> Any:
         placeholders, body, outputs, random = self._placeholders, self._body, self._outputs, self._random

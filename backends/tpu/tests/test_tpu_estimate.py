@@ -1,0 +1,99 @@
+"""tpu's estimate through the public API: device time plus launch time by the SDK's rule
+(accelkit.sdk.LaunchLedger), with the target's sourced per-launch cost."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import accelkit
+from accelkit.sdk import active_device_model
+from accelkit_backends.tpu.device import device_model
+
+
+def _estimate() -> dict:
+    return accelkit.stats()["estimate"]
+
+
+def test_the_default_targets_launch_cost_is_published_and_the_others_say_they_are_not():
+    model = active_device_model()
+    assert model.name == "v5e" and model.launch_seconds > 0
+    assert "Pallas" in model.sources["launch_seconds"]
+    for other in ("v4", "v5p", "v6e", "7x"):
+        flagged = device_model(other)
+        assert flagged.launch_seconds == model.launch_seconds
+        assert flagged.sources["launch_seconds"].startswith("no published figure")
+
+
+def test_synchronous_calls_each_cost_their_device_time_plus_one_launch(dev):
+    a = torch.ones(256, 256, dtype=torch.bfloat16, device=dev)
+    b = torch.ones(256, 256, dtype=torch.bfloat16, device=dev)
+    (a @ b).cpu()
+    accelkit.reset_stats()
+    calls = 3
+    for _ in range(calls):
+        c = a @ b
+        getattr(torch, dev.type).synchronize()
+    e = _estimate()
+    assert e["launches"] == e["syncs"] == calls
+    assert e["launch_seconds"] == pytest.approx(calls * active_device_model().launch_seconds)
+    assert e["total_seconds"] == pytest.approx(e["seconds"] + e["launch_seconds"])
+    del c
+
+
+def test_small_ops_before_one_read_are_launch_bound(dev):
+    x = torch.ones(64, device=dev)
+    x.cpu()
+    accelkit.reset_stats()
+    for _ in range(10):
+        x = x * 1.5 + 1.0
+    x.sum().item()
+    e = _estimate()
+    launch = active_device_model().launch_seconds
+    assert e["syncs"] == 1 and e["launches"] >= 1
+    # every launch but the work it hides: each program here is far shorter than a launch
+    assert e["launches"] * launch - e["seconds"] <= e["launch_seconds"] <= e["launches"] * launch
+    assert e["launch_seconds"] > e["seconds"]
+
+
+def test_a_compiled_graphs_runs_are_in_the_estimate(dev):
+    def mlp(x, w1, w2):
+        return torch.relu(x @ w1) @ w2
+
+    x, w1, w2 = (torch.ones(64, 128, device=dev), torch.ones(128, 256, device=dev), torch.ones(256, 32, device=dev))
+    compiled = torch.compile(mlp, backend="tpu")
+    compiled(x, w1, w2).cpu()
+    accelkit.reset_stats()
+    runs = 3
+    for _ in range(runs):
+        compiled(x, w1, w2).cpu()
+    e = _estimate()
+    graphs = {op: row for op, row in e["per_op"].items() if op.startswith("compiled graph")}
+    assert sum(row["calls"] for row in graphs.values()) == runs
+    matmul_flops = 2 * 64 * 128 * 256 + 2 * 64 * 256 * 32
+    assert e["flops"] >= runs * matmul_flops
+    assert e["launches"] == runs and e["syncs"] == runs
+
+
+#: The validation table's tolerance (docs/estimates.md): each estimate within 25% of the published
+#: measurement, the issue's bar.
+TABLE_TOLERANCE = 0.25
+
+
+def test_the_validation_tables_points_are_estimated_within_its_tolerance(dev):
+    """bench/validate_estimates.py's published points for this backend, run here through the
+    public API; the 8192³ matmul (about a minute of CPU) is left to the script."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    try:
+        from validate_estimates import published_points
+    finally:
+        sys.path.pop(0)
+    rows = published_points(dev.type, dev, skip_large=True)
+    assert rows
+    for row in rows:
+        ratio = row["total_s"] / row["published_s"]
+        assert abs(ratio - 1) <= TABLE_TOLERANCE, (row["point"], ratio)
+        assert row["total_s"] == pytest.approx(row["device_s"] + row["launch_s"])
