@@ -308,6 +308,8 @@ _SPECS: dict[tuple, list[OutSpec]] = {}
 def _output_specs(op: OpOverload, key: tuple, args: tuple, kwargs: dict) -> list[OutSpec]:
     cache_key = (op, key, _float_values(args, kwargs))
     specs = _SPECS.get(cache_key)
+    if specs is None and not op._schema.returns:
+        return []  # an op that only writes its arguments (some have no Meta kernel to ask)
     if specs is None:
         # A draw given to an op whose schema has no generator (native_dropout in a program).
         names = {a.name for a in op._schema.arguments}
