@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from accelkit.sdk import KernelDeclined
-from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, meta_twin, tile_kernel
 from accelkit_backends.neuron.tiling import map_flat
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.isa import Kernel
@@ -484,3 +484,35 @@ tile_kernel(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scala
 tile_kernel(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
             aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar,
             aten.__irshift__.Tensor, aten.__irshift__.Scalar, static=True)(_shift("right"))
+
+
+#: The result types CPU's add_relu kernel computes (it asserts on the others: its error, through
+#: the fallback).
+_ADD_RELU_TYPES = (torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+@tile_kernel(aten._add_relu.Tensor, aten._add_relu.Scalar, static=True)
+def add_relu(k: Kernel, out: list[OutSpec], x: Any, y: Any, *, alpha: Any = 1) -> np.ndarray:
+    """``relu(x + alpha * y)`` in one pass, as the CPU's vectorized kernel computes it: a clamp
+    to ``[0, the type's largest value]`` (an infinite sum gives float32's largest finite value;
+    a NaN stays NaN, where the CPU's scalar tail for the last few elements would give 0)."""
+    if out[0].dtype not in _ADD_RELU_TYPES:
+        raise KernelDeclined(f"neuron _add_relu: the CPU kernel has no {out[0].dtype} form")
+    result = hbm_empty(out[0])
+    arrays = [v for v in (x, y) if _is_array(v)]
+    largest = float(np.finfo(np.float32).max) if out[0].dtype.is_floating_point else None
+
+    def compute(dst: Tile, srcs: list[Tile]) -> None:
+        it = iter(srcs)
+        a = next(it) if _is_array(x) else x
+        b = next(it) if _is_array(y) else y
+        _apply_binary(k, dst, a, _scaled(k, b, alpha, dst), "add")
+        k.tensor_scalar(dst, dst, "maximum", 0)
+        if largest is not None:
+            k.tensor_scalar(dst, dst, "minimum", largest)
+
+    return map_flat(k, result, arrays, compute)
+
+
+meta_twin(aten._add_relu.Tensor, aten.add.Tensor)
+meta_twin(aten._add_relu.Scalar, aten.add.Scalar)
