@@ -53,6 +53,10 @@ class KernelEntry:
         included; it only saves per-call work. A single-array result must have the same shape
         and dtype at every call of its layout (the runtime checks the first and wraps the rest
         as it). Calls with host tensors or generators always go to ``fn``.
+        A kernel registered for an in-place op that writes several tensor lists
+        (``_fused_adam_``: params, grads, moments) returns, per written list in schema order,
+        a list of its tensors' new values, or None for a list the call leaves unchanged; the
+        runtime checks them all, then writes them.
     :ivar derive_variants: let the runtime build the in-place and ``out=`` overloads of a
         functional op from this kernel (compute, check the dtype cast, write back).
     """

@@ -303,15 +303,27 @@ def _to_meta(value: Any) -> Any:
 
 
 _SPECS: dict[tuple, list[OutSpec]] = {}
+#: Ops PyTorch gives no Meta kernel, each with an op of the same arguments and result geometry
+#: whose Meta kernel stands in (see :func:`meta_twin`).
+_META_TWINS: dict[OpOverload, OpOverload] = {}
+
+
+def meta_twin(op: OpOverload, twin: OpOverload) -> None:
+    """Take ``op``'s result geometry from ``twin``'s Meta kernel (``op`` has none of its own);
+    ``twin`` takes the same arguments and gives results of the same shapes and dtypes."""
+    _META_TWINS[op] = twin
 
 
 def _output_specs(op: OpOverload, key: tuple, args: tuple, kwargs: dict) -> list[OutSpec]:
     cache_key = (op, key, _float_values(args, kwargs))
     specs = _SPECS.get(cache_key)
+    if specs is None and not op._schema.returns:
+        return []  # an op that only writes its arguments (some have no Meta kernel to ask)
     if specs is None:
         # A draw given to an op whose schema has no generator (native_dropout in a program).
         names = {a.name for a in op._schema.arguments}
-        result = meta_call(op, *_to_meta(args), **{k: _to_meta(v) for k, v in kwargs.items() if k in names})
+        result = meta_call(_META_TWINS.get(op, op), *_to_meta(args),
+                           **{k: _to_meta(v) for k, v in kwargs.items() if k in names})
         results = result if isinstance(result, (tuple, list)) else (result,)
         specs = [OutSpec(tuple(r.shape), r.dtype) if isinstance(r, torch.Tensor) else None for r in results]
         if len(_SPECS) > 65536:

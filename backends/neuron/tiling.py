@@ -126,6 +126,32 @@ def map_flat(
     return out
 
 
+def map_flat_outputs(
+    k: Kernel,
+    outs: Sequence[np.ndarray],
+    inputs: Sequence[np.ndarray],
+    compute: Callable[[list[Tile]], list[Tile]],
+) -> None:
+    """:func:`map_flat` for a program with several outputs of one shape (an optimizer step
+    writes a parameter and its moments): ``compute(srcs)`` returns one tile per output, in
+    ``outs``' order, each stored to its output (rounded to its dtype first when the tile's
+    differs). Software-pipelined as :func:`map_flat` is."""
+    shape = outs[0].shape
+    flat_outs = [out.reshape(-1) for out in outs]
+
+    def step(srcs: list[Tile], start: int, rows: int, cols: int) -> list[Tile]:
+        for flat_out, tile in zip(flat_outs, compute(srcs)):
+            dtype = chip_dtype(flat_out.dtype)
+            if tile.dtype != dtype:
+                rounded = k.sbuf(tile.shape, dtype, "rounded")
+                k.tensor_copy(rounded, tile)
+                tile = rounded
+            k.dma(flat_out[start : start + rows * cols].reshape(rows, cols), tile)
+        return []  # every tile is a temporary, freed BUFFERS chunks later
+
+    _pipelined(k, [FlatOperand(a, shape) for a in inputs], flat_chunks(outs[0].size, k.spec.partitions), step)
+
+
 def _pipelined(k: Kernel, operands: Sequence[FlatOperand], chunks: Iterator[tuple[int, int, int]],
                step: Callable[[list[Tile], int, int, int], list[Tile]]) -> None:
     """The chunk loop of :func:`map_flat` and :func:`map_flat_fused`: ``step(srcs, start, rows,

@@ -286,6 +286,10 @@ class Pipeline:
         (``_foreach_add_``), from the functional kernel ``fn``, which returns one result per
         tensor: every result is checked against its tensor before any is written, so an error
         leaves them all unchanged."""
+        arguments = op._schema.arguments
+        written = [(i, a.name) for i, a in enumerate(arguments) if is_write(a)]
+        if len(written) > 1 and all(arguments[i].type.kind() == "ListType" for i, _ in written):
+            return self._native_inplace_lists(op, fn, written)
         ctx, name, call, stored = self.ctx, str(op), self._call, self._stored
         cpu_fallback, gen = self.cpu_fallback, generator_slot(op)
 
@@ -311,6 +315,43 @@ class Pipeline:
             return run
         # ``run`` is the general path: the lane hands it every call it does not cover.
         return lane.inplace_list_front(name, run, functools.partial(cpu_fallback, op), writable, stored)
+
+    def _native_inplace_lists(self, op: OpOverload, fn: Callable, written: list[tuple[int, str]]) -> Callable:
+        """``op`` writes several tensor lists (``_fused_adam_``: params, grads, moments), at the
+        schema positions ``written``. ``fn`` returns, per written list in that order, the new
+        value of each of its tensors, or None for a list the call leaves unchanged. Every new
+        value is checked against its tensor before any is written, so an error leaves them all
+        unchanged."""
+        ctx, name, call, stored = self.ctx, str(op), self._call, self._stored
+        cpu_fallback, gen = self.cpu_fallback, generator_slot(op)
+
+        def run(*args: Any, **kwargs: Any) -> None:
+            targets = [args[i] if i < len(args) else kwargs.get(n) for i, n in written]
+            tensors = [t for tensors in targets for t in (tensors or ())]
+            self._refuse_host_writes(op, args, kwargs, tensors)
+            if not all(writable(t) for t in tensors):
+                return cpu_fallback(op, *args, **kwargs)
+            try:
+                results = call(op, fn, gen, args, kwargs)
+            except KernelDeclined:
+                return cpu_fallback(op, *args, **kwargs)
+            if len(results) != len(targets):
+                raise RuntimeError(f"{name}: the kernel returned {len(results)} lists for "
+                                   f"{len(targets)} written arguments")
+            stores = []
+            for (_, arg), tensors, new in zip(written, targets, results):
+                if new is None:
+                    continue
+                if len(new) != len(tensors):
+                    raise RuntimeError(f"{name}: the kernel returned {len(new)} values for the "
+                                       f"{len(tensors)} tensors of {arg}")
+                stores.extend((t, stored(t, r)[0]) for t, r in zip(tensors, new))
+            ctx.counters.count(name, "native")
+            for t, r in stores:
+                T.write_values(ctx, t, r)
+            return None
+
+        return run
 
     def native_out(self, op: OpOverload, fn: Callable, functional: OpOverload) -> Callable:
         """Derive ``op`` (an ``out=`` overload) from ``fn``, the kernel of ``functional``."""

@@ -149,6 +149,12 @@ def fill_generator(ctx: BackendContext, slot: tuple[int, str], op: OpOverload, a
 UNDECLARED_WRITES: dict[OpOverload, tuple[str, ...]] = {
     torch.ops.aten.native_batch_norm.default: ("running_mean", "running_var"),
     torch.ops.aten.native_batch_norm.out: ("running_mean", "running_var"),
+    # These declare the running statistics written (Tensor(a!)) but are neither in-place nor
+    # out= ops: a kernel returns their new values the same way.
+    torch.ops.aten._native_batch_norm_legit.default: ("running_mean", "running_var"),
+    torch.ops.aten._native_batch_norm_legit.out: ("running_mean", "running_var"),
+    torch.ops.aten._batch_norm_with_update.default: ("running_mean", "running_var"),
+    torch.ops.aten._batch_norm_with_update.out: ("running_mean", "running_var"),
     # The CPU kernel clamps the weight in place and returns it.
     torch.ops.aten._saturate_weight_to_fp16.default: ("weight",),
 }

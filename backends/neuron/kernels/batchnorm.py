@@ -22,6 +22,8 @@ variance, as PyTorch does — and the runtime stores them; ``None`` leaves them 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
@@ -153,6 +155,50 @@ def native_batch_norm(k: Kernel, out: list[OutSpec], x: np.ndarray, weight: np.n
     return result, save_mean, save_invstd, new_mean, new_var
 
 
+@tile_kernel(aten._native_batch_norm_legit.default, static=True)
+def native_batch_norm_legit(k: Kernel, out: list[OutSpec], x: np.ndarray, weight: np.ndarray | None,
+                            bias: np.ndarray | None, running_mean: np.ndarray, running_var: np.ndarray,
+                            training: bool, momentum: float, eps: float) -> tuple:
+    """``native_batch_norm`` under the name exported and compiled programs use (its running
+    statistics declared written): the same program and results. Evaluating, the CPU returns
+    empty saved statistics (PyTorch's Meta kernel says one per channel)."""
+    out = _cpu_saved_specs(out, x, (weight, bias, running_mean, running_var), training)
+    return native_batch_norm(k, out, x, weight, bias, running_mean, running_var, training, momentum, eps)
+
+
+@tile_kernel(aten._native_batch_norm_legit.no_stats, static=True)
+def native_batch_norm_legit_no_stats(k: Kernel, out: list[OutSpec], x: np.ndarray, weight: np.ndarray | None,
+                                     bias: np.ndarray | None, training: bool, momentum: float,
+                                     eps: float) -> tuple:
+    """Batch norm without running statistics: (output, save_mean, save_invstd)."""
+    out = _cpu_saved_specs(out, x, (weight, bias), True)
+    return native_batch_norm(k, out, x, weight, bias, None, None, training, momentum, eps)[:3]
+
+
+@tile_kernel(aten._batch_norm_with_update.default, static=True)
+def batch_norm_with_update(k: Kernel, out: list[OutSpec], x: np.ndarray, weight: np.ndarray | None,
+                           bias: np.ndarray | None, running_mean: np.ndarray, running_var: np.ndarray,
+                           momentum: float, eps: float) -> tuple:
+    """Training-mode batch norm that updates the running statistics: (output, save_mean,
+    save_invstd, reserve — empty off cuDNN — then the new running statistics)."""
+    saved = _cpu_saved_specs(out[:3], x, (weight, bias, running_mean, running_var), True)
+    result, save_mean, save_invstd, new_mean, new_var = native_batch_norm(
+        k, saved, x, weight, bias, running_mean, running_var, True, momentum, eps)
+    return result, save_mean, save_invstd, hbm_empty(out[3]), new_mean, new_var
+
+
+def _cpu_saved_specs(out: list[OutSpec], x: np.ndarray, params: tuple, training: bool) -> list[OutSpec]:
+    """(output, save_mean, save_invstd) geometry as the CPU makes it, where PyTorch's Meta
+    kernel says float32 statistics, one per channel: the CPU keeps a bfloat16/float16 input's
+    statistics in its dtype unless a float32 parameter mixes types, and saves none (empty)
+    evaluating."""
+    dtype = nx.torch_dtype(x.dtype)
+    mixed = any(p is not None and p.dtype != x.dtype for p in params)
+    saved = dtype if dtype in (torch.bfloat16, torch.float16) and not mixed else out[1].dtype
+    shape = out[1].shape if training else (0,)
+    return [out[0], OutSpec(shape, saved), OutSpec(shape, saved)]
+
+
 def _torch_dtype(array: np.ndarray) -> torch.dtype:
     return nx.torch_dtype(array.dtype)
 
@@ -250,3 +296,14 @@ def _input_grad(k: Kernel, gc: np.ndarray, xc: np.ndarray, gic: np.ndarray, c0: 
                 k.tensor_tensor(centred, g, centred, "subtract")
                 k.activation(result, centred, "identity", scale=scale, bias=shift)
             k.dma(gic[index], result)
+
+
+@tile_kernel(aten.batch_norm_backward.default, static=True)
+def batch_norm_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, x: np.ndarray, weight: np.ndarray,
+                        running_mean: np.ndarray | None, running_var: np.ndarray | None,
+                        save_mean: np.ndarray | None, save_invstd: np.ndarray | None, update: bool, eps: float,
+                        output_mask: Any, reserve: np.ndarray) -> tuple:
+    """``_batch_norm_with_update``'s backward: ``native_batch_norm_backward``'s program (its
+    ``save_var`` holds the inverse standard deviation; ``update`` is training; no reserve)."""
+    return native_batch_norm_backward(k, out, grad, x, weight, running_mean, running_var, save_mean,
+                                      save_invstd, update, eps, output_mask)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from accelkit.sdk import KernelDeclined
-from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, meta_twin, tile_kernel
 from accelkit_backends.neuron.tiling import map_flat
 from accelkit_backends.neuron.sim import numerics as nx
 from accelkit_backends.neuron.sim.isa import Kernel
@@ -427,3 +427,92 @@ def addr(k: Kernel, out: list[OutSpec], x: np.ndarray, vec1: np.ndarray, vec2: n
         _apply_binary(k, dst, product, scaled, "add")
 
     return map_flat(k, result, arrays, compute)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bit shifts (GpSimd's integer lanes)
+# ---------------------------------------------------------------------------------------------
+
+
+def _shift(direction: str):
+    """``x << y`` or ``x >> y`` in the result's integer type, as PyTorch defines a shift by an
+    amount the type cannot shift by (negative, or at least its width): a left shift gives 0, a
+    right shift the sign fill (``x >> (width - 1)``; 0 for an unsigned type)."""
+    op = "left_shift" if direction == "left" else "right_shift"
+
+    def body(k: Kernel, out: list[OutSpec], x: Any, y: Any) -> np.ndarray:
+        dtype = nx.numpy_dtype(out[0].dtype)
+        if dtype.kind not in "iu" or any(_is_array(v) and v.dtype.kind not in "iu" for v in (x, y)):
+            # CPU's kernel has no floating form (its error) and promotes bool its own way.
+            raise KernelDeclined(f"neuron {op}: integer operands only, got {out[0].dtype}")
+        width = dtype.itemsize * 8
+        limit = width if direction == "left" or dtype.kind == "u" else width - 1
+        if not _is_array(y):
+            amount = int(y)
+            if 0 <= amount < limit:
+                return binary(k, out[0], x, amount, op)
+            if direction == "left":
+                return binary(k, out[0], x, 0, "multiply")
+            return binary(k, out[0], x, limit, op)
+        result = hbm_empty(out[0])
+        arrays = [v for v in (x, y) if _is_array(v)]
+
+        def compute(dst: Tile, srcs: list[Tile]) -> None:
+            it = iter(srcs)
+            a = next(it) if _is_array(x) else nx.element(x, dtype)
+            amount = _full(k, next(it), dst)
+            beyond = k.sbuf(dst.shape, np.uint8, "beyond")
+            above = k.sbuf(dst.shape, np.uint8, "above")
+            k.tensor_scalar(beyond, amount, "less", 0)
+            k.tensor_scalar(above, amount, "greater_equal", limit)
+            k.tensor_tensor(beyond, beyond, above, "logical_or")
+            safe = k.sbuf(dst.shape, amount.dtype, "amount")
+            k.select(safe, beyond, 0 if direction == "left" else limit, amount)
+            _apply_binary(k, dst, _full(k, a, dst) if isinstance(a, Tile) else a, safe, op)
+            if direction == "left":
+                k.select(dst, beyond, 0, dst)
+
+        return map_flat(k, result, arrays, compute)
+
+    body.__name__ = f"{direction}_shift"
+    return body
+
+
+tile_kernel(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+            aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar,
+            aten.__ilshift__.Tensor, aten.__ilshift__.Scalar, static=True)(_shift("left"))
+tile_kernel(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+            aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar,
+            aten.__irshift__.Tensor, aten.__irshift__.Scalar, static=True)(_shift("right"))
+
+
+#: The result types CPU's add_relu kernel computes (it asserts on the others: its error, through
+#: the fallback).
+_ADD_RELU_TYPES = (torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+@tile_kernel(aten._add_relu.Tensor, aten._add_relu.Scalar, static=True)
+def add_relu(k: Kernel, out: list[OutSpec], x: Any, y: Any, *, alpha: Any = 1) -> np.ndarray:
+    """``relu(x + alpha * y)`` in one pass, as the CPU's vectorized kernel computes it: a clamp
+    to ``[0, the type's largest value]`` (an infinite sum gives float32's largest finite value;
+    a NaN stays NaN, where the CPU's scalar tail for the last few elements would give 0)."""
+    if out[0].dtype not in _ADD_RELU_TYPES:
+        raise KernelDeclined(f"neuron _add_relu: the CPU kernel has no {out[0].dtype} form")
+    result = hbm_empty(out[0])
+    arrays = [v for v in (x, y) if _is_array(v)]
+    largest = float(np.finfo(np.float32).max) if out[0].dtype.is_floating_point else None
+
+    def compute(dst: Tile, srcs: list[Tile]) -> None:
+        it = iter(srcs)
+        a = next(it) if _is_array(x) else x
+        b = next(it) if _is_array(y) else y
+        _apply_binary(k, dst, a, _scaled(k, b, alpha, dst), "add")
+        k.tensor_scalar(dst, dst, "maximum", 0)
+        if largest is not None:
+            k.tensor_scalar(dst, dst, "minimum", largest)
+
+    return map_flat(k, result, arrays, compute)
+
+
+meta_twin(aten._add_relu.Tensor, aten.add.Tensor)
+meta_twin(aten._add_relu.Scalar, aten.add.Scalar)

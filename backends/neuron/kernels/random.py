@@ -115,16 +115,58 @@ def normal_(k: Kernel, out: list[OutSpec], x: np.ndarray, mean: float = 0.0, std
     """The new value of ``x``: normal samples (Box–Muller on each element's words 0 and 1)."""
 
     def sample(chunk: _Chunk) -> Tile:
-        k = chunk.k
-        radius = chunk.open_uniform("u1", 0)
-        k.activation(radius, radius, "log")
-        k.activation(radius, radius, "sqrt", scale=-2.0)
-        angle = chunk.uniform("u2", 1)
-        k.activation(angle, angle, "cos", scale=2 * math.pi)
-        k.tensor_tensor(radius, radius, angle, "multiply")
-        k.tensor_scalar(radius, radius, "multiply", std)
-        k.tensor_scalar(radius, radius, "add", mean)
-        return radius
+        values = _standard_normal(chunk)
+        chunk.k.tensor_scalar(values, values, "multiply", std)
+        chunk.k.tensor_scalar(values, values, "add", mean)
+        return values
+
+    return _generate(k, out[0], _draw(generator), sample)
+
+
+def _standard_normal(chunk: _Chunk) -> Tile:
+    """N(0, 1) samples in fp32: Box–Muller on each element's words 0 and 1."""
+    k = chunk.k
+    radius = chunk.open_uniform("u1", 0)
+    k.activation(radius, radius, "log")
+    k.activation(radius, radius, "sqrt", scale=-2.0)
+    angle = chunk.uniform("u2", 1)
+    k.activation(angle, angle, "cos", scale=2 * math.pi)
+    k.tensor_tensor(radius, radius, angle, "multiply")
+    return radius
+
+
+@tile_kernel(aten.normal.Tensor_Tensor, aten.normal.Tensor_float, aten.normal.float_Tensor)
+def normal_tensor(k: Kernel, out: list[OutSpec], mean: Any, std: Any = 1.0, *, generator: Any = None) -> np.ndarray:
+    """``mean + std * N(0, 1)`` with a tensor mean or std (or both, broadcast together), the
+    numbers scaled and shifted per element on the Vector engine. A negative std is PyTorch's
+    error, checked before anything runs."""
+    if isinstance(std, np.ndarray):
+        def check(values: np.ndarray) -> None:
+            if np.any(np.asarray(values) < 0):
+                raise RuntimeError("normal expects all elements of std >= 0.0")
+
+        k.check(check, std)
+    shape = tuple(out[0].shape)
+    dense = {name: np.ascontiguousarray(np.broadcast_to(v, shape)).reshape(-1)
+             for name, v in (("mean", mean), ("std", std)) if isinstance(v, np.ndarray)}
+
+    def operand(chunk: _Chunk, name: str, value: Any) -> Any:
+        if name not in dense:
+            return value
+        rows, cols = chunk.tile
+        tile = chunk.k.sbuf(chunk.tile, chip_dtype(dense[name].dtype), name)
+        chunk.k.dma(tile, dense[name][chunk.start : chunk.start + rows * cols].reshape(rows, cols))
+        return tile
+
+    def sample(chunk: _Chunk) -> Tile:
+        values = _standard_normal(chunk)
+        for name, value, op in (("std", std, "multiply"), ("mean", mean, "add")):
+            given = operand(chunk, name, value)
+            if isinstance(given, Tile):
+                chunk.k.tensor_tensor(values, values, given, op)
+            else:
+                chunk.k.tensor_scalar(values, values, op, float(given))
+        return values
 
     return _generate(k, out[0], _draw(generator), sample)
 

@@ -34,6 +34,8 @@ from torch import nn
 import accelkit
 from accelkit.sdk.testing.parity import assert_training_parity, train_steps
 
+aten = torch.ops.aten
+
 STEPS = 4
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-5}
 INPUT_SHAPE, CLASSES = (4, 3, 8, 8), 10
@@ -269,6 +271,40 @@ def test_batch_norm_matches_cpu(dev, shape, training, affine):
     _grads_match(dev, lambda x, *p: norm(x, *p, stats=fresh if x.device.type == "cpu" else [t.to(dev) for t in running]),
                  x, *params)
     assert_native("aten.native_batch_norm.default", "aten.native_batch_norm_backward.default")
+
+
+BATCH_NORM_FORMS = {
+    "legit_training": (lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, rm, rv, True, 0.2, 1e-4),
+                       "aten._native_batch_norm_legit.default"),
+    "legit_evaluating": (lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, rm, rv, False, 0.2, 1e-4),
+                         "aten._native_batch_norm_legit.default"),
+    "legit_no_stats": (lambda x, w, b, rm, rv: aten._native_batch_norm_legit(x, w, b, True, 0.2, 1e-4),
+                       "aten._native_batch_norm_legit.no_stats"),
+    "with_update": (lambda x, w, b, rm, rv: aten._batch_norm_with_update(x, w, b, rm, rv, 0.2, 1e-4),
+                    "aten._batch_norm_with_update.default"),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("form", BATCH_NORM_FORMS, ids=str)
+def test_batch_norm_forms_of_exported_programs_match_cpu(dev, form, dtype):
+    """The batch norm ops torch.export and torch.compile produce: results (values, dtypes and
+    shapes: the CPU's saved statistics are in a bfloat16 input's dtype, and empty evaluating)
+    and the running statistics they update, as on the CPU."""
+    fn, op = BATCH_NORM_FORMS[form]
+    tensors = [(_r(4, 3, 5, 5) * 3 + 1).to(dtype), _r(3, seed=5).to(dtype), _r(3, seed=6).to(dtype),
+               _r(3, seed=3).to(dtype), (torch.rand(3, generator=torch.Generator().manual_seed(4)) + 0.5).to(dtype)]
+    on_device = [t.to(dev) for t in tensors]
+    expected, got = fn(*tensors), fn(*on_device)
+    # bfloat16: an output near zero after centring carries the absolute error of its larger
+    # terms (inputs around 1-7): up to two bfloat16 ulps of 1.
+    tolerance = OP_TOLERANCE if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 8e-3}
+    for e, g in zip(expected, got):
+        assert (g.dtype, g.shape) == (e.dtype, e.shape)
+        torch.testing.assert_close(g.cpu(), e, **tolerance)
+    for e, g in zip(tensors[3:], on_device[3:]):  # the running statistics
+        torch.testing.assert_close(g.cpu(), e, **tolerance)
+    assert_native(op)
 
 
 @pytest.mark.parametrize("x_shape, output_size", [

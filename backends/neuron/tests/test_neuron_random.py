@@ -48,6 +48,35 @@ def test_normal_moments(dev, mean, std):
     assert_native("aten.normal_.default")
 
 
+@pytest.mark.parametrize("form", ["tensor_tensor", "tensor_float", "float_tensor", "out"])
+def test_normal_with_tensor_mean_or_std(dev, form):
+    """``torch.normal`` with per-element means and stds: two halves of different distributions,
+    each with the moments its mean and std give; a mean broadcast against a std."""
+    half = N // 2
+    mean = torch.cat([torch.full((half,), -3.0), torch.full((half,), 2.0)]).to(dev)
+    std = torch.cat([torch.full((half,), 0.5), torch.full((half,), 4.0)]).to(dev)
+    if form == "tensor_tensor":
+        x, op = torch.normal(mean, std), "aten.normal.Tensor_Tensor"
+    elif form == "tensor_float":
+        x, op, std = torch.normal(mean, 2.0), "aten.normal.Tensor_float", torch.full((N,), 2.0)
+    elif form == "float_tensor":
+        x, op, mean = torch.normal(1.0, std), "aten.normal.float_Tensor", torch.full((N,), 1.0)
+    else:
+        x, op = torch.normal(mean, std, out=torch.empty(N, device=dev)), "aten.normal.Tensor_Tensor_out"
+    x, mean, std = x.cpu(), mean.cpu(), std.cpu()
+    for part in (slice(0, half), slice(half, N)):
+        _close(x[part].mean().item(), mean[part][0].item(), std[part][0].item(), n=half)
+        _close(x[part].std().item(), std[part][0].item(), std[part][0].item() / math.sqrt(2), n=half)
+    assert_native(op)
+    broadcast = torch.normal(torch.zeros(4, 1, device=dev), torch.ones(3, device=dev))
+    assert broadcast.shape == (4, 3)
+
+
+def test_normal_refuses_a_negative_std_as_on_cpu(dev):
+    with pytest.raises(RuntimeError, match="normal expects all elements of std >= 0.0"):
+        torch.normal(torch.zeros(3, device=dev), torch.tensor([1.0, -1.0, 1.0], device=dev))
+
+
 def test_randn_in_bfloat16(dev):
     x = torch.randn(N, device=dev, dtype=torch.bfloat16)
     assert x.dtype == torch.bfloat16

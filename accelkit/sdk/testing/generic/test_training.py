@@ -61,6 +61,13 @@ OPTIMIZERS = {
     ),
     "adam": lambda params: torch.optim.Adam(params, lr=1e-2),
     "adamw_amsgrad": lambda params: torch.optim.AdamW(params, lr=1e-2, amsgrad=True),
+    # The fused steps (one _fused_*_ op per step, on the CPU too).
+    "sgd_fused_momentum": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, fused=True),
+    "adam_fused": lambda params: torch.optim.Adam(params, lr=1e-2, fused=True),
+    "adamw_fused_amsgrad_weight_decay": lambda params: torch.optim.AdamW(
+        params, lr=1e-2, amsgrad=True, weight_decay=1e-2, fused=True
+    ),
+    "adagrad_fused": lambda params: torch.optim.Adagrad(params, lr=1e-1, lr_decay=1e-2, fused=True),
 }
 
 
