@@ -109,9 +109,9 @@ void push_python_result(const c10::FunctionSchema& schema, torch::jit::Stack* st
   }
 }
 
-class LaneFront final : public c10::OperatorKernel {
+class Front {
  public:
-  LaneFront(py::object kernel, py::object lookup, py::object count, py::object adopt,
+  Front(py::object kernel, py::object lookup, py::object count, py::object adopt,
             py::object declined, py::object declined_error, std::vector<int> tensor_slots,
             std::vector<c10::IValue> defaults)
       : kernel_(std::move(kernel)), lookup_(std::move(lookup)), count_(std::move(count)),
@@ -119,7 +119,7 @@ class LaneFront final : public c10::OperatorKernel {
         declined_error_(std::move(declined_error)), tensor_slots_(std::move(tensor_slots)),
         defaults_(std::move(defaults)) {}
 
-  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  void call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     py::gil_scoped_acquire gil;
     if (!fast(op, stack)) python_kernel(kernel_, op, stack);
   }
@@ -286,6 +286,20 @@ class LaneFront final : public c10::OperatorKernel {
   std::unordered_map<std::string, Entry> plans_;
 };
 
+// The dispatcher's kernel: a front that is never destroyed. The dispatcher drops its kernels
+// during C++ static destruction, after Python has finalised, when the front's Python objects
+// can no longer be released; a front lives as long as the process anyway.
+class LaneKernel final : public c10::OperatorKernel {
+ public:
+  explicit LaneKernel(Front* front) : front_(front) {}
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    front_->call(op, stack);
+  }
+
+ private:
+  Front* front_;
+};
+
 std::vector<torch::Library*>& libraries() {
   static auto* kept = new std::vector<torch::Library*>();  // as long as the process
   return *kept;
@@ -316,7 +330,7 @@ void install_lane_front(const std::string& qualified_name, const std::string& ov
       defaults.push_back(*argument.default_value());
     }
   }
-  auto front = std::make_unique<LaneFront>(std::move(kernel), std::move(lookup), std::move(count),
+  auto* front = new Front(std::move(kernel), std::move(lookup), std::move(count),
                                            std::move(adopt), std::move(declined), std::move(declined_error),
                                            std::move(tensor_slots), std::move(defaults));
   front->wrap_ = std::move(wrap);
@@ -324,7 +338,7 @@ void install_lane_front(const std::string& qualified_name, const std::string& ov
   if (!overload.empty()) name += "." + overload;
   auto* library = new torch::Library(torch::Library::IMPL, qualified_name.substr(0, qualified_name.find("::")),
                                      c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-  library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::move(front)));
+  library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<LaneKernel>(front)));
   libraries().push_back(library);
 }
 
