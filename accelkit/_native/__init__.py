@@ -39,7 +39,7 @@ import torch
 from accelkit._errors import AccelkitError
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("device.cpp", "hooks.cpp", "memory.cpp", "generator.cpp",
-                                                             "views.cpp"))
+                                                             "views.cpp", "lane.cpp"))
 MODULE = "_accelkit_device"
 DIR_ENV = "ACCELKIT_NATIVE_DIR"
 SWITCH_ENV = "ACCELKIT_NATIVE"

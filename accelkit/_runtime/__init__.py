@@ -254,6 +254,23 @@ def _install_native_views() -> tuple[OpOverload, ...]:
     return NATIVE_VIEWS
 
 
+#: ``ACCELKIT_NATIVE_LANE=off`` keeps every lane's front in Python even with the extension loaded.
+NATIVE_LANE_ENV = "ACCELKIT_NATIVE_LANE"
+
+
+def _native_front() -> Any:
+    """The native extension when its C++ lane front is to be used (``_native/lane.cpp``): loaded,
+    and not switched off by ``ACCELKIT_NATIVE_LANE=off``; otherwise None."""
+    from accelkit import _native
+
+    native = _native.loaded()
+    if native is None or not hasattr(native, "install_lane_front"):
+        return None
+    if os.environ.get(NATIVE_LANE_ENV, "").strip().lower() in ("0", "off", "false", "no"):
+        return None
+    return native
+
+
 class _Hooks(_acc.PrivateUse1Hooks):
     def __init__(self, ctx: BackendContext):
         super().__init__()
@@ -396,8 +413,12 @@ def _install(ctx: BackendContext) -> None:
     owned = set(core_ops(ctx))
     # Every native kernel goes behind PyTorch's number-fits-the-dtype check (a no-op wrapper
     # for the ops the CPU does not check; see _scalar_checks).
+    native_front = _native_front()
     for entry in ctx.kernels:
-        kernels.impl(entry.op, _native_kernel(ctx, pipeline, entry.op, entry.fn), "PrivateUse1")
+        kernel = _native_kernel(ctx, pipeline, entry.op, entry.fn)
+        if native_front is None or is_inplace_op(entry.op) or not pipeline.install_native_front(
+                native_front, entry.op, entry.fn, kernel):
+            kernels.impl(entry.op, kernel, "PrivateUse1")
         owned.add(entry.op)
         registered[entry.op] = "kernel"
     for entry in ctx.kernels:

@@ -29,7 +29,7 @@ from accelkit._runtime.device import tensors as T
 from accelkit._runtime.device.context import BackendContext
 from accelkit._runtime.dispatch.fallback import HostCall
 from accelkit._runtime.dispatch.out_rules import OutDtypeRule, cast_error
-from accelkit._runtime.dispatch.scalar_checks import guard_plan
+from accelkit._runtime.dispatch.scalar_checks import _plain, checked_arguments, guard_plan
 from accelkit._runtime.dispatch.schema import (
     UNDECLARED_WRITES,
     HostOperand,
@@ -243,6 +243,42 @@ class Pipeline:
             return run
         # ``run`` is the general path: the lane hands it every call it does not cover.
         return lane.front(name, run, functools.partial(cpu_fallback, op), wrap)
+
+    def install_native_front(self, native: Any, op: OpOverload, fn: Callable, kernel: Callable) -> bool:
+        """Make the native extension's C++ front of ``fn``'s lane (``_native/lane.cpp``) the
+        PrivateUse1 kernel of functional ``op``, with ``kernel`` (:meth:`native` behind the
+        number check) as its Python path; False, leaving ``op`` to the caller, when it does not
+        apply: ``op`` has no lane, or an argument that is neither a tensor nor defaulted, or
+        checks a number whose default step 1 of the check would not pass, or the process
+        has several devices (the front runs on device 0)."""
+        if self.ctx.devices is not None or _undeclared_writer(self.ctx, op) is not None:
+            return False
+        lane = self._lane(op, fn)
+        if lane is None:
+            return False
+        checked = {name for _, name, _ in checked_arguments(op)}
+        for argument in op._schema.arguments:
+            kind = argument.type
+            if isinstance(kind, torch.OptionalType):
+                kind = kind.getElementType()
+            if isinstance(kind, torch.TensorType):
+                if argument.name in checked:
+                    return False  # a tensor standing for a number: always checked
+                continue
+            if not argument.has_default_value():
+                return False
+            default = argument.default_value
+            if default is not None and type(default) not in (bool, int, float, str):
+                return False
+            if argument.name in checked and not (default is None or _plain(default)):
+                return False
+        name, wrap = str(op), self._wrap
+        count = functools.partial(self.ctx.counters.count, name, "native")
+        native.install_lane_front(
+            op._schema.name, op._schema.overload_name, kernel, lane.lookup, count,
+            self.ctx.allocator.adopt, wrap, functools.partial(self.cpu_fallback, op), KernelDeclined,
+        )
+        return True
 
     def _stored(self, self_: _Tensor, result: Any) -> tuple[Any, torch.dtype | None]:
         """``result`` as ``self_`` stores it, and the dtype it was cast to (None: none);

@@ -172,6 +172,16 @@ class Lane:
             return None
         return plan, blocks, numbers
 
+    def lookup(self, args: tuple, kwargs: dict) -> tuple[_Plan, list] | None:
+        """The plan for these arguments and the numbers it is handed, or None when the call is
+        not covered: how the native front (``_native/lane.cpp``) asks for a layout it meets
+        for the first time (later calls of the layout it keys and runs itself)."""
+        prepared = self._prepare(args, kwargs)
+        if prepared is None:
+            return None
+        plan, _, numbers = prepared
+        return plan, numbers
+
     def arrays(self, args: tuple, kwargs: dict) -> Any:
         """The kernel's result for these arguments, or :data:`NO_LANE`."""
         prepared = self._prepare(args, kwargs)
