@@ -165,7 +165,7 @@ def _select(*names: str) -> str:
     return " or ".join(f"test_op[{n}]" for n in names)
 
 
-def run_cli(*args: str, site: Path | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_cli(*args: str, site: Path | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "accelkit", "conformance", "run", *args],
         env=_env(site), capture_output=True, text=True, timeout=timeout,
