@@ -51,7 +51,8 @@ struct Entry {
 // One stack argument as Python sees it in a Python kernel: dtypes, layouts and memory formats
 // (integers on the stack) as their torch objects, everything else by the JIT's conversion.
 py::object python_value(const c10::Argument& argument, const c10::IValue& value) {
-  if (value.isNone()) return py::none();
+  // C++ callers pass an absent optional tensor as an undefined one; Python sees None.
+  if (value.isNone() || (value.isTensor() && !value.toTensor().defined())) return py::none();
   c10::TypePtr type = argument.real_type();
   if (auto optional = type->cast<c10::OptionalType>()) type = optional->getElementType();
   switch (type->kind()) {
@@ -147,6 +148,7 @@ class Front {
       if (tensor_slot) ++slot;
       if (tensor_slot && value.isTensor()) {
         const at::Tensor& t = value.toTensor();
+        if (!t.defined()) return false;  // an absent optional tensor: the Python kernel's call
         if (t.device().type() != c10::DeviceType::PrivateUse1 || t.device().index() != 0 || t.is_neg() ||
             t.is_conj()) {
           return false;

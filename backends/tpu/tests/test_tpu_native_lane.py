@@ -158,3 +158,20 @@ def test_autograd_through_the_front(dev, native_front):
         (a * a + a).sum().backward()
         (x * x + x).sum().backward()
     torch.testing.assert_close(a.grad.cpu(), x.grad)
+
+
+@pytest.mark.parametrize("call", [
+    pytest.param(lambda w, i, o, t: torch.nn.functional.embedding_bag(i, w, o, mode="sum"), id="embedding_bag-sum"),
+    pytest.param(lambda w, i, o, t: torch.nn.functional.binary_cross_entropy(torch.sigmoid(w), t), id="bce-no-weight"),
+])
+def test_an_absent_optional_tensor_passed_from_cpp_takes_the_python_kernel_as_none(native_front, call):
+    """C++ callers (embedding_bag's, binary_cross_entropy's composites) pass an absent optional
+    tensor as an undefined tensor, not None: the front must hand it on as None, as PyTorch's
+    Python kernel holder does, instead of asking it for its device."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.rand(10, 3, generator=g)
+    i, o = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 4])
+    t = torch.rand(10, 3, generator=g)
+    dev = accelkit.select_device("tpu")
+    got = call(w.to(dev), i.to(dev), o.to(dev), t.to(dev)).cpu()
+    torch.testing.assert_close(got, call(w, i, o, t))
