@@ -22,6 +22,8 @@ def load_report(path: Path) -> dict[str, Any]:
 
     :raises AccelkitError: no report there, or not an ``accelkit run`` report.
     """
+    if not path.exists():
+        raise AccelkitError(f"accelkit compare: no report at {path} (write one with accelkit run --report DIR)")
     if path.is_dir():
         found = [path / name for name in ("report.json", "report-rank0.json") if (path / name).is_file()]
         if not found:
