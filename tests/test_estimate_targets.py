@@ -124,6 +124,9 @@ def test_run_estimate_on_and_compare_put_two_backends_runs_in_one_table(tmp_path
         assert ran.returncode == 0, ran.stderr[-2000:]
     tpu_report = json.loads((reports["tpu"] / "report.json").read_text())
     assert list(tpu_report["estimate"]["by_target"]) == ["v5e", "7x"]
+    assert list(tpu_report["estimate"]["not_estimated"]) == ["trn2"]
+    html = (reports["tpu"] / "report.html").read_text()
+    assert 'id="estimate-targets"' in html and "<td>7x</td>" in html
     compared = subprocess.run([sys.executable, "-m", "accelkit", "compare", str(reports["tpu"]), str(reports["neuron"])],
                               env=env, capture_output=True, text=True, timeout=120)
     assert compared.returncode == 0, compared.stderr
