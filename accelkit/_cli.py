@@ -94,7 +94,16 @@ def _run(args: argparse.Namespace) -> int:
     if not target:
         raise AccelkitError("accelkit run: name a script (accelkit run train.py ...) or a module (-m pkg.train)")
     return run(RunOptions(target=target, device=args.device, fallback=args.fallback, compile=args.compile,
-                          report_dir=Path(args.report) if args.report else None))
+                          report_dir=Path(args.report) if args.report else None, estimate_on=args.estimate_on))
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from accelkit._run.compare import compare_reports
+
+    print(compare_reports([Path(p) for p in args.reports]))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -141,12 +150,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="torch.compile calls that name no backend (or 'inductor') compile for the device")
     run.add_argument("--report", default=None, metavar="DIR",
                      help="also write report.json and report.html (report-rank<N>.* per rank) into DIR")
+    run.add_argument("--estimate-on", default=None, metavar="TARGETS",
+                     help="also estimate the run on these generations of the backend, e.g. 'v5e,v6e,7x' "
+                          "(default: ACCELKIT_ESTIMATE_ON); another backend's targets are named, with how to "
+                          "get them (a run there, then accelkit compare)")
     # As with python -m, everything after the module is the module's (vLLM's --model too).
     run.add_argument("-m", dest="module", nargs=argparse.REMAINDER, default=None, metavar="MODULE args",
                      help="-m MODULE args...: run a module, as python -m (the arguments after it are its own)")
     run.add_argument("args", nargs=argparse.REMAINDER, metavar="script.py args",
                      help="the script and its arguments (after -m MODULE: the module's arguments)")
     run.set_defaults(run=_run)
+    compare = commands.add_parser(
+        "compare", help="put the estimates of several accelkit run reports in one table",
+        description="One table of the estimated time on each target from several `accelkit run --report DIR` "
+                    "reports (runs on different backends, or with different --estimate-on targets): device, "
+                    "launch and total time, and each total against the first row's.",
+    )
+    compare.add_argument("reports", nargs="+", metavar="REPORT",
+                         help="a report directory (its report.json or report-rank0.json) or a report JSON file")
+    compare.set_defaults(run=_compare)
     commands.add_parser(
         "conformance", add_help=False,
         help="run the conformance suites against backends, render and compare results (run, report, diff)",

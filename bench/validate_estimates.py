@@ -22,6 +22,12 @@ Published figures (each re-read in its source; see docs/estimates.md):
   matmul", run on a TPU v5e): ``jnp.matmul`` of two bf16 ``jnp.ones`` arrays, timed with
   ``timeit`` over 100 calls of ``jax.block_until_ready(f(x, y))`` after one warm-up call, so
   each call's dispatch from Python is included: 1024³ 119.4 µs, 4096³ 827.3 µs, 8192³ 6.047 ms.
+- AWS Neuron's trn1 inference latency table (aws-neuron-sdk ``about-neuron/benchmarks/trn1/
+  latency_data_encoder.csv``): P50 latency of Hugging Face encoders, batch 1, sequence 128,
+  FP32 with matmuls autocast to BF16, on a trn1.2xlarge: distilbert-base 0.543 ms, bert-base
+  0.943 ms, bert-large 2.669 ms. accelkit's expression: the same architecture (random weights)
+  compiled for neuron with ``ACCELKIT_NEURON_TARGET=trn1``, one synchronous inference under
+  bf16 autocast.
 - vLLM-Neuron's async-execution design note (``vllm-neuron/docs/design/framework/
   async_execution.md``, via shared/research/workloads-and-estimates.md): 437 µs idle on a trn2
   NeuronCore between two synchronous NEFF executions, i.e. the host's per-call cost. accelkit's
@@ -51,6 +57,18 @@ TPU_MATMULS = [
     ("XLA bf16 matmul 8192³, v5e", 8192, 6.0471e-3, PALLAS_GUIDE),
 ]
 NEFF_IDLE = ("synchronous NEFF call, idle between executions, trn2", 437e-6, VLLM_NEURON)
+
+NEURON_TRN1_LATENCY = ("aws-neuron-sdk about-neuron/benchmarks/trn1/latency_data_encoder.csv "
+                       "(trn1.2xlarge, PyTorch, batch 1, seq 128, FP32 with matmuls autocast to BF16, P50)")
+#: (name, transformers config class and overrides, published P50 seconds): encoders on one trn1
+#: NeuronCore, one synchronous inference at a time.
+TRN1_ENCODERS = [
+    ("distilbert-base-uncased, trn1, batch 1, seq 128", ("DistilBertConfig", {}), 0.54264069e-3),
+    ("bert-base-uncased, trn1, batch 1, seq 128", ("BertConfig", {}), 0.94294548e-3),
+    ("bert-large-uncased, trn1, batch 1, seq 128",
+     ("BertConfig", dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)),
+     2.66885757e-3),
+]
 
 #: Published peaks the roofline column uses (shared/research/hardware-facts.md §1.1, §2.2, §5):
 #: bf16 FLOP/s and HBM bytes/s of one device (a v5e chip; one trn2 NeuronCore, chip / 8).
@@ -150,10 +168,46 @@ def _mlp_step(device, steps: int = 10) -> dict:
     return _estimate(steps)
 
 
+def _encoder(device, config: tuple[str, dict], calls: int = 1) -> dict:
+    """A Hugging Face encoder (random weights: the time does not depend on them) compiled for
+    the device, one synchronous inference of batch 1 × 128 tokens under bf16 autocast (the
+    published rows' "Matmult-BF16"), after a warm-up call that compiles it."""
+    import torch
+    import transformers
+
+    import accelkit
+
+    class_name, overrides = config
+    cfg = getattr(transformers, class_name)(**overrides)
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(cfg).eval().to(device)
+    compiled = torch.compile(model, backend=device.type)
+    ids = torch.randint(0, cfg.vocab_size, (1, 128)).to(device)
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+        compiled(input_ids=ids).last_hidden_state.cpu()
+        accelkit.reset_stats()
+        start = time.perf_counter()
+        for _ in range(calls):
+            compiled(input_ids=ids).last_hidden_state.cpu()
+        wall = (time.perf_counter() - start) / calls
+    return {**_estimate(calls), "wall_here_s": wall}
+
+
 def published_points(backend: str, device, skip_large: bool = False) -> list[dict]:
-    """The backend's published points, each with the estimate of its expression here."""
+    """The published points of the backend's active target, each with the estimate of its
+    expression here (tpu v5e: XLA matmuls; neuron trn2: a synchronous NEFF call; neuron trn1:
+    encoder latencies; ``skip_large`` leaves out the 8192³ matmul and bert-large)."""
+    from accelkit.sdk import active_device_model
+
     rows = []
-    if backend == "tpu":
+    target = active_device_model().name
+    if backend == "neuron" and target == "trn1":
+        for name, config, published in TRN1_ENCODERS:
+            if skip_large and "large" in name:
+                continue
+            rows.append({"table": "published", "point": name, "published_s": published, "source": NEURON_TRN1_LATENCY,
+                         **_encoder(device, config)})
+    elif backend == "tpu":
         for name, n, published, source in TPU_MATMULS:
             if skip_large and n > 4096:
                 continue
@@ -171,6 +225,8 @@ def child(backend: str, skip_large: bool) -> list[dict]:
 
     device = accelkit.select_device(backend)
     rows = published_points(backend, device, skip_large)
+    if os.environ.get("ACCELKIT_NEURON_TARGET") == "trn1":
+        return rows
     rows.append({"table": "compare", "point": "tour MLP step (Adam, batch 32), eager", **_mlp_step(device)})
     rows.append({"table": "compare", "point": "bf16 matmul 1024³", "roofline_flops": 2 * 1024 ** 3,
                  "roofline_bytes": 3 * 1024 * 1024 * 2, **_matmul(device, 1024, calls=1)})
@@ -188,10 +244,9 @@ def _us(seconds: float | None) -> str:
     return f"{seconds * 1e3:.3f} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.1f} µs"
 
 
-def _run_child(backend: str, skip_large: bool) -> list[dict]:
-    env = {k: v for k, v in os.environ.items() if k != "ACCELKIT_DEVICE"}
-    env.setdefault("ACCELKIT_TPU_TARGET", "v5e")
-    env.setdefault("ACCELKIT_NEURON_TARGET", "trn2")
+def _run_child(backend: str, skip_large: bool, target: str) -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k not in ("ACCELKIT_DEVICE", "ACCELKIT_ESTIMATE_ON")}
+    env["ACCELKIT_TPU_TARGET" if backend == "tpu" else "ACCELKIT_NEURON_TARGET"] = target
     command = [sys.executable, __file__, "--child", backend] + (["--skip-large"] if skip_large else [])
     result = subprocess.run(command, env=env, capture_output=True, text=True)
     if result.returncode != 0:
@@ -242,8 +297,8 @@ def main() -> None:
         print("ROWS " + json.dumps(child(args.child, args.skip_large)))
         return
     rows = []
-    for backend in ("tpu", "neuron"):
-        rows += _run_child(backend, args.skip_large)
+    for backend, target in (("tpu", "v5e"), ("neuron", "trn2"), ("neuron", "trn1")):
+        rows += _run_child(backend, args.skip_large, target)
     print_tables(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

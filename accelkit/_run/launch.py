@@ -46,6 +46,9 @@ class RunOptions:
     :ivar compile: ``torch.compile`` calls that name no backend (or ``"inductor"``) compile for
         the device instead.
     :ivar report_dir: where the JSON and HTML reports go, if anywhere.
+    :ivar estimate_on: target generations to estimate the run on as well (``"v5e,v6e,trn2"``),
+        set as ``ACCELKIT_ESTIMATE_ON`` before the backend is activated; ``None``: the
+        environment's, if any.
     """
 
     target: list[str]
@@ -53,6 +56,7 @@ class RunOptions:
     fallback: str | None = None
     compile: bool = False
     report_dir: Path | None = None
+    estimate_on: str | None = None
 
 
 @dataclass
@@ -121,6 +125,10 @@ def run(options: RunOptions) -> int:
         os.environ["ACCELKIT_DEVICE"] = options.device
     if options.fallback:
         os.environ["ACCELKIT_FALLBACK"] = options.fallback
+    if options.estimate_on:
+        from accelkit.sdk import ESTIMATE_ON_ENV
+
+        os.environ[ESTIMATE_ON_ENV] = options.estimate_on
     device = select_device(options.device)
     ctx = _runtime.active()
     if ctx is not None and ctx.name == device.type:

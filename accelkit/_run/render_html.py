@@ -123,6 +123,13 @@ def _estimate(estimate: Mapping[str, Any] | None, device: Mapping[str, Any]) -> 
         facts.append(f"{estimate['flops']:.3g} FLOPs")
     if facts:
         parts.append(f'<p>{escape(", ".join(facts))}.</p>')
+    if estimate["by_target"] or estimate["not_estimated"]:
+        rows = [[name, format_seconds(row["seconds"]), format_seconds(row["launch_seconds"]),
+                 format_seconds(row["total_seconds"]), str(row["launches"]), str(row["syncs"])]
+                for name, row in estimate["by_target"].items()]
+        rows += [[name, "-", "-", "-", "-", f"not estimated: {why}"] for name, why in estimate["not_estimated"].items()]
+        parts.append('<h3 id="estimate-targets">The same run on other targets</h3>'
+                     + _table(["target", "device", "launch", "total", "launches", "host waits"], rows, (1, 2, 3, 4)))
     return "".join(parts)
 
 

@@ -187,6 +187,8 @@ def _estimate(estimate: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "hbm_bytes": estimate["hbm_bytes"],
         "flops": estimate["flops"],
         "by_family": by_family,
+        "by_target": dict(estimate.get("by_target") or {}),
+        "not_estimated": dict(estimate.get("not_estimated") or {}),
     }
 
 
@@ -287,6 +289,11 @@ def render_text(report: Mapping[str, Any], written: Sequence[Path] = (), process
         lines.append(f"  estimate  {estimate_sum(e)} on {e['target']}, estimated: {e['note']}")
         if families:
             lines.append(f"            device time by op family: {families}")
+        for name, row in e["by_target"].items():
+            if name != e["target"]:
+                lines.append(f"            on {name}: {estimate_sum(row)}")
+        for name, why in e["not_estimated"].items():
+            lines.append(f"            on {name}: no estimate from this run: {why}")
     coll = report["collectives"]
     if coll:
         for kind, row in coll["by_kind"].items():

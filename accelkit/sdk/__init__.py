@@ -28,6 +28,8 @@ entry-point group ``accelkit.backends``; ``accelkit new-backend NAME`` writes on
 - collectives: :func:`host_staged_process_group` (the c10d process group
   ``accelkit_make_process_group`` answers with) and :class:`Interconnect` (the device model's
   network, for collective estimates);
+- estimates on several targets in one run: :func:`requested_targets` (``ACCELKIT_ESTIMATE_ON``),
+  :class:`TargetComparison`, :func:`other_backend_reason`;
 - options: :func:`env_choice`, :func:`env_count`, :func:`device_count_from_env`, :func:`fast_compile`.
 """
 
@@ -70,6 +72,7 @@ from accelkit.sdk._records import (
     UnsupportedDtypeError,
 )
 from accelkit.sdk._launches import LaunchLedger
+from accelkit.sdk._targets import ESTIMATE_ON_ENV, TargetComparison, other_backend_reason, requested_targets
 from accelkit.sdk._options import FAST_COMPILE_ENV, device_count_from_env, env_choice, env_count, fast_compile
 from accelkit.sdk._registry_view import BackendView, backends
 from accelkit.sdk import random_stream
@@ -91,6 +94,7 @@ __all__ = [
     "Estimate",
     "ExpectationRule",
     "Expectations",
+    "ESTIMATE_ON_ENV",
     "FAST_COMPILE_ENV",
     "GraphLowering",
     "GraphParts",
@@ -99,6 +103,7 @@ __all__ = [
     "KernelEntry",
     "KernelTable",
     "LaunchLedger",
+    "TargetComparison",
     "RandomDraw",
     "ShardWindow",
     "Tolerance",
@@ -123,7 +128,9 @@ __all__ = [
     "meta_call",
     "meta_tensor",
     "op_coverage",
+    "other_backend_reason",
     "random_stream",
     "register_kernel",
+    "requested_targets",
     "size_class",
 ]

@@ -160,6 +160,11 @@ class Estimate:
         (the rule: :class:`accelkit.sdk.LaunchLedger`); 0 where the backend models no launch cost.
     :ivar launches: program executions counted (XLA executables, NEFFs).
     :ivar syncs: host waits that ended a run of launches (reads to the host, ``synchronize()``).
+    :ivar by_target: the same run on each target asked for (``ACCELKIT_ESTIMATE_ON``, ``accelkit
+        run --estimate-on``) that the backend can estimate: ``{target: {"seconds",
+        "launch_seconds", "total_seconds", "launches", "syncs"}}``
+        (:class:`accelkit.sdk.TargetComparison`); empty when none were asked for.
+    :ivar not_estimated: targets asked for that this run cannot estimate: ``{target: why}``.
     """
 
     target: str
@@ -171,6 +176,8 @@ class Estimate:
     launch_seconds: float = 0.0
     launches: int = 0
     syncs: int = 0
+    by_target: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    not_estimated: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.seconds < 0 or self.launch_seconds < 0:
@@ -189,6 +196,8 @@ class Estimate:
             "launch_seconds": self.launch_seconds, "total_seconds": self.total_seconds,
             "launches": self.launches, "syncs": self.syncs,
             "flops": self.flops, "hbm_bytes": self.hbm_bytes,
+            "by_target": {name: dict(row) for name, row in self.by_target.items()},
+            "not_estimated": dict(self.not_estimated),
             "per_op": {op: {"calls": int(calls), "seconds": float(seconds)}
                        for op, (calls, seconds) in sorted(self.per_op.items())},
         }

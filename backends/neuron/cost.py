@@ -17,8 +17,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from accelkit.sdk import Estimate, LaunchLedger
-from accelkit_backends.neuron.device import target_name
+from accelkit.sdk import Estimate, LaunchLedger, other_backend_reason, requested_targets
+from accelkit_backends.neuron.device import TARGETS, target_name
 from accelkit_backends.neuron.sim.timeline import ENGINES, Instruction, KernelRecord
 
 #: Distinct shapes an op may meet before the churn warning (a handful of buckets is normal).
@@ -140,9 +140,37 @@ class Ledger:
         overlap; so the per-op seconds add up to more than the device time."""
         with self._lock:
             per_op = {_aten_name(op): (int(row["calls"]), row["seconds"]) for op, row in self.per_op.items()}
-            return Estimate(target=target_name(), note=ESTIMATE_NOTE, seconds=self.device_seconds,
-                            per_op=per_op, flops=self.flops, hbm_bytes=self.hbm_bytes,
-                            **self.launches.fields())
+            launches = self.launches.fields()
+            target = target_name()
+            by_target, not_estimated = _compared(target, self.device_seconds, launches)
+            return Estimate(target=target, note=ESTIMATE_NOTE, seconds=self.device_seconds,
+                            per_op=per_op, flops=self.flops, hbm_bytes=self.hbm_bytes, **launches,
+                            by_target=by_target, not_estimated=not_estimated)
+
+
+def _compared(target: str, device_seconds: float, launches: dict[str, Any]) -> tuple[dict, dict]:
+    """``Estimate.by_target`` and ``not_estimated`` for the targets ``ACCELKIT_ESTIMATE_ON`` asks
+    for. Only the active generation is estimated: the device time is a simulated schedule of
+    each kernel on that generation's core, and simulating every kernel again per generation is
+    not built (a run per generation, then ``accelkit compare``, gives the others)."""
+    requested = requested_targets()
+    if not requested:
+        return {}, {}
+    by_target = {target: {"seconds": device_seconds, "launch_seconds": launches["launch_seconds"],
+                          "total_seconds": device_seconds + launches["launch_seconds"],
+                          "launches": launches["launches"], "syncs": launches["syncs"]}}
+    not_estimated = {}
+    for name in requested:
+        generation = name.replace("trainium", "trn").replace("-", "")
+        if generation == target:
+            continue
+        if generation in TARGETS:
+            not_estimated[name] = (f"neuron simulates each kernel on the active generation's core ({target}) "
+                                   f"only; run again with ACCELKIT_NEURON_TARGET={generation} --report DIR2, "
+                                   "then `accelkit compare DIR DIR2`")
+        else:
+            not_estimated[name] = other_backend_reason(name, "neuron", TARGETS)
+    return by_target, not_estimated
 
 
 def _aten_name(op: str) -> str:

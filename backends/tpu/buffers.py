@@ -404,7 +404,7 @@ class TpuAllocator(DeviceAllocator):
         host = np.array(array)  # a copy: jax's host view is read-only
         if shape is not None:
             host = host.reshape(shape)
-        COSTS.launches.wait()
+        COSTS.wait()
         carrier = _HOST_CARRIER.get(dtype)
         if carrier is not None:
             return torch.from_numpy(host.view(_np_int(carrier[0]))).view(dtype)
@@ -453,7 +453,7 @@ class TpuAllocator(DeviceAllocator):
         if was_last:
             self._last = lent
         lent.block_until_ready()
-        COSTS.launches.wait()
+        COSTS.wait()
         return torch.from_dlpack(lent).view(view.size)
 
     def to_host_into(self, array: Any, out: torch.Tensor) -> None:
@@ -471,7 +471,7 @@ class TpuAllocator(DeviceAllocator):
         target = out.view(carrier[0]).numpy() if carrier else out.numpy()
         source = np.asarray(array)
         np.copyto(target.reshape(-1), (source.view(_np_int(carrier[0])) if carrier else source).reshape(-1))
-        COSTS.launches.wait()
+        COSTS.wait()
 
     def array_meta(self, array: Any) -> tuple[tuple[int, ...], torch.dtype]:
         if type(array) is JaxView:
@@ -490,7 +490,7 @@ class TpuAllocator(DeviceAllocator):
         if type(block.array) is Pending:
             block.array = fused.concrete(block.array)
         host = np.array(block.array).reshape(-1).view(np.uint8)
-        COSTS.launches.wait()
+        COSTS.wait()
         return torch.from_numpy(host[:nbytes].copy())
 
     def write_bytes(self, block: Holder, data: torch.Tensor) -> None:
@@ -512,7 +512,7 @@ class TpuAllocator(DeviceAllocator):
             self._last = self._last.value
         if self._last is not None:
             self._last.block_until_ready()
-        COSTS.launches.wait()
+        COSTS.wait()
 
 
 def _np_int(dtype: torch.dtype) -> Any:

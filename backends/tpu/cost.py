@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit.sdk import DeviceModel, Estimate, LaunchLedger
+from accelkit.sdk import DeviceModel, Estimate, LaunchLedger, TargetComparison
 
 
 @dataclass(frozen=True)
@@ -54,15 +54,18 @@ class ProgramCost:
 
 
 class Tally:
-    """One compiled program (of one op): its cost, and the row of its op's totals that each of
-    its executions adds to."""
+    """One compiled program (of one op): its cost, the row of its op's totals that each of its
+    executions adds to, and its device time on each compared target (for the comparison
+    ``compared`` is for; computed on its first execution under it)."""
 
-    __slots__ = ("op", "cost", "row")
+    __slots__ = ("op", "cost", "row", "compared", "target_seconds")
 
     def __init__(self, op: str, cost: ProgramCost, row: list):
         self.op = op
         self.cost = cost
         self.row = row
+        self.compared: TargetComparison | None = None
+        self.target_seconds: tuple[float, ...] = ()
 
 
 @dataclass
@@ -73,7 +76,11 @@ class CostLedger:
     to its op's totals (:meth:`record`), so reading them (:meth:`summary`) takes one step per
     op, however many programs the process has compiled (a conformance run compiles thousands
     and reads the totals twice per test). Each execution is also one launch
-    (:attr:`launches`); the allocator reports host waits to it.
+    (:attr:`launches`); the allocator reports host waits to it (:meth:`wait`).
+
+    With targets to compare (:attr:`comparison`, from ``ACCELKIT_ESTIMATE_ON``), each execution
+    is also counted on every compared generation: the program's own roofline on that
+    generation, the same launches and waits, so every target's figure comes from one record.
     """
 
     _model: DeviceModel | None = None
@@ -81,6 +88,7 @@ class CostLedger:
     #: op -> [calls, flops, bytes accessed, estimated seconds] since the last reset.
     _totals: dict[str, list] = field(default_factory=dict)
     launches: LaunchLedger = field(default_factory=LaunchLedger)
+    comparison: TargetComparison | None = None
 
     @property
     def model(self) -> DeviceModel | None:
@@ -93,13 +101,15 @@ class CostLedger:
         self._model = model
         self.launches.launch_seconds = model.launch_seconds if model is not None else 0.0
 
-    def seconds(self, cost: ProgramCost) -> float:
-        if self.model is None:
+    def seconds(self, cost: ProgramCost, model: DeviceModel | None = None) -> float:
+        """The roofline of one execution of ``cost`` on ``model`` (default: the target)."""
+        model = model or self.model
+        if model is None:
             return 0.0
         peak_dtype = torch.bfloat16 if cost.low_precision else torch.float32
-        peak = self.model.peak_flops.get(peak_dtype) or max(self.model.peak_flops.values())
+        peak = model.peak_flops.get(peak_dtype) or max(model.peak_flops.values())
         compute = cost.flops / peak
-        memory = cost.bytes_accessed / self.model.memory_bandwidth if self.model.memory_bandwidth else 0.0
+        memory = cost.bytes_accessed / model.memory_bandwidth if model.memory_bandwidth else 0.0
         return max(compute, memory)
 
     def tally(self, op: str, cost: ProgramCost) -> Tally:
@@ -119,9 +129,23 @@ class CostLedger:
             row[2] += cost.bytes_accessed
             row[3] += seconds
         self.launches.launch(seconds)
+        comparison = self.comparison
+        if comparison is not None:
+            if tally.compared is not comparison:
+                tally.target_seconds = tuple(self.seconds(cost, m) for m in comparison.models)
+                tally.compared = comparison
+            comparison.launch(tally.target_seconds)
+
+    def wait(self) -> None:
+        """The host waits for the device (a read to the host)."""
+        self.launches.wait()
+        if self.comparison is not None:
+            self.comparison.wait()
 
     def reset(self) -> None:
         self.launches.reset()
+        if self.comparison is not None:
+            self.comparison.reset()
         with self._lock:
             for row in self._totals.values():
                 row[:] = [0, 0.0, 0.0, 0.0]
@@ -149,6 +173,8 @@ class CostLedger:
             target=summary["target"], note=summary["note"], seconds=summary["estimated_seconds"],
             per_op={op: (row["calls"], row["estimated_seconds"]) for op, row in summary["ops"].items()},
             flops=summary["flops"], hbm_bytes=summary["bytes"], **self.launches.fields(),
+            by_target=self.comparison.by_target() if self.comparison else {},
+            not_estimated=self.comparison.not_estimated if self.comparison else {},
         )
 
 

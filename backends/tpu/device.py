@@ -112,12 +112,18 @@ def _interconnect(name: str) -> Interconnect:
     )
 
 
-def target_name() -> str:
-    """The generation to model: ``ACCELKIT_TPU_TARGET``, else :data:`DEFAULT_TARGET`."""
-    name = os.environ.get(TARGET_ENV, "").strip().lower().removeprefix("tpu").removeprefix("-") or DEFAULT_TARGET
+def generation(name: str) -> str | None:
+    """The generation ``name`` spells (``"v5e"``, ``"tpu-v6e"``, ``"ironwood"``), or None."""
+    name = name.strip().lower().removeprefix("tpu").removeprefix("-")
     if name in ("7", "ironwood"):
         name = "7x"
-    if name not in _GENERATIONS:
+    return name if name in _GENERATIONS else None
+
+
+def target_name() -> str:
+    """The generation to model: ``ACCELKIT_TPU_TARGET``, else :data:`DEFAULT_TARGET`."""
+    name = generation(os.environ.get(TARGET_ENV, "").strip() or DEFAULT_TARGET)
+    if name is None:
         raise ValueError(f"{TARGET_ENV}={os.environ.get(TARGET_ENV)!r} is not a TPU generation; use one of {', '.join(TARGETS)}")
     return name
 

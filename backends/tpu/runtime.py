@@ -10,7 +10,18 @@ from typing import Any
 
 import torch
 
-from accelkit.sdk import DeviceModel, DtypeRules, Estimate, device_count_from_env, env_choice, fast_compile, hookimpl
+from accelkit.sdk import (
+    DeviceModel,
+    DtypeRules,
+    Estimate,
+    TargetComparison,
+    device_count_from_env,
+    env_choice,
+    fast_compile,
+    hookimpl,
+    other_backend_reason,
+    requested_targets,
+)
 
 FLOAT64_ENV = "ACCELKIT_TPU_FLOAT64"
 FLOAT64_POLICIES = ("error", "emulate")
@@ -117,7 +128,26 @@ def accelkit_backend_activated(device_model: DeviceModel) -> None:
     from accelkit_backends.tpu.programs import LOADED
 
     COSTS.model = device_model
+    COSTS.comparison = _comparison(device_model)
     _ = LOADED.limit  # a misspelt ACCELKIT_TPU_LIVE_PROGRAMS fails activation, not the first op
+
+
+def _comparison(active: DeviceModel) -> TargetComparison | None:
+    """The generations ``ACCELKIT_ESTIMATE_ON`` asks for (the active one first), or None."""
+    from accelkit_backends.tpu.device import TARGETS, device_model, generation
+
+    requested = requested_targets()
+    if not requested:
+        return None
+    names, elsewhere = [active.name], {}
+    for name in requested:
+        tpu_name = generation(name)
+        if tpu_name is None:
+            elsewhere[name] = other_backend_reason(name, "tpu", TARGETS)
+        elif tpu_name not in names:
+            names.append(tpu_name)
+    models = [active] + [device_model(name, simulated=active.simulated) for name in names[1:]]
+    return TargetComparison(models, elsewhere)
 
 
 @hookimpl

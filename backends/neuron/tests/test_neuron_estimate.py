@@ -78,3 +78,39 @@ def test_the_validation_tables_points_are_estimated_within_its_tolerance(dev):
         ratio = row["total_s"] / row["published_s"]
         assert abs(ratio - 1) <= TABLE_TOLERANCE, (row["point"], ratio)
         assert row["total_s"] == pytest.approx(row["device_s"] + row["launch_s"])
+
+
+TRN1_CHILD = """
+import json, sys
+sys.path.insert(0, {bench!r})
+import accelkit
+from validate_estimates import TRN1_ENCODERS, _encoder
+name, config, published = TRN1_ENCODERS[0]
+row = _encoder(accelkit.select_device("neuron"), config)
+print("ROW " + json.dumps({{**row, "published_s": published, "point": name}}))
+"""
+
+
+def test_a_published_trn1_encoder_latency_is_estimated_within_the_tables_tolerance():
+    """distilbert-base, batch 1, seq 128, on trn1 (AWS's latency table), in a child process:
+    the target is chosen when the backend is activated. The run itself must work; the ratio is
+    a known gap (an xfail naming it) until the model is fixed."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[3] / "bench")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")} | {"ACCELKIT_NEURON_TARGET": "trn1"}
+    result = subprocess.run([sys.executable, "-c", TRN1_CHILD.format(bench=bench)], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = json.loads([ln for ln in result.stdout.splitlines() if ln.startswith("ROW ")][-1][4:])
+    assert row["target"] == "trn1" and row["launches"] == 1 and row["syncs"] == 1
+    assert row["total_s"] == pytest.approx(row["device_s"] + row["launch_s"])
+    ratio = row["total_s"] / row["published_s"]
+    if abs(ratio - 1) > TABLE_TOLERANCE:
+        pytest.xfail(f"known gap (docs/estimates.md): estimated {ratio:.1f}x the published latency; each "
+                     "nn.Linear's weight is transposed on chip at every call (neuronx-cc lays constant weights "
+                     "out once) and the graph's kernels each round-trip HBM")
