@@ -1,0 +1,144 @@
+"""neuron's decompositions: backward ops PyTorch has no decomposition for, written exactly in
+ops neuron runs natively.
+
+Each op here maps every output-gradient element to input positions along each spatial dim
+independently (a gather's reverse), so its backward is a chain of ``index_add`` folds, one per
+spatial dim, from the last to the first:
+
+* nearest upsampling (``upsample_nearest{1,2,3}d_backward`` and the ``_exact`` forms): output
+  ``o`` reads input ``min(floor((o + offset) * scale), n - 1)`` (offset 0.5 for ``_exact``);
+* linear upsampling (``upsample_linear1d``/``bilinear2d``/``trilinear3d_backward``): output
+  ``o`` reads inputs ``i0`` and ``i1`` with weights ``1 - λ`` and ``λ``;
+* replication padding (``replication_pad{1,2,3}d_backward``): output ``o`` reads input
+  ``clamp(o - pad_before, 0, n - 1)``.
+
+Indices and weights follow the CPU kernels' formulas in float32 (``UpSample.h``). A reduced
+float gradient (bfloat16, float16) is folded in float32 and rounded once at the end, as the CPU's
+upsampling backward kernels accumulate in float32; float32 sums may differ from the CPU's in
+their last bits only (the order of the additions differs: per dim here, per output element
+there). The CPU's replication-pad backward adds in the gradient's own type, so a bfloat16 edge
+sum there carries one rounding per term; here it carries one (within a bfloat16 step of it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from torch._ops import OpOverload
+
+aten = torch.ops.aten
+
+
+def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def _fold(grad: torch.Tensor, dim: int, size: int, terms: Sequence[tuple[torch.Tensor, torch.Tensor | None]]
+          ) -> torch.Tensor:
+    """Sum ``grad`` along ``dim`` onto ``size`` positions: each ``(index, weight)`` term adds
+    ``grad * weight`` (weight None: 1) at ``index[o]`` for output position ``o``."""
+    shape = list(grad.shape)
+    shape[dim] = size
+    folded = grad.new_zeros(shape)
+    for index, weight in terms:
+        source = grad
+        if weight is not None:
+            source = grad * weight.view([-1] + [1] * (grad.dim() - dim - 1))
+        folded = folded.index_add(dim, index, source)
+    return folded
+
+
+def _scale(in_size: int, out_size: int, scale: float | None, align_corners: bool = False) -> float:
+    """``area_pixel_compute_scale`` / ``compute_scales_value``: input positions per output
+    position, as a float32 value."""
+    if align_corners:
+        value = (in_size - 1) / (out_size - 1) if out_size > 1 else 0.0
+    else:
+        value = 1.0 / scale if scale is not None and scale > 0 else in_size / out_size
+    return float(torch.tensor(value, dtype=torch.float32))
+
+
+def _positions(out_size: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(out_size, dtype=torch.float32, device=device)
+
+
+def _nearest_index(in_size: int, out_size: int, scale: float | None, exact: bool, device: torch.device) -> torch.Tensor:
+    offset = 0.5 if exact else 0.0
+    source = ((_positions(out_size, device) + offset) * _scale(in_size, out_size, scale)).floor()
+    return source.to(torch.int64).clamp(max=in_size - 1)
+
+
+def _linear_terms(in_size: int, out_size: int, scale: float | None, align_corners: bool, device: torch.device
+                  ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    factor = _scale(in_size, out_size, scale, align_corners)
+    positions = _positions(out_size, device)
+    if align_corners:
+        source = positions * factor
+    else:
+        source = ((positions + 0.5) * factor - 0.5).clamp(min=0.0)
+    i0 = source.to(torch.int64)  # source >= 0: truncation is floor
+    i1 = (i0 + 1).clamp(max=in_size - 1)
+    lambda1 = (source - i0.to(torch.float32)).clamp(max=1.0)
+    return [(i0, 1.0 - lambda1), (i1, lambda1)]
+
+
+def _fold_spatial(grad: torch.Tensor, input_size: Sequence[int],
+                  terms_for: Callable[[int, int, int], list[tuple[torch.Tensor, torch.Tensor | None]]]) -> torch.Tensor:
+    """Fold each of the trailing spatial dims (last first); ``terms_for(d, in, out)`` gives dim
+    ``d``'s (index, weight) terms."""
+    spatial = len(input_size) - 2
+    result_dtype = grad.dtype
+    folded = grad.to(_accumulation_dtype(grad.dtype))
+    for d in reversed(range(spatial)):
+        dim = 2 + d
+        folded = _fold(folded, dim, input_size[dim], terms_for(d, input_size[dim], grad.shape[dim]))
+    return folded.to(result_dtype)
+
+
+def _scales(output_size: Sequence[int], positional: tuple, named: dict) -> tuple:
+    """One scale (or None) per spatial dim, given positionally or by name (``scales_h``...)."""
+    names = {1: ("scales",), 2: ("scales_h", "scales_w"), 3: ("scales_d", "scales_h", "scales_w")}[len(output_size)]
+    return tuple(positional) + tuple(named.get(name) for name in names[len(positional):])
+
+
+def _upsample_nearest_backward(exact: bool) -> Callable[..., torch.Tensor]:
+    def backward(grad_output, output_size, input_size, *scales, **named_scales):
+        scales = _scales(output_size, scales, named_scales)
+        return _fold_spatial(grad_output, input_size, lambda d, n_in, n_out: [
+            (_nearest_index(n_in, n_out, scales[d], exact, grad_output.device), None)])
+
+    return backward
+
+
+def _upsample_linear_backward(grad_output, output_size, input_size, align_corners, *scales, **named_scales):
+    scales = _scales(output_size, scales, named_scales)
+    return _fold_spatial(grad_output, input_size, lambda d, n_in, n_out: _linear_terms(
+        n_in, n_out, scales[d], align_corners, grad_output.device))
+
+
+def _replication_pad_backward(grad_output, self, padding):
+    spatial = len(padding) // 2
+    # padding lists (before, after) pairs from the last dim to the first
+    before = [padding[2 * (spatial - 1 - d)] for d in range(spatial)]
+    leading = self.dim() - spatial
+    input_size = [1] * 2 + list(self.shape[leading:])
+    grad = grad_output.reshape((-1, 1) + tuple(grad_output.shape[leading:]))
+
+    def terms(d: int, n_in: int, n_out: int):
+        positions = torch.arange(n_out, dtype=torch.int64, device=grad_output.device)
+        return [((positions - before[d]).clamp(0, n_in - 1), None)]
+
+    return _fold_spatial(grad, [grad.shape[0], 1] + input_size[2:], terms).reshape(self.shape)
+
+
+def decompositions() -> Mapping[OpOverload, Callable]:
+    """The decompositions above, keyed by aten overload (their ``out=`` forms follow)."""
+    table: dict[OpOverload, Callable] = {}
+    for rank in (1, 2, 3):
+        table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)
+        table[getattr(aten, f"_upsample_nearest_exact{rank}d_backward").default] = _upsample_nearest_backward(True)
+        table[getattr(aten, f"replication_pad{rank}d_backward").default] = _replication_pad_backward
+    for name in ("upsample_linear1d_backward", "upsample_bilinear2d_backward", "upsample_trilinear3d_backward"):
+        table[getattr(aten, name).default] = _upsample_linear_backward
+    return table
