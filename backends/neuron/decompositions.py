@@ -133,8 +133,11 @@ def _replication_pad_backward(grad_output, self, padding):
 
 
 def decompositions() -> Mapping[OpOverload, Callable]:
-    """The decompositions above, keyed by aten overload (their ``out=`` forms follow)."""
-    table: dict[OpOverload, Callable] = {}
+    """The decompositions above and 3-d pooling's (``pool3d.py``), keyed by aten overload (their
+    ``out=`` forms follow)."""
+    from accelkit_backends.neuron import pool3d
+
+    table: dict[OpOverload, Callable] = dict(pool3d.decompositions())
     for rank in (1, 2, 3):
         table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)
         table[getattr(aten, f"_upsample_nearest_exact{rank}d_backward").default] = _upsample_nearest_backward(True)
