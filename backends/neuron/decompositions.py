@@ -12,6 +12,8 @@ spatial dim, from the last to the first:
 * replication padding (``replication_pad{1,2,3}d_backward``): output ``o`` reads input
   ``clamp(o - pad_before, 0, n - 1)``.
 
+``roll`` is here too, as one ``index_select`` per dim.
+
 Indices and weights follow the CPU kernels' formulas in float32 (``UpSample.h``). A reduced
 float gradient (bfloat16, float16) is folded in float32 and rounded once at the end, as the CPU's
 upsampling backward kernels accumulate in float32; float32 sums may differ from the CPU's in
@@ -132,6 +134,29 @@ def _replication_pad_backward(grad_output, self, padding):
     return _fold_spatial(grad, [grad.shape[0], 1] + input_size[2:], terms).reshape(self.shape)
 
 
+def _roll(self, shifts, dims=()):
+    """``roll`` as one ``index_select`` per rolled dim (no dims: over the flattened tensor).
+
+    PyTorch's own decomposition rolls a second dim (or the flattened tensor) by calling
+    ``roll`` again, which the runtime sends to the CPU as a re-entered decomposition."""
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if not dims:
+        if len(shifts) != 1:
+            raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims: 0")
+        return _roll(self.flatten(), shifts, [0]).view(self.shape)
+    if len(shifts) != len(dims):
+        raise RuntimeError(f"shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
+    result = self
+    for shift, dim in zip(shifts, dims):
+        size = self.shape[dim]
+        if size == 0 or shift % size == 0:
+            continue
+        index = torch.remainder(torch.arange(size, device=self.device) - shift, size)
+        result = result.index_select(dim, index)
+    return result.clone() if result is self else result
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above and 3-d pooling's (``pool3d.py``), keyed by aten overload (their
     ``out=`` forms follow)."""
@@ -142,6 +167,7 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)
         table[getattr(aten, f"_upsample_nearest_exact{rank}d_backward").default] = _upsample_nearest_backward(True)
         table[getattr(aten, f"replication_pad{rank}d_backward").default] = _replication_pad_backward
+    table[aten.roll.default] = _roll
     for name in ("upsample_linear1d_backward", "upsample_bilinear2d_backward", "upsample_trilinear3d_backward"):
         table[getattr(aten, name).default] = _upsample_linear_backward
     return table
