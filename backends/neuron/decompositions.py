@@ -12,7 +12,8 @@ spatial dim, from the last to the first:
 * replication padding (``replication_pad{1,2,3}d_backward``): output ``o`` reads input
   ``clamp(o - pad_before, 0, n - 1)``.
 
-``roll`` is here too, as one ``index_select`` per dim.
+``roll`` is here too, as one ``index_select`` per dim. And a few of PyTorch's own
+decompositions outside its core-ATen table, each run here against the CPU (``VETTED``).
 
 Indices and weights follow the CPU kernels' formulas in float32 (``UpSample.h``). A reduced
 float gradient (bfloat16, float16) is folded in float32 and rounded once at the end, as the CPU's
@@ -157,12 +158,29 @@ def _roll(self, shifts, dims=()):
     return result.clone() if result is self else result
 
 
+#: PyTorch decompositions outside the core-ATen table that neuron runs natively and that give the
+#: CPU's results: exactly (where/clamp/exp forms, a copy, a search), or bicubic upsampling within
+#: a few float32 ulps (its taps are summed in another order). Tested in test_neuron_vetted_decompositions.
+VETTED = (
+    aten.leaky_relu.default,
+    aten.hardtanh.default,
+    aten.elu.default,
+    aten.narrow_copy.default,
+    aten.bucketize.Tensor,
+    aten.bucketize.Scalar,
+    aten.upsample_bicubic2d.default,
+)
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above and 3-d pooling's (``pool3d.py``), keyed by aten overload (their
     ``out=`` forms follow)."""
     from accelkit_backends.neuron import pool3d
 
-    table: dict[OpOverload, Callable] = dict(pool3d.decompositions())
+    from torch._decomp import decomposition_table
+
+    table: dict[OpOverload, Callable] = {op: decomposition_table[op] for op in VETTED}
+    table.update(pool3d.decompositions())
     for rank in (1, 2, 3):
         table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)
         table[getattr(aten, f"_upsample_nearest_exact{rank}d_backward").default] = _upsample_nearest_backward(True)
