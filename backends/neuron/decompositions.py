@@ -9,6 +9,8 @@ spatial dim, from the last to the first:
   ``o`` reads input ``min(floor((o + offset) * scale), n - 1)`` (offset 0.5 for ``_exact``);
 * linear upsampling (``upsample_linear1d``/``bilinear2d``/``trilinear3d_backward``): output
   ``o`` reads inputs ``i0`` and ``i1`` with weights ``1 - λ`` and ``λ``;
+* bicubic upsampling (``upsample_bicubic2d_backward``): output ``o`` reads the four inputs
+  around its source position (clamped to the input) with the cubic convolution's weights;
 * replication padding (``replication_pad{1,2,3}d_backward``): output ``o`` reads input
   ``clamp(o - pad_before, 0, n - 1)``.
 
@@ -86,6 +88,34 @@ def _linear_terms(in_size: int, out_size: int, scale: float | None, align_corner
     return [(i0, 1.0 - lambda1), (i1, lambda1)]
 
 
+#: The cubic convolution's parameter in PyTorch's bicubic kernels.
+_CUBIC_A = -0.75
+
+
+def _cubic_near(x: torch.Tensor) -> torch.Tensor:
+    """The cubic convolution's weight at a distance below 1 (``cubic_convolution1``)."""
+    return ((_CUBIC_A + 2) * x - (_CUBIC_A + 3)) * x * x + 1
+
+
+def _cubic_far(x: torch.Tensor) -> torch.Tensor:
+    """The cubic convolution's weight at a distance in [1, 2) (``cubic_convolution2``)."""
+    return ((_CUBIC_A * x - 5 * _CUBIC_A) * x + 8 * _CUBIC_A) * x - 4 * _CUBIC_A
+
+
+def _cubic_terms(in_size: int, out_size: int, scale: float | None, align_corners: bool, device: torch.device
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Output ``o``'s four taps ``floor(src) - 1 .. floor(src) + 2`` (clamped to the input, as the
+    CPU reads them) and their weights."""
+    factor = _scale(in_size, out_size, scale, align_corners)
+    positions = _positions(out_size, device)
+    source = positions * factor if align_corners else (positions + 0.5) * factor - 0.5
+    floor = source.floor()
+    t = source - floor
+    weights = [_cubic_far(t + 1.0), _cubic_near(t), _cubic_near(1.0 - t), _cubic_far((1.0 - t) + 1.0)]
+    base = floor.to(torch.int64)
+    return [((base + k - 1).clamp(0, in_size - 1), weight) for k, weight in enumerate(weights)]
+
+
 def _fold_spatial(grad: torch.Tensor, input_size: Sequence[int],
                   terms_for: Callable[[int, int, int], list[tuple[torch.Tensor, torch.Tensor | None]]]) -> torch.Tensor:
     """Fold each of the trailing spatial dims (last first); ``terms_for(d, in, out)`` gives dim
@@ -117,6 +147,12 @@ def _upsample_nearest_backward(exact: bool) -> Callable[..., torch.Tensor]:
 def _upsample_linear_backward(grad_output, output_size, input_size, align_corners, *scales, **named_scales):
     scales = _scales(output_size, scales, named_scales)
     return _fold_spatial(grad_output, input_size, lambda d, n_in, n_out: _linear_terms(
+        n_in, n_out, scales[d], align_corners, grad_output.device))
+
+
+def _upsample_bicubic2d_backward(grad_output, output_size, input_size, align_corners, *scales, **named_scales):
+    scales = _scales(output_size, scales, named_scales)
+    return _fold_spatial(grad_output, input_size, lambda d, n_in, n_out: _cubic_terms(
         n_in, n_out, scales[d], align_corners, grad_output.device))
 
 
@@ -186,6 +222,7 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         table[getattr(aten, f"_upsample_nearest_exact{rank}d_backward").default] = _upsample_nearest_backward(True)
         table[getattr(aten, f"replication_pad{rank}d_backward").default] = _replication_pad_backward
     table[aten.roll.default] = _roll
+    table[aten.upsample_bicubic2d_backward.default] = _upsample_bicubic2d_backward
     for name in ("upsample_linear1d_backward", "upsample_bilinear2d_backward", "upsample_trilinear3d_backward"):
         table[getattr(aten, name).default] = _upsample_linear_backward
     return table

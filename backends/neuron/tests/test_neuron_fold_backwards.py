@@ -1,7 +1,7 @@
 """neuron's decomposed backwards of upsampling and replication padding vs CPU PyTorch.
 
 ``decompositions.py`` folds the output gradient back along each spatial dim with ``index_add``;
-these run every form (nearest, nearest-exact, linear 1-3d, replication pad 1-3d) forward and
+these run every form (nearest, nearest-exact, linear 1-3d, bicubic, replication pad 1-3d) forward and
 backward with the CPU fallback denied, and compare the input gradient with the CPU's: float32
 within a few ulps (the additions' order differs), bfloat16 within one bfloat16 step of the sum.
 """
@@ -39,6 +39,10 @@ CASES = {
                        "upsample_trilinear3d_backward"),
     "trilinear_scale_corners": (3, lambda t: F.interpolate(t, scale_factor=1.5, mode="trilinear",
                                                            align_corners=True), "upsample_trilinear3d_backward"),
+    "bicubic_size": (2, lambda t: F.interpolate(t, size=(9, 11), mode="bicubic"), "upsample_bicubic2d_backward"),
+    "bicubic_corners_shrink": (2, lambda t: F.interpolate(t, size=(3, 4), mode="bicubic", align_corners=True),
+                               "upsample_bicubic2d_backward"),
+    "bicubic_scale": (2, lambda t: F.interpolate(t, scale_factor=1.7, mode="bicubic"), "upsample_bicubic2d_backward"),
     "replicate1d": (1, lambda t: F.pad(t, (2, 3), mode="replicate"), "replication_pad1d_backward"),
     "replicate2d": (2, lambda t: F.pad(t, (2, 3, 1, 4), mode="replicate"), "replication_pad2d_backward"),
     "replicate2d_unbatched": (2, lambda t: F.pad(t[0], (0, 2, 3, 0), mode="replicate"),
