@@ -209,14 +209,14 @@ VETTED = (
 
 
 def decompositions() -> Mapping[OpOverload, Callable]:
-    """The decompositions above and 3-d pooling's (``pool3d.py``), keyed by aten overload (their
-    ``out=`` forms follow)."""
-    from accelkit_backends.neuron import pool3d
+    """The decompositions above, ``VETTED`` and the pooling ones (``pool_decompositions.py``),
+    keyed by aten overload (their ``out=`` forms follow)."""
+    from accelkit_backends.neuron import pool_decompositions
 
     from torch._decomp import decomposition_table
 
     table: dict[OpOverload, Callable] = {op: decomposition_table[op] for op in VETTED}
-    table.update(pool3d.decompositions())
+    table.update(pool_decompositions.decompositions())
     for rank in (1, 2, 3):
         table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)
         table[getattr(aten, f"_upsample_nearest_exact{rank}d_backward").default] = _upsample_nearest_backward(True)

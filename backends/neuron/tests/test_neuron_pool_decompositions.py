@@ -1,4 +1,4 @@
-"""neuron's 3-d pooling (``pool3d.py``'s decompositions) vs CPU PyTorch, fallback denied.
+"""neuron's 3-d and fractional pooling (``pool3d.py``'s decompositions) vs CPU PyTorch, fallback denied.
 
 Max pooling's values and indices are compared exactly, NaN and all ``-inf`` windows included;
 average pooling and every backward within float32's last bits (the additions' grouping
@@ -114,3 +114,44 @@ def test_all_minus_inf_window_reports_its_first_in_bounds_position(dev):
     # output (od, oh, ow) = (1, 1, 1) starts at input (1, 1, 1): flat index 13
     assert indices.cpu()[0, 0, 1, 1, 1].item() == 13
     assert torch.equal(indices.cpu(), F.max_pool3d(x, 2, 2, 1, return_indices=True)[1])
+
+
+FRACTIONAL = {
+    "2d": (F.fractional_max_pool2d, (2, 3, 9, 11), (3, 2), (4, 5)),
+    "2d_unbatched_dense": (F.fractional_max_pool2d, (3, 9, 11), 2, (8, 10)),
+    "2d_one_output": (F.fractional_max_pool2d, (1, 2, 5, 6), 2, (1, 1)),
+    "3d": (F.fractional_max_pool3d, (2, 2, 7, 8, 9), (2, 3, 2), (3, 4, 5)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", FRACTIONAL, ids=str)
+def test_fractional_max_pool_matches_cpu(dev, case, dtype):
+    """Same random samples on both: the windows, values and indices are the CPU's exactly."""
+    fn, shape, kernel, output_size = FRACTIONAL[case]
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(shape, generator=generator).to(dtype)
+    x.view(-1)[5] = float("nan")
+    rank = len(output_size)
+    batch = shape[0] if len(shape) == rank + 2 else 1
+    samples = torch.rand(batch, shape[-rank - 1], rank, generator=generator).to(dtype)
+
+    def pool(t):
+        return fn(t, kernel, output_size=output_size, return_indices=True,
+                  _random_samples=samples.to(t.device))
+
+    (values, indices), grad = _run(pool, x, "cpu")
+    (actual_values, actual_indices), actual_grad = _on_device(pool, x, dev)
+    assert torch.equal(actual_indices, indices)
+    torch.testing.assert_close(actual_values, values, rtol=0, atol=0, equal_nan=True)
+    _close(actual_grad, grad)
+
+
+def test_adaptive_avg_pool3d_backward_out_form(dev):
+    x = _input(torch.float32)
+    grad = torch.randn(2, 3, 3, 4, 5, generator=torch.Generator().manual_seed(3))
+    expected = torch.ops.aten._adaptive_avg_pool3d_backward(grad, x)
+    out = torch.empty(0, device=dev)
+    with accelkit.fallback_policy("deny"):
+        torch.ops.aten.adaptive_avg_pool3d_backward.grad_input(grad.to(dev), x.to(dev), grad_input=out)
+    _close(out.cpu(), expected)

@@ -1,5 +1,6 @@
-"""3-d pooling as decompositions into neuron's native ops (2-d pooling, index_select, where,
-index_add, scatter_add), each following the CPU kernel's arithmetic.
+"""Pooling the native 2-d programs do not cover (3-d, fractional), as decompositions into
+neuron's native ops (2-d pooling, gather, index_select, where, index_add, scatter_add), each
+following the CPU kernel's arithmetic.
 
 * Max pooling (``max_pool3d_with_indices``, ``adaptive_max_pool3d``): the native 2-d program
   pools every depth slice over height and width; the depth taps are then merged in increasing
@@ -7,7 +8,10 @@ index_add, scatter_add), each following the CPU kernel's arithmetic.
   in-bounds tap seeds it), which gives the CPU's value and flat index exactly: the CPU scans the
   window depth-first with the same rule, and a scan over one slice ends where the 2-d program's
   does.
-* Their backwards add each output gradient at its saved flat index (``scatter_add``).
+* Fractional max pooling (``fractional_max_pool2d``/``3d``): each plane's windows start where
+  the CPU's ``generate_intervals`` puts them for that plane's random samples (computed in the
+  samples' type); the window values are gathered and merged tap by tap with the same rule.
+* The max poolings' backwards add each output gradient at its saved flat index (``scatter_add``).
 * Average pooling (``avg_pool3d``, ``_adaptive_avg_pool3d`` and their backwards): the window sum
   is separable, so it is taken one spatial dim at a time (a sum over that dim's taps), and
   divided by the CPU's divisor; the backward spreads ``grad / divisor`` over the taps with
@@ -126,10 +130,11 @@ def _adaptive_max_pool3d(self, output_size):
     return _like_input(best, self), _like_input(best_index, self)
 
 
-def _max_pool_backward(grad_output: torch.Tensor, self: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    planes = math.prod(self.shape[:-3])
+def _max_pool_backward(grad_output: torch.Tensor, self: torch.Tensor, indices: torch.Tensor,
+                       spatial: int = 3) -> torch.Tensor:
+    planes = math.prod(self.shape[:-spatial])
     grad = grad_output.reshape(planes, -1)
-    folded = grad.new_zeros((planes, math.prod(self.shape[-3:])))
+    folded = grad.new_zeros((planes, math.prod(self.shape[-spatial:])))
     return folded.scatter_add(1, indices.reshape(planes, -1), grad).reshape(self.shape)
 
 
@@ -140,6 +145,67 @@ def _max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, pa
 
 def _adaptive_max_pool3d_backward(grad_output, self, indices):
     return _max_pool_backward(grad_output, self, indices)
+
+
+def _fractional_starts(samples: torch.Tensor, in_size: int, out_size: int, pool: int) -> torch.Tensor:
+    """``generate_intervals``: each window's first input position, ``[planes, out_size]``; the
+    arithmetic in the samples' type, as the CPU's (so bfloat16 rounds at every step)."""
+    planes = samples.shape[0]
+    last = torch.full((planes, 1), in_size - pool, dtype=torch.int64, device=samples.device)
+    if out_size == 1:
+        return last
+    dtype = samples.dtype
+    alpha = torch.tensor(in_size - pool, dtype=dtype, device=samples.device) / (out_size - 1)
+    steps = torch.arange(out_size - 1, device=samples.device).to(dtype)
+    sample = samples.view(planes, 1)
+    starts = ((steps + sample) * alpha).trunc().to(torch.int64) - (sample * alpha).trunc().to(torch.int64)
+    return torch.cat([starts, last], dim=1)
+
+
+def _fractional_max_pool(self, kernel_size, output_size, random_samples):
+    """Fractional max pooling over the last 2 or 3 dims: the windows of each plane are gathered
+    from its own random intervals and merged tap by tap in the CPU's scan order and rule."""
+    spatial = len(output_size)
+    batched = self.dim() == spatial + 2
+    x = self if batched else self.unsqueeze(0)
+    n, c, *sizes = x.shape
+    planes = n * c
+    samples = random_samples.reshape(planes, spatial)
+    # per dim: [planes, out, k] input positions, reshaped to broadcast over the other dims
+    positions = []
+    # the CPU reads a plane's samples as (width, height) in 2-d and (time, height, width) in 3-d
+    sample_of_dim = (1, 0) if spatial == 2 else (0, 1, 2)
+    for d, (size, out, k) in enumerate(zip(sizes, output_size, kernel_size)):
+        starts = _fractional_starts(samples[:, sample_of_dim[d]].contiguous(), size, out, k)
+        positions.append(starts.unsqueeze(-1) + torch.arange(k, device=self.device))
+    flat = torch.zeros((), dtype=torch.int64, device=self.device)
+    for d in range(spatial):
+        # axes: planes, outs (spatial), taps (spatial)
+        shape = [planes] + [1] * (2 * spatial)
+        shape[1 + d], shape[1 + spatial + d] = output_size[d], kernel_size[d]
+        stride = math.prod(sizes[d + 1:])
+        flat = flat + positions[d].view(shape) * stride
+    taps = math.prod(kernel_size)
+    flat = flat.reshape(planes, math.prod(output_size), taps)
+    values = x.reshape(planes, -1).gather(1, flat.reshape(planes, -1)).reshape(flat.shape)
+    best, best_index = values[..., 0], flat[..., 0]
+    for tap in range(1, taps):
+        value = values[..., tap]
+        take = (value > best) | torch.isnan(value)
+        best = torch.where(take, value, best)
+        best_index = torch.where(take, flat[..., tap], best_index)
+    shape = (n, c, *output_size) if batched else (c, *output_size)
+    return best.reshape(shape), best_index.reshape(shape)
+
+
+def _fractional_max_pool_backward(grad_output, self, kernel_size, output_size, indices):
+    return _max_pool_backward(grad_output, self, indices, len(output_size))
+
+
+def _adaptive_avg_pool3d_backward_out(grad_output, self, *, grad_input):
+    result = _adaptive_avg_pool3d_backward(grad_output, self)
+    grad_input.resize_(result.shape)
+    return grad_input.copy_(result)
 
 
 # -- average pooling ---------------------------------------------------------------------------
@@ -261,7 +327,7 @@ def _adaptive_avg_pool3d_backward(grad_output, self):
 
 
 def decompositions() -> Mapping[OpOverload, Callable]:
-    """The 3-d pooling decompositions, keyed by aten overload (their ``out=`` forms follow)."""
+    """The pooling decompositions, keyed by aten overload (their ``out=`` forms follow)."""
     return {
         aten.max_pool3d_with_indices.default: _max_pool3d_with_indices,
         aten.max_pool3d_with_indices_backward.default: _max_pool3d_with_indices_backward,
@@ -271,4 +337,10 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         aten.avg_pool3d_backward.default: _avg_pool3d_backward,
         aten._adaptive_avg_pool3d.default: _adaptive_avg_pool3d,
         aten._adaptive_avg_pool3d_backward.default: _adaptive_avg_pool3d_backward,
+        # its out= form is named without the underscore, so it is not derived from the above
+        aten.adaptive_avg_pool3d_backward.grad_input: _adaptive_avg_pool3d_backward_out,
+        aten.fractional_max_pool2d.default: _fractional_max_pool,
+        aten.fractional_max_pool3d.default: _fractional_max_pool,
+        aten.fractional_max_pool2d_backward.default: _fractional_max_pool_backward,
+        aten.fractional_max_pool3d_backward.default: _fractional_max_pool_backward,
     }
