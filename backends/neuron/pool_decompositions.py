@@ -132,10 +132,14 @@ def _adaptive_max_pool3d(self, output_size):
 
 def _max_pool_backward(grad_output: torch.Tensor, self: torch.Tensor, indices: torch.Tensor,
                        spatial: int = 3) -> torch.Tensor:
+    """Each output gradient added at its saved flat index; a reduced float's sums are taken in
+    float32 and rounded once (the CPU rounds after every addition, so where windows overlap its
+    bfloat16 sum can be a step or two off the correctly rounded one given here)."""
     planes = math.prod(self.shape[:-spatial])
-    grad = grad_output.reshape(planes, -1)
+    grad = grad_output.reshape(planes, -1).to(_accumulation_dtype(grad_output.dtype))
     folded = grad.new_zeros((planes, math.prod(self.shape[-spatial:])))
-    return folded.scatter_add(1, indices.reshape(planes, -1), grad).reshape(self.shape)
+    folded = folded.scatter_add(1, indices.reshape(planes, -1), grad)
+    return folded.to(grad_output.dtype).reshape(self.shape)
 
 
 def _max_pool3d_with_indices_backward(grad_output, self, kernel_size, stride, padding, dilation, ceil_mode,
