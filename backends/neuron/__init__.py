@@ -27,6 +27,7 @@ from accelkit_backends.neuron.compiler import accelkit_make_compiler
 from accelkit_backends.neuron.device import device_model, probe
 from accelkit_backends.neuron.runtime import (
     accelkit_backend_activated,
+    accelkit_decompositions,
     accelkit_dtype_rules,
     accelkit_estimate,
     accelkit_kernels,
@@ -75,6 +76,7 @@ def stochastic_rounding(enabled: bool = True):
 __all__ = [
     "NAME",
     "accelkit_backend_activated",
+    "accelkit_decompositions",
     "accelkit_dtype_rules",
     "accelkit_estimate",
     "accelkit_kernels",

@@ -75,6 +75,15 @@ def accelkit_make_allocator(device_model: DeviceModel, index: int) -> Any:
 
 
 @hookimpl
+def accelkit_decompositions() -> Any:
+    """PyTorch's core-ATen table plus neuron's own (``decompositions.py``)."""
+    from accelkit.sdk import default_decompositions
+    from accelkit_backends.neuron.decompositions import decompositions
+
+    return {**default_decompositions(), **decompositions()}
+
+
+@hookimpl
 def accelkit_kernels() -> Any:
     from accelkit_backends.neuron.kernels import kernels
 
