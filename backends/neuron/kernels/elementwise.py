@@ -489,6 +489,7 @@ tile_kernel(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Sca
 #: The result types CPU's add_relu kernel computes (it asserts on the others: its error, through
 #: the fallback).
 _ADD_RELU_TYPES = (torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64)
+_ADD_RELU_INPUTS = frozenset(str(t).removeprefix("torch.") for t in _ADD_RELU_TYPES)
 
 
 @tile_kernel(aten._add_relu.Tensor, aten._add_relu.Scalar, static=True)
@@ -498,6 +499,9 @@ def add_relu(k: Kernel, out: list[OutSpec], x: Any, y: Any, *, alpha: Any = 1) -
     a NaN stays NaN, where the CPU's scalar tail for the last few elements would give 0)."""
     if out[0].dtype not in _ADD_RELU_TYPES:
         raise KernelDeclined(f"neuron _add_relu: the CPU kernel has no {out[0].dtype} form")
+    if _is_array(x) and np.dtype(x.dtype).name not in _ADD_RELU_INPUTS:
+        # The CPU checks self's type too (bool + 1.5 computes in float32, and still asserts).
+        raise KernelDeclined(f"neuron _add_relu: the CPU kernel has no {np.dtype(x.dtype).name} form")
     result = hbm_empty(out[0])
     arrays = [v for v in (x, y) if _is_array(v)]
     largest = float(np.finfo(np.float32).max) if out[0].dtype.is_floating_point else None
