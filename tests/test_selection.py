@@ -1109,6 +1109,8 @@ def test_an_estimate_hook_that_raises_or_answers_wrongly_names_the_plugin():
     assert out["sum"] == 2.0
     assert out["wrong"] == f"PluginError: plugin {BROKEN_ORIGIN}: accelkit_estimate returned dict, not Estimate"
     assert out["right"] == {"target": "x1", "note": "a test model", "seconds": 2.5, "flops": None, "hbm_bytes": None,
+                            "launch_seconds": 0.0, "total_seconds": 2.5, "launches": 0, "syncs": 0,
+                            "by_target": {}, "not_estimated": {},
                             "per_op": {"aten.sum.default": {"calls": 1, "seconds": 2.5}}}
     assert out["raised"].startswith(f"PluginError: plugin {BROKEN_ORIGIN}: accelkit_estimate raised RuntimeError")
     assert out["negative"] == "ValueError: estimate for 'x1': seconds must not be negative"
