@@ -209,6 +209,12 @@ def recording() -> bool:
     return modes._mode == "fused" and not getattr(_local, "suspended", 0)
 
 
+def flushing() -> bool:
+    """Whether program calls on this thread run recorded work (a flush, or a kernel that
+    cannot be recorded) in fused mode, rather than being recorded or run in strict mode."""
+    return modes._mode == "fused" and getattr(_local, "suspended", 0) > 0
+
+
 @contextmanager
 def suspended() -> Iterator[None]:
     """Run program calls on this thread at once, as strict mode does."""
@@ -386,6 +392,24 @@ def record_jit(function: Any, args: tuple) -> Any:
         return _record(node, lambda: function.jitted.eval_shape(*[_abstract(a) for a in args]))
 
 
+def abandon(array: Pending) -> None:
+    """Forget the recorded op that would compute ``array``, which the device refused room for:
+    the op raised, so it must leave nothing to compute at the next flush."""
+    with _lock:
+        region = array.region
+        if region is None or array.value is not None:
+            return
+        node = region.nodes[array.node]
+        node.outputs = [_NOTHING] * len(node.outputs)
+        if array.node == len(region.nodes) - 1:
+            region.nodes.pop()
+
+
+def _NOTHING() -> None:
+    """The output reference of an abandoned op: never live."""
+    return None
+
+
 def _fill(template: tuple, values: list) -> list:
     it = iter(values)
     return [next(it) if a is _ARG else a for a in template]
@@ -477,9 +501,18 @@ def _run(key: Any, known: _Known | None, region: _Region, wanted: list) -> list:
 
 
 def _op_by_op(nodes: list[_Node], externals: list, live: list) -> list:
-    """Run each node's program in turn, as strict mode would have (first sight of a region)."""
-    computed: list[list] = []
+    """Run each node's program in turn, as strict mode would have (first sight of a region),
+    but only the nodes the live results (and pending checks) depend on, as a compiled region
+    would: a result nobody references is never computed."""
+    needed = {index for index, _ in live}
+    for index in range(len(nodes) - 1, -1, -1):
+        if index in needed:
+            needed.update(index - r[0] for r in nodes[index].inputs if r[0] != "x")
+    computed: list[list | None] = []
     for index, node in enumerate(nodes):
+        if index not in needed:
+            computed.append(None)
+            continue
         args = [externals[r[1]] if r[0] == "x" else computed[index - r[0]][r[1]] for r in node.inputs]
         if node.kind == _LOWERING:
             count = node.template

@@ -6,6 +6,7 @@ One PrivateUse1 backend per process, so these run in their own pytest process
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -47,6 +48,25 @@ def sample(shape, dtype=torch.float32, seed=0, low=-5, high=6):
     if dtype.is_floating_point:
         return torch.randn(shape, generator=g).to(dtype)
     return torch.randint(low, high, shape, generator=g, dtype=dtype)
+
+
+@contextlib.contextmanager
+def host_peak_growth(limit_bytes: int):
+    """Fail when the process's peak resident memory grows by more than ``limit_bytes`` inside
+    the block (Linux: the peak is reset through ``/proc/self/clear_refs`` first)."""
+    def peak() -> int:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        pytest.skip("resetting the peak resident memory needs Linux's /proc/self/clear_refs")
+    before = peak()
+    yield
+    grown = peak() - before
+    assert grown <= limit_bytes, f"the host's peak memory grew by {grown / 2**30:.2f} GiB"
 
 
 def assert_native(*names):
