@@ -78,7 +78,7 @@ def assert_native(*names):
         assert counts.get("fallback", 0) == 0, f"{name} fell back to the CPU: {counts}"
 
 
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (no backend active) and return the finished process."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}
     full_env.update(env or {})
