@@ -1,4 +1,5 @@
-"""Special functions (``torch.special``): Bessel functions and the classical orthogonal polynomials.
+"""Special functions (``torch.special``): Bessel and Airy functions, ndtri and the classical
+orthogonal polynomials.
 
 Each is an elementwise program in fp32: the polynomial and rational approximations and the
 three-term recurrences run on the Vector engine, exp/log/sqrt/sin/cos/acos on the Scalar
@@ -12,9 +13,10 @@ unselected branch's NaN or infinity never reaches the result.
 
 Where the CPU has a bfloat16/float16 kernel (``i0e``, ``i1``, ``i1e``) it computes in fp32 and
 rounds once; so does this program. Where it has none, the program declines and the CPU raises
-its error. ``zeta``, ``airy_ai`` and ``erfcx`` stay on the CPU: their CPU kernels iterate a
-series until it converges (a data-dependent trip count) or pick one of 100 polynomials per
-element, which this file does not reproduce.
+its error. Two stay on the CPU: ``zeta``, whose float kernel sums its series in double
+precision (the NeuronCore has no fp64 to match it), and ``erfcx``, whose kernel picks one of
+100 interval polynomials per element (a per-element table lookup a tile program has no gather
+for).
 """
 
 from __future__ import annotations
@@ -486,6 +488,83 @@ def _ndtri(f: _Fp32, p: Tile) -> Tile:
     return f.where(f.test(p, "equal", 1.0), float("inf"), result, into=result)
 
 
+# ---------------------------------------------------------------------------------------------
+# Airy Ai (Cephes airy.c): asymptotic rational forms outside [-2.09, 2.09), a series inside
+# ---------------------------------------------------------------------------------------------
+
+_AIRY_AN = (3.46538101525629032477e-01, 1.20075952739645805542e+01, 7.62796053615234516538e+01,
+            1.68089224934630576269e+02, 1.59756391350164413639e+02, 7.05360906840444183113e+01,
+            1.40264691163389668864e+01, 9.99999999999999995305e-01)
+_AIRY_AD = (5.67594532638770212846e-01, 1.47562562584847203173e+01, 8.45138970141474626562e+01,
+            1.77318088145400459522e+02, 1.64234692871529701831e+02, 7.14778400825575695274e+01,
+            1.40959135607834029598e+01, 1.00000000000000000470e+00)
+_AIRY_AFN = (-1.31696323418331795333e-01, -6.26456544431912369773e-01, -6.93158036036933542233e-01,
+             -2.79779981545119124951e-01, -4.91900132609500318020e-02, -4.06265923594885404393e-03,
+             -1.59276496239262096340e-04, -2.77649108155232920844e-06, -1.67787698489114633780e-08)
+_AIRY_AFD = (1.33560420706553243746e+01, 3.26825032795224613948e+01, 2.67367040941499554804e+01,
+             9.18707402907259625840e+00, 1.47529146771666414581e+00, 1.15687173795188044134e-01,
+             4.40291641615211203805e-03, 7.54720348287414296618e-05, 4.51850092970580378464e-07)
+_AIRY_AGN = (1.97339932091685679179e-02, 3.91103029615688277255e-01, 1.06579897599595591108e+00,
+             9.39169229816650230044e-01, 3.51465656105547619242e-01, 6.33888919628925490927e-02,
+             5.85804113048388458567e-03, 2.82851600836737019778e-04, 6.98793669997260967291e-06,
+             8.11789239554389293311e-08, 3.41551784765923618484e-10)
+_AIRY_AGD = (9.30892908077441974853e+00, 1.98352928718312140417e+01, 1.55646628932864612953e+01,
+             5.47686069422975497931e+00, 9.54293611618961883998e-01, 8.64580826352392193095e-02,
+             4.12656523824222607191e-03, 1.01259085116509135510e-04, 1.17166733214413521882e-06,
+             4.91834570062930015649e-09)
+_1_SQRT_PI = 5.64189583547756286948e-01
+#: Terms of the series: inside [-2.09, 2.09) every element's terms fall below float32's epsilon
+#: within ten; each element stops adding where the CPU's loop stops.
+_AIRY_TERMS = 12
+
+
+def _airy_ai(f: _Fp32, x: Tile) -> Tile:
+    # x < -2.09: oscillating, 1/sqrt(pi) / x^(1/4) (sin(t) (1 + z^2 F) - cos(t) z G)
+    minus_x = f.mul(x, -1.0)
+    root = f.act("sqrt", minus_x)
+    zeta_neg = f.div(f.mul(f.mul(x, -2.0), root), 3.0)
+    z = f.div(1.0, zeta_neg)
+    zz = f.mul(z, z)
+    big_f = f.div(f.mul(zz, f.polevl(zz, _AIRY_AFN)), f.polevl(zz, _AIRY_AFD))
+    big_g = f.div(f.mul(z, f.polevl(zz, _AIRY_AGN)), f.polevl(zz, _AIRY_AGD))
+    t = f.add(zeta_neg, _F32(0.25) * _F32(np.pi))
+    wave = f.sub(f.mul(f.act("sin", t), f.add(big_f, 1.0)), f.mul(f.act("cos", t), big_g))
+    negative = f.mul(f.div(_1_SQRT_PI, f.act("sqrt", root)), wave)
+    # x >= 2.09: decaying, 1/sqrt(pi) A(1/zeta) / (2 x^(1/4) exp(zeta))
+    root_pos = f.act("sqrt", x)
+    zeta = f.div(f.mul(f.mul(x, 2.0), root_pos), 3.0)
+    inverse = f.div(1.0, zeta)
+    ratio = f.div(f.polevl(inverse, _AIRY_AN), f.polevl(inverse, _AIRY_AD))
+    denominator = f.mul(f.mul(f.act("sqrt", root_pos), 2.0), f.act("exp", zeta))
+    positive = f.div(f.mul(ratio, _1_SQRT_PI), denominator)
+    # |x| < 2.09: Ai = c1 f(x) - c2 g(x) by the Maclaurin series, summed until a term of f is
+    # below float32's epsilon relative to f (the CPU's stopping rule, element by element)
+    cube = f.mul(f.mul(x, x), x)
+    m, n, series_f, series_g = f.new("m"), f.new("n"), f.new("f"), f.new("g")
+    f.k.memset(m, 1.0)
+    f.k.tensor_copy(n, x)
+    f.k.memset(series_f, 1.0)
+    f.k.tensor_copy(series_g, x)
+    running = f.k.sbuf(f.shape, np.uint8, "running")
+    f.k.memset(running, 1)
+    t_mask = f.k.sbuf(f.shape, np.uint8, "converging")
+    for i in range(1, _AIRY_TERMS + 1):
+        f.div(f.mul(m, cube, into=m), float(3 * i - 1), into=m)
+        f.div(f.mul(n, cube, into=n), float(3 * i), into=n)
+        f.div(m, float(3 * i), into=m)
+        f.where(running, f.add(series_f, m), series_f, into=series_f)
+        f.div(n, float(3 * i + 1), into=n)
+        f.where(running, f.add(series_g, n), series_g, into=series_g)
+        ratio_t = f.act("abs", f.div(m, series_f))
+        f.k.tensor_tensor(running, running, f.test(ratio_t, "greater", float(np.finfo(_F32).eps), into=t_mask),
+                          "logical_and")
+    series = f.sub(f.mul(series_f, 0.355028053887817239260), f.mul(series_g, 0.258819403792806798405))
+    result = f.where(f.test(x, "less", -2.09), negative,
+                     f.where(f.test(x, "greater_equal", 2.09), positive, series))
+    f.where(f.test(x, "greater", 103.892), 0.0, result, into=result)
+    return f.where(f.test(f.act("abs", x), "equal", float("inf")), float("nan"), result, into=result)
+
+
 def _register_unary(op_name: str, fn: Callable[[_Fp32, Tile], Tile], narrow: bool = False,
                     narrow_fn: Callable[[_Fp32, Tile], Tile] | None = None) -> None:
     op = getattr(aten, op_name).default
@@ -507,7 +586,7 @@ for _name, _fn in {
     "special_modified_bessel_k1": lambda f, x: _k(f, x, 1, scaled=False),
     "special_scaled_modified_bessel_k0": lambda f, x: _k(f, x, 0, scaled=True),
     "special_scaled_modified_bessel_k1": lambda f, x: _k(f, x, 1, scaled=True),
-    "special_ndtri": _ndtri,
+    "special_ndtri": _ndtri, "special_airy_ai": _airy_ai,
 }.items():
     _register_unary(_name, _fn)
 _register_unary("special_i0e", _i0e, narrow=True)

@@ -6,7 +6,10 @@ fuses some multiply-adds, and a recurrence or a cancelling sum amplifies a last-
 by the function's condition number. That amplification is measured, per element, by the CPU's
 own float32 error against its float64 result: neuron may be off from the CPU's float32 result
 by four times that, plus a few float32 ulps of the result (and of the function's scale, for
-values near a zero of an O(1) function). Special values (NaN, infinities, the exact values at
+values near a zero of an O(1) function), plus what a few ulps of the argument move the result
+by (``|x f'(x)| eps``, from the CPU's float64 function): the Scalar engine's square root is not
+the CPU's correctly rounded one, and where a function oscillates fast (Airy's and Bessel's
+phases at large |x|) one ulp of an intermediate that carries x shows in the result. Special values (NaN, infinities, the exact values at
 the ends of an interval, a negative degree) must be exactly the CPU's.
 """
 
@@ -30,7 +33,7 @@ POLYNOMIALS = ["chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_po
                "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
                "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he",
                "laguerre_polynomial_l", "legendre_polynomial_p"]
-SPECIAL_VALUES = [0.0, -0.0, 1e-6, -1e-6, 2.0, 5.0, -5.0, 8.0, -8.0, 30.0, -30.0, 100.0,
+SPECIAL_VALUES = [0.0, -0.0, 1e-6, -1e-6, 2.0, 5.0, -5.0, 8.0, -8.0, 30.0, -30.0, 100.0, 2.09, -2.09, 8.33, 103.9, -50.0,
                   float("nan"), float("inf"), -float("inf")]
 PROBABILITIES = [0.0, 1.0, -0.1, 1.1, 1e-20, 1e-10, 0.5, 0.13533528, 0.8646647, float("nan")]
 #: A few float32 ulps (of the result, or of an O(1) function's scale near its zeros).
@@ -60,7 +63,7 @@ def _assert_as_accurate_as_cpu(actual: torch.Tensor, fn, *args, scale=0.0) -> No
     assert torch.equal(torch.isnan(actual), torch.isnan(expected))
     assert torch.equal(actual[torch.isinf(expected)], expected[torch.isinf(expected)])
     cpu_error = (expected.double() - reference).abs()
-    allowed = 4 * cpu_error + ULPS * (expected.double().abs() + scale)
+    allowed = 4 * cpu_error + ULPS * (expected.double().abs() + scale) + _argument_sensitivity(fn, args)
     error = (actual.double() - expected.double()).abs()
     worst = torch.argmax(torch.where(finite, error - allowed, -torch.inf))
     assert bool((error[finite] <= allowed[finite]).all()), (
@@ -68,7 +71,18 @@ def _assert_as_accurate_as_cpu(actual: torch.Tensor, fn, *args, scale=0.0) -> No
         f"got {actual[worst].item()!r}, CPU float32 error {cpu_error[worst].item():.3g}")
 
 
-@pytest.mark.parametrize("name", UNARY)
+def _argument_sensitivity(fn, args) -> torch.Tensor | float:
+    """``|f(x (1 + 4 eps)) - f(x (1 - 4 eps))| / 2`` in float64: the result's change for four
+    float32 ulps of the argument ``x`` (the first argument, when it is a tensor)."""
+    if not isinstance(args[0], torch.Tensor):
+        return 0.0
+    x, rest = args[0].double(), [a.double() if isinstance(a, torch.Tensor) else a for a in args[1:]]
+    step = x * 4 * torch.finfo(torch.float32).eps
+    change = (fn(x + step, *rest) - fn(x - step, *rest)).abs() / 2
+    return change.nan_to_num(0.0, posinf=0.0)
+
+
+@pytest.mark.parametrize("name", UNARY + ["airy_ai"])
 def test_unary_matches_cpu(dev, name):
     fn = getattr(S, name)
     x = _arguments(name)
