@@ -1,5 +1,5 @@
-"""Special functions (``torch.special``): Bessel and Airy functions, ndtri and the classical
-orthogonal polynomials.
+"""Special functions (``torch.special``): Bessel and Airy functions, ndtri, erfcx and the
+classical orthogonal polynomials.
 
 Each is an elementwise program in fp32: the polynomial and rational approximations and the
 three-term recurrences run on the Vector engine, exp/log/sqrt/sin/cos/acos on the Scalar
@@ -13,10 +13,9 @@ unselected branch's NaN or infinity never reaches the result.
 
 Where the CPU has a bfloat16/float16 kernel (``i0e``, ``i1``, ``i1e``) it computes in fp32 and
 rounds once; so does this program. Where it has none, the program declines and the CPU raises
-its error. Two stay on the CPU: ``zeta``, whose float kernel sums its series in double
-precision (the NeuronCore has no fp64 to match it), and ``erfcx``, whose kernel picks one of
-100 interval polynomials per element (a per-element table lookup a tile program has no gather
-for).
+its error. ``erfcx`` is a composition rather than the CPU's table (see :func:`_erfcx`).
+``zeta`` stays on the CPU: its float kernel sums its series in double precision, which the
+NeuronCore has no fp64 to match.
 """
 
 from __future__ import annotations
@@ -565,6 +564,40 @@ def _airy_ai(f: _Fp32, x: Tile) -> Tile:
     return f.where(f.test(f.act("abs", x), "equal", float("inf")), float("nan"), result, into=result)
 
 
+# ---------------------------------------------------------------------------------------------
+# erfcx = exp(x^2) erfc(x): a composition exact to a few ulps
+# ---------------------------------------------------------------------------------------------
+
+#: From here on erfcx is its continued fraction (erfc itself would soon underflow); below, exp(x^2)
+#: times the Scalar engine's erfc.
+_ERFCX_FRACTION_FROM = 5.0
+#: Levels of the continued fraction: at |x| >= 5 the truncation error is far below float32's.
+_ERFCX_LEVELS = 14
+
+
+def _erfcx(f: _Fp32, x: Tile) -> Tile:
+    """Not the CPU's 100-interval table (a per-element table lookup), but a composition that is
+    as accurate: ``exp(x^2) erfc(|x|)`` below 5, with ``x^2`` split exactly (``x = hi + lo``,
+    ``hi`` on a 1/128 grid so ``hi^2`` is exact in fp32: ``exp(x^2) = exp(hi^2) exp(lo (2 hi +
+    lo))``, where rounding ``x^2`` itself would cost ``x^2`` ulps); from 5 on the continued
+    fraction ``1/sqrt(pi) / (x + (1/2) / (x + 1 / (x + (3/2) / ...)))``; for x < 0 the CPU's
+    ``2 exp(x^2) - erfcx(-x)``, infinite below -26.7 as there."""
+    ax = f.act("abs", x)
+    hi = f.div(f.act("round", f.mul(ax, 128.0)), 128.0)
+    lo = f.sub(ax, hi)
+    exp_square = f.mul(f.act("exp", f.mul(hi, hi)), f.act("exp", f.mul(lo, f.add(f.add(hi, hi), lo))))
+    near = f.mul(exp_square, f.act("erfc", ax))
+    fraction = f.new("fraction")
+    f.k.tensor_copy(fraction, ax)
+    for level in range(_ERFCX_LEVELS, 0, -1):
+        f.add(ax, f.div(level / 2.0, fraction), into=fraction)
+    far = f.div(1.0 / np.sqrt(np.pi), fraction, into=fraction)
+    positive = f.where(f.test(ax, "less", _ERFCX_FRACTION_FROM), near, far)
+    negative = f.sub(f.mul(exp_square, 2.0), positive)
+    result = f.where(f.test(x, "less", 0.0), negative, positive)
+    return f.where(f.test(x, "less", -26.7), float("inf"), result, into=result)
+
+
 def _register_unary(op_name: str, fn: Callable[[_Fp32, Tile], Tile], narrow: bool = False,
                     narrow_fn: Callable[[_Fp32, Tile], Tile] | None = None) -> None:
     op = getattr(aten, op_name).default
@@ -587,6 +620,7 @@ for _name, _fn in {
     "special_scaled_modified_bessel_k0": lambda f, x: _k(f, x, 0, scaled=True),
     "special_scaled_modified_bessel_k1": lambda f, x: _k(f, x, 1, scaled=True),
     "special_ndtri": _ndtri, "special_airy_ai": _airy_ai,
+    "special_erfcx": _erfcx,
 }.items():
     _register_unary(_name, _fn)
 _register_unary("special_i0e", _i0e, narrow=True)

@@ -9,8 +9,9 @@ by four times that, plus a few float32 ulps of the result (and of the function's
 values near a zero of an O(1) function), plus what a few ulps of the argument move the result
 by (``|x f'(x)| eps``, from the CPU's float64 function): the Scalar engine's square root is not
 the CPU's correctly rounded one, and where a function oscillates fast (Airy's and Bessel's
-phases at large |x|) one ulp of an intermediate that carries x shows in the result. Special values (NaN, infinities, the exact values at
-the ends of an interval, a negative degree) must be exactly the CPU's.
+phases at large |x|) one ulp of an intermediate that carries x shows in the result. Special
+values (NaN, infinities, the exact values at the ends of an interval, a negative degree) must
+be exactly the CPU's.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ S = torch.special
 
 UNARY = ["bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "spherical_bessel_j0",
          "modified_bessel_i0", "modified_bessel_i1", "modified_bessel_k0", "modified_bessel_k1",
-         "scaled_modified_bessel_k0", "scaled_modified_bessel_k1", "i0e", "i1", "i1e", "ndtri"]
+         "scaled_modified_bessel_k0", "scaled_modified_bessel_k1", "i0e", "i1", "i1e", "ndtri",
+         "airy_ai", "erfcx"]
 #: Functions whose CPU kernel also computes bfloat16/float16 (in float32, rounded once).
 NARROW = ["i0e", "i1", "i1e"]
 POLYNOMIALS = ["chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v",
@@ -33,8 +35,9 @@ POLYNOMIALS = ["chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_po
                "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
                "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he",
                "laguerre_polynomial_l", "legendre_polynomial_p"]
-SPECIAL_VALUES = [0.0, -0.0, 1e-6, -1e-6, 2.0, 5.0, -5.0, 8.0, -8.0, 30.0, -30.0, 100.0, 2.09, -2.09, 8.33, 103.9, -50.0,
-                  float("nan"), float("inf"), -float("inf")]
+#: Zeros, tiny arguments, the branch points (Bessel 5 and 8, Airy +-2.09 and 8.32), large ones.
+SPECIAL_VALUES = [0.0, -0.0, 1e-6, -1e-6, 2.0, 5.0, -5.0, 8.0, -8.0, 30.0, -30.0, 100.0, 2.09,
+                  -2.09, 8.33, 103.9, -50.0, float("nan"), float("inf"), -float("inf")]
 PROBABILITIES = [0.0, 1.0, -0.1, 1.1, 1e-20, 1e-10, 0.5, 0.13533528, 0.8646647, float("nan")]
 #: A few float32 ulps (of the result, or of an O(1) function's scale near its zeros).
 ULPS = 8 * torch.finfo(torch.float32).eps
@@ -82,7 +85,7 @@ def _argument_sensitivity(fn, args) -> torch.Tensor | float:
     return change.nan_to_num(0.0, posinf=0.0)
 
 
-@pytest.mark.parametrize("name", UNARY + ["airy_ai"])
+@pytest.mark.parametrize("name", UNARY)
 def test_unary_matches_cpu(dev, name):
     fn = getattr(S, name)
     x = _arguments(name)
@@ -105,6 +108,14 @@ def test_narrow_dtypes_compute_in_float32_and_round_once(dev, name, dtype):
     assert torch.equal(torch.isnan(actual), torch.isnan(expected))
     # Both round an fp32 value a few fp32 ulps apart: equal, or one step of the narrow type.
     torch.testing.assert_close(actual, expected, rtol=torch.finfo(dtype).eps, atol=0, equal_nan=True)
+
+
+def test_log_ndtr_decomposes_into_native_ops(dev):
+    """``log_ndtr`` is a decomposition whose lower tail is ``erfcx``: all of it on the device."""
+    x = _arguments("log_ndtr")
+    actual = _on_device(S.log_ndtr, dev, x)
+    assert_native("aten.special_erfcx.default")
+    _assert_as_accurate_as_cpu(actual, S.log_ndtr, x)
 
 
 def test_out_form_runs_natively(dev):
