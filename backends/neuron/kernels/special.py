@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from accelkit.sdk import KernelDeclined
-from accelkit_backends.neuron.launch import OutSpec, hbm_empty, tile_kernel
+from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
 from accelkit_backends.neuron.sim.isa import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
 from accelkit_backends.neuron.tiling import FlatMap, map_flat_fused
@@ -153,7 +153,7 @@ def _elementwise(k: Kernel, out: OutSpec, inputs: list[np.ndarray],
             f = _Fp32(k, dst.shape)
             k.tensor_copy(dst, compute(f, srcs))
 
-    flat = FlatMap(result, inputs, chunk, np.dtype(_F32) if result.dtype == np.float64 else result.dtype)
+    flat = FlatMap(result, inputs, chunk, chip_dtype(result.dtype))
     map_flat_fused(k, [flat], [True], fmax=_COLUMNS)
     return result
 
@@ -598,14 +598,14 @@ def _erfcx(f: _Fp32, x: Tile) -> Tile:
     return f.where(f.test(x, "less", -26.7), float("inf"), result, into=result)
 
 
-def _register_unary(op_name: str, fn: Callable[[_Fp32, Tile], Tile], narrow: bool = False,
-                    narrow_fn: Callable[[_Fp32, Tile], Tile] | None = None) -> None:
+def _register_unary(op_name: str, fn: Callable[[_Fp32, Tile], Tile], narrow: bool = False) -> None:
+    """``op_name``'s kernel: ``fn`` on each chunk of the argument, in fp32; ``narrow``: the CPU
+    also computes bfloat16/float16 (in float32, rounded once)."""
     op = getattr(aten, op_name).default
 
     def body(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
         _require(out[0], op_name, narrow)
-        chosen = narrow_fn if narrow_fn is not None else fn
-        return _elementwise(k, out[0], [x], lambda f, srcs: chosen(f, f.fp32(srcs[0])))
+        return _elementwise(k, out[0], [x], lambda f, srcs: fn(f, f.fp32(srcs[0])))
 
     body.__name__ = op_name
     tile_kernel(op, static=True)(body)
