@@ -200,3 +200,27 @@ def test_a_dtype_the_cpu_lacks_gets_the_cpus_error(dev):
     x = torch.tensor([0.5, 2.0], dtype=torch.bfloat16)
     with accelkit.fallback_policy("allow"), pytest.raises(RuntimeError, match="not implemented for 'BFloat16'"):
         S.bessel_j0(x.to(dev))
+
+
+@pytest.mark.parametrize("name", ["bessel_y1", "i1e", "airy_ai", "erfcx"])
+def test_a_replayed_program_computes_the_new_values(dev, name):
+    """The unary programs are static: a second call of the same shape replays the recorded
+    program on new values, which must still be the function's."""
+    fn = getattr(S, name)
+    for seed in range(3):
+        x = torch.rand(700, generator=torch.Generator().manual_seed(seed)) * 12 - 3
+        _assert_as_accurate_as_cpu(_on_device(fn, dev, x), fn, x)
+    assert accelkit.stats()["ops"][f"aten.special_{name}.default"]["native"] == 3
+
+
+def test_compiled_graph_with_special_functions_matches_cpu(dev):
+    def f(x, n):
+        return S.bessel_j0(x) * 2 + S.i1e(x).exp() + S.chebyshev_polynomial_t(x.clamp(-1, 1), n)
+
+    x = torch.randn(300, generator=torch.Generator().manual_seed(3)) * 4
+    n = torch.randint(0, 9, (300,), generator=torch.Generator().manual_seed(4))
+    compiled = torch.compile(f, backend="neuron")
+    with accelkit.fallback_policy("deny"):
+        actual = compiled(x.to(dev), n.to(dev)).cpu()
+    # three terms of magnitude <= 2.5, each a few float32 ulps off the CPU's (as above), summed
+    torch.testing.assert_close(actual, f(x, n), rtol=1e-5, atol=1e-5)
