@@ -112,11 +112,15 @@ class BackendContext:
         if getattr(self._local, "formatting", 0):
             return False
         if self.fallback_policy == "deny":
+            if op in self.kernels:  # it has a kernel, which handed these arguments to the CPU
+                why, fix = (f"{op}'s {self.name} kernel declined these arguments",
+                            "or extend the kernel to cover them.")
+            else:
+                why, fix = (f"{op} has no kernel or decomposition on {self.name}",
+                            f"or give the {self.name} backend a kernel for this op.")
             raise FallbackDeniedError(
-                f"{op} has no kernel or decomposition on {self.name} and the CPU fallback is "
-                f"denied (policy 'deny'). Allow it with {FALLBACK_ENV}=warn or "
-                f"accelkit.fallback_policy('allow'), or give the {self.name} backend a kernel "
-                "for this op."
+                f"{why} and the CPU fallback is denied (policy 'deny'). Allow it with "
+                f"{FALLBACK_ENV}=warn or accelkit.fallback_policy('allow'), {fix}"
             )
         if self.fallback_policy == "warn" and op not in self._warned:
             self._warned.add(op)
