@@ -1,0 +1,173 @@
+"""Small exact families as decompositions into neuron's native ops, each following the CPU
+kernel's arithmetic step for step, so the results are the CPU's bit for bit (``addbmm`` within
+float rounding: its sum is grouped differently).
+
+* ``addbmm``/``addmv``: one ``mm`` (for ``addbmm`` of the batches laid side by side: the batch
+  sum is the contraction; for ``addmv`` of the vector as a column), then ``beta * self + alpha *
+  product``; ``beta == 0`` ignores ``self`` (NaN included), as the BLAS convention the CPU
+  follows. (PyTorch's own ``addmv`` decomposition calls ``mv``, which the CPU runs as ``addmv``.)
+* ``gcd``/``lcm``: the CPU's Euclid loop (``calc_gcd``: ``a, b = |a|, |b|``; while ``a``:
+  ``a, b = b % a, a``) run element-wise for a fixed number of steps, enough for every value the
+  engines hold: by Lamé's theorem a pair below ``F(n + 2)`` (Fibonacci) needs at most ``n``
+  steps; an element already done stays put. int64 is computed as int32 on neuron (larger values
+  are refused), so 32 bits bound it. ``lcm`` is ``|a / gcd * b|`` (0 where the gcd is 0).
+  Narrower integer types are computed in int32 and truncated on the way back, as the CPU's C++
+  promotes them to ``int`` (so an ``lcm`` that overflows int8 wraps as it does there).
+* ``nextafter``: integer arithmetic on the float's bits (a dtype view, metadata only): one
+  step up or down in the bit pattern moves one representable value, toward or away from zero;
+  from zero it is the smallest subnormal with ``other``'s sign, built in bits too, so no float
+  arithmetic (which may flush subnormals) touches it.
+* ``searchsorted``: the CPU's binary search (``cus_lower_bound``/``cus_upper_bound``) run for
+  every value at once for ``ceil(log2(n + 1))`` rounds, each a gather and a compare: exact
+  also where a NaN sits in the sequence (a count of smaller elements would not be).
+* ``index_reduce``: ``scatter_reduce`` with the index spread along the source's other dims
+  (the same reductions, ``include_self`` and integer mean rounding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+
+import torch
+from torch._ops import OpOverload
+
+aten = torch.ops.aten
+
+
+def _scaled_sum(self, product, beta, alpha):
+    """``beta * self + alpha * product``, ``self`` unread when ``beta`` is 0 (the CPU's rule)."""
+    if not product.is_floating_point():
+        beta, alpha = int(beta), int(alpha)
+    if alpha != 1:
+        product = product * alpha
+    if beta == 0:
+        return product
+    return (self * beta if beta != 1 else self) + product
+
+
+def _addbmm(self, batch1, batch2, *, beta=1, alpha=1):
+    batches, rows, inner = batch1.shape
+    cols = batch2.shape[2]
+    product = torch.mm(batch1.transpose(0, 1).reshape(rows, batches * inner), batch2.reshape(batches * inner, cols))
+    return _scaled_sum(self, product, beta, alpha)
+
+
+def _addmv(self, mat, vec, *, beta=1, alpha=1):
+    return _scaled_sum(self, torch.mm(mat, vec.unsqueeze(1)).squeeze(1), beta, alpha)
+
+
+#: Value bits the engines compute per integer dtype (int64 is computed as int32 on neuron).
+_VALUE_BITS = {torch.uint8: 8, torch.int8: 7, torch.int16: 15, torch.int32: 31, torch.int64: 31}
+
+
+def _euclid_steps(dtype: torch.dtype) -> int:
+    """Steps enough for any pair of the dtype (Lamé), plus one for the first swap."""
+    bound, previous, current, n = 2 ** _VALUE_BITS[dtype], 1, 1, 0
+    while current <= bound:
+        previous, current, n = current, previous + current, n + 1
+    return n + 1
+
+
+def _euclid(a, b):
+    """The CPU's ``calc_gcd`` element-wise, in ``a``'s dtype."""
+    a, b = torch.broadcast_tensors(a.abs(), b.abs())
+    for _ in range(_euclid_steps(a.dtype)):
+        going = a != 0
+        a, b = torch.where(going, b % torch.where(going, a, 1), 0), torch.where(going, a, b)
+    return b
+
+
+def _widened(tensor, dtype):
+    """``tensor`` in ``dtype``, or in int32 for a narrower integer type: the CPU's C++ promotes
+    those to int in its arithmetic and truncates on the store."""
+    return tensor.to(torch.int32 if _VALUE_BITS[dtype] < 31 else dtype)
+
+
+def _gcd(self, other):
+    dtype = torch.result_type(self, other)
+    return _euclid(_widened(self, dtype), _widened(other, dtype)).to(dtype)
+
+
+def _lcm(self, other):
+    dtype = torch.result_type(self, other)
+    a, b = _widened(self, dtype), _widened(other, dtype)
+    divisor = _euclid(a, b)
+    quotient = torch.div(a, torch.where(divisor == 0, 1, divisor), rounding_mode="trunc")
+    return torch.where(divisor == 0, 0, (quotient * b).abs()).to(dtype)
+
+
+#: The integer dtype of a float's width, for its bit view.
+_BITS_OF = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def _nextafter(self, other):
+    dtype = torch.result_type(self, other)
+    x, y = torch.broadcast_tensors(self.to(dtype), other.to(dtype))
+    bits_dtype = _BITS_OF[dtype]
+    bits = x.contiguous().view(bits_dtype)
+    sign = -(2 ** (torch.iinfo(bits_dtype).bits - 1))  # the sign bit alone, as a signed value
+    away_from_zero = (y > x) == (x > 0)
+    stepped = bits + torch.where(away_from_zero, 1, -1).to(bits_dtype)
+    from_zero = torch.where(y > x, 1, sign + 1).to(bits_dtype)  # +/- the smallest subnormal
+    result = torch.where(x == 0, from_zero, stepped).view(dtype)
+    result = torch.where(x == y, y, result)
+    return torch.where(torch.isnan(x) | torch.isnan(y), x + y, result)
+
+
+def _search(sorted_sequence, values, right, sorter):
+    """The CPU's lower (upper, ``right``) bound of each value in the last dim of the sequence."""
+    length = sorted_sequence.shape[-1]
+    batched = sorted_sequence.dim() > 1
+    start = torch.zeros(values.shape, dtype=torch.int64, device=values.device)
+    end = torch.full(values.shape, length, dtype=torch.int64, device=values.device)
+    for _ in range(max(1, math.ceil(math.log2(length + 1)))):
+        searching = start < end
+        middle = torch.div(start + end, 2, rounding_mode="floor").clamp(max=max(length - 1, 0))
+        position = middle
+        if sorter is not None:
+            position = sorter.gather(-1, middle) if batched else sorter[middle]
+        found = sorted_sequence.gather(-1, position) if batched else sorted_sequence[position]
+        before = ~(found > values) if right else ~(found >= values)
+        start = torch.where(searching & before, middle + 1, start)
+        end = torch.where(searching & ~before, middle, end)
+    return start
+
+
+def _searchsorted(sorted_sequence, self, *, out_int32=False, right=False, side=None, sorter=None):
+    if side == "left" and right:
+        raise RuntimeError("torch.searchsorted(): side and right can't be set to opposites, got side of left "
+                           "while right was True")
+    right = right or side == "right"
+    if not isinstance(self, torch.Tensor):
+        common = torch.result_type(sorted_sequence, self)
+        values = torch.full((), self, dtype=common, device=sorted_sequence.device)
+    else:
+        common = torch.result_type(sorted_sequence, self)
+        values = self.to(common)
+    result = _search(sorted_sequence.to(common), values, right, sorter)
+    return result.to(torch.int32 if out_int32 else torch.int64)
+
+
+def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
+    dim = dim % max(self.dim(), 1)
+    if source.dim() == 0:
+        source = source.view(1)
+    shape = [1] * source.dim()
+    shape[dim] = -1
+    spread = index.view(shape).expand(source.shape)
+    return self.scatter_reduce(dim, spread, source, reduce, include_self=include_self)
+
+
+def decompositions() -> Mapping[OpOverload, Callable]:
+    """The decompositions above, keyed by aten overload (in-place and ``out=`` forms follow)."""
+    return {
+        aten.addbmm.default: _addbmm,
+        aten.addmv.default: _addmv,
+        aten.gcd.default: _gcd,
+        aten.lcm.default: _lcm,
+        aten.nextafter.default: _nextafter,
+        aten.searchsorted.Tensor: _searchsorted,
+        aten.searchsorted.Scalar: _searchsorted,
+        aten.index_reduce.default: _index_reduce,
+    }

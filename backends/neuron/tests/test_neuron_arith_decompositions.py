@@ -1,0 +1,173 @@
+"""The small exact families neuron decomposes (``arith_decompositions.py``, and PyTorch's
+``_addmm_activation``/``grid_sampler_2d`` in ``decompositions.VETTED``) vs CPU
+PyTorch, fallback denied: bit for bit where the CPU's arithmetic is followed step for step,
+within float rounding where a sum is grouped differently."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import accelkit
+
+GEN = torch.Generator().manual_seed(0)
+
+
+def _on_device(fn, *tensors, dev):
+    with accelkit.fallback_policy("deny"):
+        out = fn(*(t.to(dev) for t in tensors))
+    return tuple(o.cpu() for o in out) if isinstance(out, tuple) else out.cpu()
+
+
+def _randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=GEN).to(dtype)
+
+
+def _close(actual, expected, dtype):
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    tol = {torch.float32: 1e-5, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
+
+
+# -- matmul with beta/alpha ------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("beta,alpha", [(1, 1), (0.5, -2.0), (0, 1.5)], ids=str)
+def test_addbmm_and_addmv_match_cpu(dev, dtype, beta, alpha):
+    self2, b1, b2 = _randn(5, 6, dtype=dtype), _randn(3, 5, 4, dtype=dtype), _randn(3, 4, 6, dtype=dtype)
+    self1, mat, vec = _randn(5, dtype=dtype), _randn(5, 7, dtype=dtype), _randn(7, dtype=dtype)
+    addbmm = lambda s, x, y: torch.addbmm(s, x, y, beta=beta, alpha=alpha)  # noqa: E731
+    addmv = lambda s, m, v: torch.addmv(s, m, v, beta=beta, alpha=alpha)  # noqa: E731
+    _close(_on_device(addbmm, self2, b1, b2, dev=dev), addbmm(self2, b1, b2), dtype)
+    _close(_on_device(addmv, self1, mat, vec, dev=dev), addmv(self1, mat, vec), dtype)
+
+
+def test_beta_zero_ignores_nan_in_self(dev):
+    self2 = torch.full((5, 6), float("nan"))
+    b1, b2 = _randn(2, 5, 3), _randn(2, 3, 6)
+    actual = _on_device(lambda s, x, y: torch.addbmm(s, x, y, beta=0), self2, b1, b2, dev=dev)
+    assert not actual.isnan().any()
+    _close(actual, torch.addbmm(self2, b1, b2, beta=0), torch.float32)
+    vec_self = torch.full((5,), float("nan"))
+    actual = _on_device(lambda s, m, v: torch.addmv(s, m, v, beta=0), vec_self, _randn(5, 3), _randn(3), dev=dev)
+    assert not actual.isnan().any()
+
+
+def test_addbmm_in_place_and_addmm_activation(dev):
+    self2, b1, b2 = _randn(4, 4), _randn(2, 4, 3), _randn(2, 3, 4)
+    expected = self2.clone().addbmm_(b1, b2, alpha=0.5)
+    _close(_on_device(lambda s, x, y: s.addbmm_(x, y, alpha=0.5), self2, b1, b2, dev=dev), expected, torch.float32)
+    for use_gelu in (False, True):
+        fn = lambda s, x, y: torch.ops.aten._addmm_activation(s, x, y, use_gelu=use_gelu)  # noqa: E731
+        _close(_on_device(fn, self2, self2, self2, dev=dev), fn(self2, self2, self2), torch.float32)
+
+
+# -- integer Euclid ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8], ids=str)
+def test_gcd_lcm_match_cpu_exactly(dev, dtype):
+    high = min(torch.iinfo(dtype).max, 40_000)  # int64's lcm within the engines' int32
+    low = 0 if dtype == torch.uint8 else -high
+    a = torch.randint(low, high, (64,), generator=GEN).to(dtype)
+    b = torch.randint(low, high, (64,), generator=GEN).to(dtype)
+    a[:4] = torch.tensor([0, 0, 7, 12]).to(dtype)
+    b[:4] = torch.tensor([0, 5, 0, 18]).to(dtype)
+    for fn in (torch.gcd, torch.lcm):
+        actual, expected = _on_device(fn, a, b, dev=dev), fn(a, b)
+        assert actual.dtype == expected.dtype and torch.equal(actual, expected), fn.__name__
+
+
+def test_gcd_worst_case_consecutive_fibonacci(dev):
+    fib = [1, 1]
+    while fib[-1] < 2 ** 31 - 1:
+        fib.append(fib[-1] + fib[-2])
+    a, b = torch.tensor(fib[-3:-1], dtype=torch.int32), torch.tensor(fib[-4:-2], dtype=torch.int32)
+    assert torch.equal(_on_device(torch.gcd, a, b, dev=dev), torch.gcd(a, b))
+    x = torch.tensor([12, 18], dtype=torch.int32)
+    assert torch.equal(_on_device(lambda t, u: t.gcd_(u), x, torch.tensor([8, 27], dtype=torch.int32), dev=dev),
+                       torch.tensor([4, 9], dtype=torch.int32))
+
+
+# -- nextafter --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_nextafter_matches_cpu_bit_for_bit(dev, dtype):
+    specials = [0.0, -0.0, 1.0, -1.0, float("inf"), -float("inf"), float("nan"), torch.finfo(dtype).max,
+                torch.finfo(dtype).tiny, -torch.finfo(dtype).tiny]
+    x = torch.cat([torch.tensor(specials), _randn(20) * 100]).to(dtype)
+    grid_x, grid_y = torch.meshgrid(x, x, indexing="ij")
+    expected = torch.nextafter(grid_x, grid_y)
+    actual = _on_device(torch.nextafter, grid_x, grid_y, dev=dev)
+    assert actual.dtype == expected.dtype
+    bits = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[dtype]
+    nan = expected.isnan()
+    assert torch.equal(actual.isnan(), nan)
+    assert torch.equal(actual[~nan].view(bits), expected[~nan].view(bits))
+
+
+# -- searchsorted -----------------------------------------------------------------------------
+
+SEARCHES = {
+    "left": {},
+    "right": {"right": True},
+    "side_right_int32": {"side": "right", "out_int32": True},
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32], ids=str)
+@pytest.mark.parametrize("case", SEARCHES, ids=str)
+def test_searchsorted_matches_cpu(dev, dtype, case):
+    kwargs = SEARCHES[case]
+    sorted_1d = (torch.arange(-8, 9) // 2).to(dtype)  # repeated values: left and right differ
+    values = (_randn(3, 11) * 6).round().to(dtype)
+    batched = torch.sort((_randn(3, 9) * 4).round(), dim=-1).values.to(dtype)
+    for seq in (sorted_1d, batched):
+        fn = lambda s, v: torch.searchsorted(s, v, **kwargs)  # noqa: E731
+        actual, expected = _on_device(fn, seq, values, dev=dev), fn(seq, values)
+        assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+
+
+def test_searchsorted_sorter_scalar_and_nan(dev):
+    seq = torch.tensor([3.0, 1.0, float("nan"), 2.0, 2.0])
+    sorter = torch.argsort(seq)
+    values = torch.tensor([0.5, 2.0, 2.5, 9.0, float("nan")])
+    for right in (False, True):
+        fn = lambda s, v, o: torch.searchsorted(s, v, right=right, sorter=o)  # noqa: E731
+        assert torch.equal(_on_device(fn, seq, values, sorter, dev=dev), fn(seq, values, sorter))
+    with_nan = torch.tensor([1.0, float("nan"), float("nan")])  # not sorted: the search's own answer
+    assert torch.equal(_on_device(torch.searchsorted, with_nan, values, dev=dev), torch.searchsorted(with_nan, values))
+    seq_sorted = torch.linspace(-1, 1, 7)
+    fn = lambda s: torch.searchsorted(s, 0.3, right=True)  # noqa: E731
+    assert torch.equal(_on_device(fn, seq_sorted, dev=dev), fn(seq_sorted))
+
+
+# -- index_reduce -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32], ids=str)
+@pytest.mark.parametrize("reduce", ["prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False], ids=["with_self", "without_self"])
+def test_index_reduce_matches_cpu(dev, dtype, reduce, include_self):
+    self_ = (_randn(5, 4) * 4).round().to(dtype)
+    source = (_randn(5, 6) * 4).round().to(dtype)
+    index = torch.tensor([0, 2, 0, 3, 2, 0])
+    fn = lambda s, i, src: s.index_reduce(1, i, src, reduce, include_self=include_self)  # noqa: E731
+    actual, expected = _on_device(fn, self_, index, source, dev=dev), fn(self_, index, source)
+    assert actual.dtype == expected.dtype
+    if dtype == torch.bfloat16 and reduce == "mean":
+        _close(actual, expected, dtype)
+    else:
+        assert torch.equal(actual, expected)
+
+
+# -- grid_sampler_2d --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True], ids=["centers", "corners"])
+def test_grid_sample_matches_cpu(dev, mode, padding_mode, align_corners):
+    image, grid = _randn(2, 3, 5, 7), _randn(2, 4, 6, 2) * 1.2
+    fn = lambda x, g: F.grid_sample(x, g, mode=mode, padding_mode=padding_mode, align_corners=align_corners)  # noqa: E731
+    actual, expected = _on_device(fn, image, grid, dev=dev), fn(image, grid)
+    assert actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
