@@ -171,3 +171,50 @@ def test_grid_sample_matches_cpu(dev, mode, padding_mode, align_corners):
     actual, expected = _on_device(fn, image, grid, dev=dev), fn(image, grid)
     assert actual.shape == expected.shape
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+# -- histograms -------------------------------------------------------------------------------
+
+def _histogram_input(dtype):
+    x = torch.cat([_randn(200) * 2, torch.tensor([-1.0, 1.0, 0.0, 0.5, 3.0, float("nan")])])
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bins,low,high", [(10, -1.0, 1.0), (7, 0.0, 0.0), (16, -3.0, 2.5)], ids=str)
+def test_histc_matches_cpu_exactly(dev, dtype, bins, low, high):
+    x = _histogram_input(dtype)
+    if low == high:
+        x = x[~x.isnan()]  # a range left to the data must be finite (on the CPU too)
+    fn = lambda t: torch.histc(t, bins=bins, min=low, max=high)  # noqa: E731
+    actual, expected = _on_device(fn, x, dev=dev), fn(x)
+    assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+
+
+def test_histc_of_constant_data_and_its_errors(dev):
+    x = torch.full((5,), 2.0)
+    assert torch.equal(_on_device(lambda t: torch.histc(t, bins=4), x, dev=dev), torch.histc(x, bins=4))
+    with pytest.raises(RuntimeError, match="not finite"):
+        _on_device(lambda t: torch.histc(t, bins=4), torch.tensor([1.0, float("inf")]), dev=dev)
+
+
+@pytest.mark.parametrize("density", [False, True], ids=["counts", "density"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["ones", "weights"])
+def test_histogram_matches_cpu(dev, density, weighted):
+    x = _histogram_input(torch.float32)[:-1].view(5, 41)
+    weight = _randn(5, 41).abs() if weighted else None
+    edges = torch.tensor([-3.0, -1.0, -0.5, 0.0, 0.25, 2.0, 4.0])
+    cases = {
+        "count": lambda t, w: torch.histogram(t, bins=9, weight=w, density=density),
+        "count_range": lambda t, w: torch.histogram(t, bins=5, range=(-1.0, 1.0), weight=w, density=density),
+        "edges": lambda t, w: torch.histogram(t, edges.to(t.device), weight=w, density=density),
+    }
+    for name, fn in cases.items():
+        tensors = (x, weight) if weighted else (x,)
+        actual = _on_device(lambda t, w=None: fn(t, w), *tensors, dev=dev)
+        expected = fn(x, weight)
+        assert torch.equal(actual[1], expected[1]), name
+        if weighted or density:  # sums of floats, grouped otherwise than on the CPU
+            torch.testing.assert_close(actual[0], expected[0], rtol=1e-5, atol=1e-6, msg=name)
+        else:
+            assert torch.equal(actual[0], expected[0]), name
