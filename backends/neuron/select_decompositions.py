@@ -1,0 +1,88 @@
+"""Selections by a mask as decompositions into neuron's native ops: ``nonzero``,
+``nonzero_static``, ``masked_select`` and ``masked_scatter_``.
+
+The k-th selected element (in row-major order, as the CPU walks the tensor) goes to output slot
+``k``: a running count of the mask (``cumsum``) gives each element its slot, and one ``scatter``
+(a ``gather`` for ``masked_scatter_``) moves the values; multi-indices are the flat index's
+digits in the tensor's shape. Exact: nothing is computed, only moved.
+
+``nonzero`` and ``masked_select`` return as many elements as the mask selects, a number the
+program cannot know before it runs: it is read back from the device (a host sync, as every
+device's nonzero has; no CPU fallback). ``nonzero_static`` has its size given and needs none;
+``masked_scatter_`` needs none either, unless ``source`` has fewer elements than the mask, when
+the count is read to raise the CPU's error for a source too short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch._ops import OpOverload
+
+aten = torch.ops.aten
+
+
+def _slots(mask: torch.Tensor) -> torch.Tensor:
+    """Each element's output slot: the number of selected elements before it."""
+    flat = mask.reshape(-1).to(torch.int64)
+    return torch.cumsum(flat, 0) - flat
+
+
+def _compacted(mask: torch.Tensor, values: torch.Tensor, size: int, fill) -> torch.Tensor:
+    """The selected ``values`` (flat) in order, in ``size`` slots (``fill`` after them); the
+    slot past the end takes the unselected elements and is dropped."""
+    flat_mask = mask.reshape(-1)
+    slot = torch.where(flat_mask, _slots(mask), size).clamp(max=size)
+    out = torch.full((size + 1,), fill, dtype=values.dtype, device=values.device)
+    return out.scatter(0, slot, values.reshape(-1))[:size]
+
+
+def _multi_index(flat: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    digits, stride = [], 1
+    for size in reversed(shape):
+        digits.append(torch.remainder(torch.div(flat, stride, rounding_mode="floor"), size))
+        stride *= size
+    return torch.stack(digits[::-1], dim=1) if digits else flat.new_zeros((flat.shape[0], 0))
+
+
+def _positions(self: torch.Tensor, size: int, fill: int) -> torch.Tensor:
+    mask = self != 0
+    flat = torch.arange(self.numel(), dtype=torch.int64, device=self.device)
+    chosen = _compacted(mask, flat, size, -1)
+    index = _multi_index(chosen.clamp(min=0), self.shape)
+    return torch.where((chosen >= 0).unsqueeze(1), index, fill)
+
+
+def _nonzero(self):
+    return _positions(self, int((self != 0).sum().item()), 0)
+
+
+def _nonzero_static(self, *, size, fill_value=-1):
+    return _positions(self, size, fill_value)
+
+
+def _masked_select(self, mask):
+    self, mask = torch.broadcast_tensors(self, mask)
+    return _compacted(mask, self, int(mask.sum().item()), 0)
+
+
+def _masked_scatter_(self, mask, source):
+    mask = mask.expand(self.shape)
+    if source.numel() < mask.numel():
+        selected = int(mask.sum().item())
+        if selected > source.numel():
+            raise RuntimeError("Number of elements of source < number of ones in mask")  # the CPU's words
+    slot = _slots(mask).clamp(max=max(source.numel() - 1, 0)).view(self.shape)
+    taken = source.reshape(-1).gather(0, slot.reshape(-1)).view(self.shape) if source.numel() else self
+    return self.copy_(torch.where(mask, taken.to(self.dtype), self))
+
+
+def decompositions() -> Mapping[OpOverload, Callable]:
+    """The decompositions above, keyed by aten overload (their ``out=`` forms follow)."""
+    return {
+        aten.nonzero.default: _nonzero,
+        aten.nonzero_static.default: _nonzero_static,
+        aten.masked_select.default: _masked_select,
+        aten.masked_scatter_.default: _masked_scatter_,
+    }

@@ -1,0 +1,67 @@
+"""``nonzero``, ``nonzero_static``, ``masked_select`` and ``masked_scatter_`` on neuron
+(``select_decompositions.py``) vs CPU PyTorch, fallback denied: exact (values are only moved)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import accelkit
+
+GEN = torch.Generator().manual_seed(0)
+DTYPES = [torch.float32, torch.bfloat16, torch.int32, torch.bool]
+
+
+def _on_device(fn, *tensors, dev):
+    with accelkit.fallback_policy("deny"):
+        return fn(*(t.to(dev) for t in tensors)).cpu()
+
+
+def _sparse(shape, dtype):
+    values = torch.randn(shape, generator=GEN)
+    values[torch.rand(shape, generator=GEN) < 0.6] = 0
+    return values.to(dtype)
+
+
+def _equal(actual, expected):
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape and torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", [(17,), (4, 6), (2, 3, 5), ()], ids=str)
+def test_nonzero_matches_cpu(dev, dtype, shape):
+    x = _sparse(shape, dtype)
+    _equal(_on_device(torch.nonzero, x, dev=dev), torch.nonzero(x))
+    for size in (0, 3, 40):
+        fn = lambda t: torch.nonzero_static(t, size=size, fill_value=-7)  # noqa: E731
+        _equal(_on_device(fn, x, dev=dev), fn(x))
+
+
+def test_nonzero_of_nothing_and_of_everything(dev):
+    for x in (torch.zeros(3, 4), torch.ones(3, 4), torch.zeros(0, 2)):
+        _equal(_on_device(torch.nonzero, x, dev=dev), torch.nonzero(x))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_masked_select_matches_cpu_with_broadcasting(dev, dtype):
+    x = _sparse((3, 5), dtype)
+    for mask in (torch.rand(3, 5, generator=GEN) > 0.5, torch.tensor([True, False, True, True, False])):
+        _equal(_on_device(torch.masked_select, x, mask, dev=dev), torch.masked_select(x, mask))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_masked_scatter_matches_cpu(dev, dtype):
+    x, source = _sparse((4, 5), dtype), _sparse((30,), dtype)
+    for mask in (torch.rand(4, 5, generator=GEN) > 0.4, torch.tensor([False, True, True, False, True])):
+        fn = lambda t, m, s: t.masked_scatter_(m, s)  # noqa: E731
+        _equal(_on_device(fn, x, mask, source, dev=dev), fn(x.clone(), mask, source))
+        same_shape = _sparse((4, 5), dtype)
+        _equal(_on_device(fn, x, mask, same_shape, dev=dev), fn(x.clone(), mask, same_shape))
+
+
+def test_masked_scatter_with_a_short_source_raises_as_on_cpu(dev):
+    x, mask = torch.zeros(6), torch.tensor([True, True, False, True, True, True])
+    with pytest.raises(RuntimeError, match="Number of elements of source < number of ones in mask"):
+        torch.zeros(6).masked_scatter_(mask, torch.ones(3))
+    with pytest.raises(RuntimeError, match="Number of elements of source < number of ones in mask"):
+        _on_device(lambda t, m, s: t.masked_scatter_(m, s), x, mask, torch.ones(3), dev=dev)
