@@ -22,6 +22,10 @@ float rounding: its sum is grouped differently).
   also where a NaN sits in the sequence (a count of smaller elements would not be).
 * ``index_reduce``: ``scatter_reduce`` with the index spread along the source's other dims
   (the same reductions, ``include_self`` and integer mean rounding).
+* ``fmax``/``fmin``: the other operand where one is NaN, else the larger (smaller); on a tie of
+  signed zeros either may come out (IEEE leaves it open; the CPU's own paths differ); ``hardshrink``/``softshrink`` backward: the
+  gradient outside ``[-lambd, lambd]``; ``angle`` of a real tensor: NaN, pi below zero, else 0
+  (a complex one is left to the CPU); ``_aminmax``: ``amin`` and ``amax``.
 """
 
 from __future__ import annotations
@@ -159,6 +163,40 @@ def _index_reduce(self, dim, index, source, reduce, *, include_self=True):
     return self.scatter_reduce(dim, spread, source, reduce, include_self=include_self)
 
 
+def _fmax(self, other):
+    a, b = _promoted(self, other)
+    return torch.where(torch.isnan(a), b, torch.where(torch.isnan(b) | ~(a < b), a, b))
+
+
+def _fmin(self, other):
+    a, b = _promoted(self, other)
+    return torch.where(torch.isnan(a), b, torch.where(torch.isnan(b) | ~(a > b), a, b))
+
+
+def _promoted(self, other):
+    dtype = torch.result_type(self, other)
+    return torch.broadcast_tensors(self.to(dtype), other.to(dtype))
+
+
+def _shrink_backward(grad_output, self, lambd):
+    return torch.where((self >= -lambd) & (self <= lambd), 0, grad_output)
+
+
+def _angle(self):
+    if self.is_complex():
+        return NotImplemented  # the CPU's atan2 of the parts: left to the fallback
+    value = self if self.is_floating_point() else self.to(torch.get_default_dtype())
+    return torch.where(torch.isnan(value), value, torch.where(value < 0, math.pi, 0.0).to(value.dtype))
+
+
+def _aminmax_all(self):
+    return torch.amin(self), torch.amax(self)
+
+
+def _aminmax_dim(self, dim, keepdim=False):
+    return torch.amin(self, dim, keepdim), torch.amax(self, dim, keepdim)
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload (in-place and ``out=`` forms follow)."""
     return {
@@ -170,4 +208,11 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         aten.searchsorted.Tensor: _searchsorted,
         aten.searchsorted.Scalar: _searchsorted,
         aten.index_reduce.default: _index_reduce,
+        aten.fmax.default: _fmax,
+        aten.fmin.default: _fmin,
+        aten.hardshrink_backward.default: _shrink_backward,
+        aten.softshrink_backward.default: _shrink_backward,
+        aten.angle.default: _angle,
+        aten._aminmax.default: _aminmax_all,
+        aten._aminmax.dim: _aminmax_dim,
     }
