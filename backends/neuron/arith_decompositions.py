@@ -25,7 +25,9 @@ float rounding: its sum is grouped differently).
 * ``fmax``/``fmin``: the other operand where one is NaN, else the larger (smaller); on a tie of
   signed zeros either may come out (IEEE leaves it open; the CPU's own paths differ); ``hardshrink``/``softshrink`` backward: the
   gradient outside ``[-lambd, lambd]``; ``angle`` of a real tensor: NaN, pi below zero, else 0
-  (a complex one is left to the CPU); ``_aminmax``: ``amin`` and ``amax``.
+  (a complex one is left to the CPU); ``_aminmax``: ``amin`` and ``amax``; ``round`` to
+  ``decimals``: ``round(x * 10**d) / 10**d`` (``round(x / 10**-d) * 10**-d`` for negative ``d``),
+  in float32 for the reduced floats, as the CPU's kernel computes it.
 """
 
 from __future__ import annotations
@@ -197,6 +199,18 @@ def _aminmax_dim(self, dim, keepdim=False):
     return torch.amin(self, dim, keepdim), torch.amax(self, dim, keepdim)
 
 
+def _round_decimals(self, *, decimals):
+    if not self.is_floating_point():
+        return NotImplemented  # the CPU has no integer form either: its error comes from there
+    value = self.float() if self.dtype in (torch.bfloat16, torch.float16) else self
+    power = float(10 ** abs(decimals))
+    if decimals < 0:
+        rounded = torch.round(value / power) * power
+    else:
+        rounded = torch.round(value * power) / power
+    return rounded.to(self.dtype)
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload (in-place and ``out=`` forms follow)."""
     return {
@@ -215,4 +229,5 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         aten.angle.default: _angle,
         aten._aminmax.default: _aminmax_all,
         aten._aminmax.dim: _aminmax_dim,
+        aten.round.decimals: _round_decimals,
     }

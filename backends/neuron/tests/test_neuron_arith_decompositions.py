@@ -260,3 +260,24 @@ def test_fmax_of_integers_and_angle_of_integers(dev):
     assert torch.equal(_on_device(torch.fmin, a, b, dev=dev), torch.fmin(a, b))
     actual, expected = _on_device(torch.angle, b, dev=dev), torch.angle(b)
     assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("decimals", [0, 1, 3, -1, -2], ids=str)
+def test_round_to_decimals_matches_cpu_exactly(dev, dtype, decimals):
+    x = torch.cat([_randn(64) * 300, torch.tensor([0.5, 1.5, 2.5, -0.5, 0.125, 0.0125, 15.0, 25.0, 250.0])]).to(dtype)
+    fn = lambda t: torch.round(t, decimals=decimals)  # noqa: E731
+    actual, expected = _on_device(fn, x, dev=dev), fn(x)
+    assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_group_norm_matches_cpu(dev, dtype):
+    x, weight, bias = _randn(3, 6, 5, 4, dtype=dtype) * 3 + 1, _randn(6, dtype=dtype), _randn(6, dtype=dtype)
+    fn = lambda t, w, b: F.group_norm(t, 3, w, b, eps=1e-5)  # noqa: E731
+    _close(_on_device(fn, x, weight, bias, dev=dev), fn(x, weight, bias), dtype)
+    raw = lambda t, w, b: torch.ops.aten.native_group_norm(t, w, b, 3, 6, 20, 3, 1e-5)  # noqa: E731
+    for actual, expected in zip(_on_device(raw, x, weight, bias, dev=dev), raw(x, weight, bias)):
+        assert actual.dtype == expected.dtype
+        torch.testing.assert_close(actual.float(), expected.float(), rtol=1e-4 if dtype == torch.float32 else 2e-2,
+                                   atol=1e-5 if dtype == torch.float32 else 2e-2)
