@@ -49,3 +49,45 @@ def test_functional_embedding_bag_with_2d_input(dev):
         with accelkit.fallback_policy("deny"):
             actual = F.embedding_bag(batch.to(dev), weight.to(dev), mode=mode).cpu()
         torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("padding_idx", [None, 4], ids=["no_padding", "padding"])
+@pytest.mark.parametrize("include_last_offset", [False, True], ids=["offsets", "last_offset"])
+def test_embedding_bag_gradients_match_cpu(dev, mode, padding_idx, include_last_offset):
+    scale_grad_by_freq = False
+    weight = torch.randn(10, 3, generator=GEN)
+    offsets = OFFSETS["last_offset" if include_last_offset else "plain"]
+    upstream = torch.randn(offsets.numel() - include_last_offset, 3, generator=GEN)
+    psw = torch.rand(INDICES.numel(), generator=GEN) if mode == "sum" else None
+
+    def run(device):
+        w = weight.to(device).requires_grad_()
+        p = psw.to(device).requires_grad_() if psw is not None else None
+        out = F.embedding_bag(INDICES.to(device), w, offsets.to(device), mode=mode, padding_idx=padding_idx,
+                              scale_grad_by_freq=scale_grad_by_freq, include_last_offset=include_last_offset,
+                              per_sample_weights=p)
+        out.backward(upstream.to(device))
+        return w.grad.cpu(), (p.grad.cpu() if p is not None else None)
+
+    with accelkit.fallback_policy("deny"):
+        actual = run(dev)
+    expected = run("cpu")
+    torch.testing.assert_close(actual[0], expected[0], rtol=1e-6, atol=1e-6)
+    if psw is not None:
+        torch.testing.assert_close(actual[1], expected[1], rtol=1e-6, atol=1e-6)
+
+
+def test_scale_grad_by_freq_is_left_to_the_cpu(dev):
+    weight = torch.randn(10, 3, generator=GEN)
+    offsets = OFFSETS["plain"]
+
+    def run(device):
+        w = weight.to(device).requires_grad_()
+        F.embedding_bag(INDICES.to(device), w, offsets.to(device), scale_grad_by_freq=True).sum().backward()
+        return w.grad.cpu()
+
+    with accelkit.fallback_policy("allow"):
+        actual = run(dev)
+    torch.testing.assert_close(actual, run("cpu"))
+    assert accelkit.stats()["ops"]["aten._embedding_bag_backward.default"]["fallback"] == 1
