@@ -27,7 +27,8 @@ float rounding: its sum is grouped differently).
   gradient outside ``[-lambd, lambd]``; ``angle`` of a real tensor: NaN, pi below zero, else 0
   (a complex one is left to the CPU); ``_aminmax``: ``amin`` and ``amax``; ``round`` to
   ``decimals``: ``round(x * 10**d) / 10**d`` (``round(x / 10**-d) * 10**-d`` for negative ``d``),
-  in float32 for the reduced floats, as the CPU's kernel computes it.
+  in float32 for the reduced floats, as the CPU's kernel computes it; ``pow_`` with a tensor
+  exponent: ``pow``, written back.
 """
 
 from __future__ import annotations
@@ -211,6 +212,10 @@ def _round_decimals(self, *, decimals):
     return rounded.to(self.dtype)
 
 
+def _pow_tensor_(self, exponent):
+    return self.copy_(torch.pow(self, exponent))
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload (in-place and ``out=`` forms follow)."""
     return {
@@ -230,4 +235,5 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         aten._aminmax.default: _aminmax_all,
         aten._aminmax.dim: _aminmax_dim,
         aten.round.decimals: _round_decimals,
+        aten.pow_.Tensor: _pow_tensor_,
     }

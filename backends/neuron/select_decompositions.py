@@ -1,5 +1,6 @@
-"""Selections by a mask as decompositions into neuron's native ops: ``nonzero``,
-``nonzero_static``, ``masked_select`` and ``masked_scatter_``.
+"""Selections by a mask, and other index bookkeeping, as decompositions into neuron's native
+ops: ``nonzero``, ``nonzero_static``, ``masked_select``, ``masked_scatter_``,
+``repeat_interleave`` (of a repeats tensor), ``bincount`` (unweighted), ``put_`` and ``equal``.
 
 The k-th selected element (in row-major order, as the CPU walks the tensor) goes to output slot
 ``k``: a running count of the mask (``cumsum``) gives each element its slot, and one ``scatter``
@@ -11,6 +12,12 @@ program cannot know before it runs: it is read back from the device (a host sync
 device's nonzero has; no CPU fallback). ``nonzero_static`` has its size given and needs none;
 ``masked_scatter_`` needs none either, unless ``source`` has fewer elements than the mask, when
 the count is read to raise the CPU's error for a source too short.
+
+``repeat_interleave(repeats)`` gives output position ``p`` the first ``i`` whose running total of
+repeats exceeds ``p`` (a sequence search); its length is read back unless ``output_size`` says it.
+``bincount`` adds ones at each value (``scatter_add``) into ``max + 1`` bins (read back; the
+weighted form's float64 result is refused on neuron, so it is left to the CPU). ``put_`` is an
+``index_put_`` on the flattened tensor; ``equal`` reads one bool back (it returns a Python bool).
 """
 
 from __future__ import annotations
@@ -78,6 +85,40 @@ def _masked_scatter_(self, mask, source):
     return self.copy_(torch.where(mask, taken.to(self.dtype), self))
 
 
+def _repeat_interleave(repeats, *, output_size=None):
+    from accelkit_backends.neuron.arith_decompositions import _search
+
+    ends = torch.cumsum(repeats.to(torch.int64), 0)
+    total = int(ends[-1].item()) if output_size is None and repeats.numel() else (output_size or 0)
+    positions = torch.arange(total, dtype=torch.int64, device=repeats.device)
+    return _search(ends, positions, True, None).to(repeats.dtype)
+
+
+def _bincount(self, weights=None, minlength=0):
+    if weights is not None or self.numel() == 0:
+        return NotImplemented  # float64 counts (refused here), or the CPU's empty-input rules
+    if bool((self < 0).any().item()):
+        raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
+    bins = max(int(self.max().item()) + 1, minlength)
+    flat = self.to(torch.int64)
+    return torch.zeros(bins, dtype=torch.int64, device=self.device).scatter_add(0, flat, torch.ones_like(flat))
+
+
+def _put_(self, index, source, accumulate=False):
+    if not self.is_contiguous():
+        return NotImplemented
+    size = self.numel()
+    flat_index = torch.where(index < 0, index + size, index).reshape(-1).to(torch.int64)
+    self.view(-1).index_put_((flat_index,), source.reshape(-1), accumulate)
+    return self
+
+
+def _equal(self, other):
+    if self.shape != other.shape:
+        return False
+    return bool((self == other).all().item())
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload (their ``out=`` forms follow)."""
     return {
@@ -85,4 +126,8 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         aten.nonzero_static.default: _nonzero_static,
         aten.masked_select.default: _masked_select,
         aten.masked_scatter_.default: _masked_scatter_,
+        aten.repeat_interleave.Tensor: _repeat_interleave,
+        aten.bincount.default: _bincount,
+        aten.put_.default: _put_,
+        aten.equal.default: _equal,
     }

@@ -65,3 +65,29 @@ def test_masked_scatter_with_a_short_source_raises_as_on_cpu(dev):
         torch.zeros(6).masked_scatter_(mask, torch.ones(3))
     with pytest.raises(RuntimeError, match="Number of elements of source < number of ones in mask"):
         _on_device(lambda t, m, s: t.masked_scatter_(m, s), x, mask, torch.ones(3), dev=dev)
+
+
+def test_repeat_interleave_bincount_put_and_equal_match_cpu(dev):
+    repeats = torch.tensor([2, 0, 3, 1], dtype=torch.int64)
+    _equal(_on_device(torch.repeat_interleave, repeats, dev=dev), torch.repeat_interleave(repeats))
+    fn = lambda r: torch.repeat_interleave(r, output_size=6)  # noqa: E731
+    _equal(_on_device(fn, repeats, dev=dev), fn(repeats))
+    x = torch.tensor([1, 0, 4, 4, 2, 7, 1], dtype=torch.int64)
+    _equal(_on_device(torch.bincount, x, dev=dev), torch.bincount(x))
+    _equal(_on_device(lambda t: torch.bincount(t, minlength=12), x, dev=dev), torch.bincount(x, minlength=12))
+    for accumulate in (False, True):
+        target, index, source = _sparse((3, 4), torch.float32), torch.tensor([0, -1, 5, 5]), torch.arange(4.0)
+        fn = lambda t, i, s: t.put_(i, s, accumulate=accumulate)  # noqa: E731
+        _equal(_on_device(fn, target, index, source, dev=dev), fn(target.clone(), index, source))
+    a = torch.tensor([1.0, 2.0, float("nan")])
+    with accelkit.fallback_policy("deny"):
+        assert torch.equal(a[:2].to(dev), a[:2].to(dev)) and not torch.equal(a.to(dev), a.to(dev))
+        assert not torch.equal(a.to(dev), a[:2].to(dev))
+
+
+def test_pow_in_place_with_a_tensor_exponent(dev):
+    base, exponent = torch.tensor([2.0, 3.0, -1.5, 0.0]), torch.tensor([2.0, 0.5, 3.0, 0.0])
+    fn = lambda b, e: b.pow_(e)  # noqa: E731
+    actual, expected = _on_device(fn, base, exponent, dev=dev), fn(base.clone(), exponent)
+    assert torch.equal(actual.isnan(), expected.isnan())
+    torch.testing.assert_close(actual, expected, equal_nan=True)
