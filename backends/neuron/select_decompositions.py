@@ -17,7 +17,8 @@ the count is read to raise the CPU's error for a source too short.
 repeats exceeds ``p`` (a sequence search); its length is read back unless ``output_size`` says it.
 ``bincount`` adds ones at each value (``scatter_add``) into ``max + 1`` bins (read back; the
 weighted form's float64 result is refused on neuron, so it is left to the CPU). ``put_`` is an
-``index_put_`` on the flattened tensor; ``equal`` reads one bool back (it returns a Python bool).
+``index_put_`` on the flattened tensor, after the CPU's bounds check (read back: a host sync);
+``equal`` reads one bool back (it returns a Python bool).
 """
 
 from __future__ import annotations
@@ -108,6 +109,10 @@ def _put_(self, index, source, accumulate=False):
     if not self.is_contiguous():
         return NotImplemented
     size = self.numel()
+    outside = (index < -size) | (index >= size)
+    if bool(outside.any().item()):  # the CPU's bounds check, read back (a host sync)
+        first = int(index.reshape(-1)[outside.reshape(-1)][0].item())
+        raise IndexError(f"out of range: tried to access index {first} on a tensor of {size} elements.")
     flat_index = torch.where(index < 0, index + size, index).reshape(-1).to(torch.int64)
     self.view(-1).index_put_((flat_index,), source.reshape(-1), accumulate)
     return self
