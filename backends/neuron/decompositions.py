@@ -197,8 +197,8 @@ def _roll(self, shifts, dims=()):
 #: PyTorch decompositions outside the core-ATen table that neuron runs natively and that give the
 #: CPU's results: exactly (where/clamp/exp forms, a copy, a search), or bicubic upsampling within
 #: a few float32 ulps (its taps are summed in another order). Tested in test_neuron_vetted_decompositions;
-#: _addmm_activation, grid_sampler_2d and native_group_norm (within float rounding: their sums are
-#: grouped otherwise) in test_neuron_arith_decompositions.
+#: _addmm_activation and grid_sampler_2d (within float rounding: their sums are grouped otherwise)
+#: in test_neuron_arith_decompositions.
 VETTED = (
     aten.leaky_relu.default,
     aten.hardtanh.default,
@@ -209,7 +209,6 @@ VETTED = (
     aten.upsample_bicubic2d.default,
     aten._addmm_activation.default,
     aten.grid_sampler_2d.default,
-    aten.native_group_norm.default,
 )
 
 

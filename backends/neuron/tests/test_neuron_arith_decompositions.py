@@ -269,15 +269,3 @@ def test_round_to_decimals_matches_cpu_exactly(dev, dtype, decimals):
     fn = lambda t: torch.round(t, decimals=decimals)  # noqa: E731
     actual, expected = _on_device(fn, x, dev=dev), fn(x)
     assert actual.dtype == expected.dtype and torch.equal(actual, expected)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_group_norm_matches_cpu(dev, dtype):
-    x, weight, bias = _randn(3, 6, 5, 4, dtype=dtype) * 3 + 1, _randn(6, dtype=dtype), _randn(6, dtype=dtype)
-    fn = lambda t, w, b: F.group_norm(t, 3, w, b, eps=1e-5)  # noqa: E731
-    _close(_on_device(fn, x, weight, bias, dev=dev), fn(x, weight, bias), dtype)
-    raw = lambda t, w, b: torch.ops.aten.native_group_norm(t, w, b, 3, 6, 20, 3, 1e-5)  # noqa: E731
-    for actual, expected in zip(_on_device(raw, x, weight, bias, dev=dev), raw(x, weight, bias)):
-        assert actual.dtype == expected.dtype
-        torch.testing.assert_close(actual.float(), expected.float(), rtol=1e-4 if dtype == torch.float32 else 2e-2,
-                                   atol=1e-5 if dtype == torch.float32 else 2e-2)
