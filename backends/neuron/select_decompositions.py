@@ -1,6 +1,7 @@
 """Selections by a mask, and other index bookkeeping, as decompositions into neuron's native
 ops: ``nonzero``, ``nonzero_static``, ``masked_select``, ``masked_scatter_``,
-``repeat_interleave`` (of a repeats tensor), ``bincount`` (unweighted), ``put_`` and ``equal``.
+``unique_consecutive`` (flattened), ``repeat_interleave`` (of a repeats tensor), ``bincount``
+(unweighted), ``put_`` and ``equal``.
 
 The k-th selected element (in row-major order, as the CPU walks the tensor) goes to output slot
 ``k``: a running count of the mask (``cumsum``) gives each element its slot, and one ``scatter``
@@ -13,6 +14,9 @@ device's nonzero has; no CPU fallback). ``nonzero_static`` has its size given an
 ``masked_scatter_`` needs none either, unless ``source`` has fewer elements than the mask, when
 the count is read to raise the CPU's error for a source too short.
 
+``unique_consecutive`` starts a group wherever an element differs from the one before (so each
+NaN is its own group, as on the CPU), keeps each group's first element as a mask selection (its
+group count read back), and counts the groups' lengths with a ``scatter_add``.
 ``repeat_interleave(repeats)`` gives output position ``p`` the first ``i`` whose running total of
 repeats exceeds ``p`` (a sequence search); its length is read back unless ``output_size`` says it.
 ``bincount`` adds ones at each value (``scatter_add``) into ``max + 1`` bins (read back; the
@@ -86,6 +90,21 @@ def _masked_scatter_(self, mask, source):
     return self.copy_(torch.where(mask, taken.to(self.dtype), self))
 
 
+def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=None):
+    if dim is not None or self.numel() == 0:
+        return NotImplemented  # along a dim (rows compared whole), or the CPU's empty-input shapes
+    flat = self.reshape(-1)
+    starts = torch.cat([torch.ones(1, dtype=torch.bool, device=self.device), flat[1:] != flat[:-1]])
+    group = torch.cumsum(starts.to(torch.int64), 0) - 1
+    groups = int(group[-1].item()) + 1
+    values = _compacted(starts, flat, groups, 0)
+    none = torch.zeros(0, dtype=torch.int64, device=self.device)
+    inverse = group.view(self.shape) if return_inverse else none
+    counts = (torch.zeros(groups, dtype=torch.int64, device=self.device).scatter_add(0, group, torch.ones_like(group))
+              if return_counts else none)
+    return values, inverse, counts
+
+
 def _repeat_interleave(repeats, *, output_size=None):
     from accelkit_backends.neuron.arith_decompositions import _search
 
@@ -131,6 +150,7 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         aten.nonzero_static.default: _nonzero_static,
         aten.masked_select.default: _masked_select,
         aten.masked_scatter_.default: _masked_scatter_,
+        aten.unique_consecutive.default: _unique_consecutive,
         aten.repeat_interleave.Tensor: _repeat_interleave,
         aten.bincount.default: _bincount,
         aten.put_.default: _put_,

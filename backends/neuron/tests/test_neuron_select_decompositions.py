@@ -91,3 +91,19 @@ def test_pow_in_place_with_a_tensor_exponent(dev):
     actual, expected = _on_device(fn, base, exponent, dev=dev), fn(base.clone(), exponent)
     assert torch.equal(actual.isnan(), expected.isnan())
     torch.testing.assert_close(actual, expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_unique_consecutive_matches_cpu(dev, dtype):
+    x = torch.tensor([[1.0, 1.0, 2.0, 0.0], [0.0, 3.0, 3.0, 3.0]]).to(dtype)
+    for flags in ((False, False), (True, False), (False, True), (True, True)):
+        fn = lambda t: torch.ops.aten.unique_consecutive(t, *flags)  # noqa: E731
+        with accelkit.fallback_policy("deny"):
+            actual = tuple(o.cpu() for o in fn(x.to(dev)))
+        for a, e in zip(actual, fn(x)):
+            _equal(a, e)
+    with_nan = torch.tensor([1.0, float("nan"), float("nan"), 2.0])
+    with accelkit.fallback_policy("deny"):
+        values, _, counts = (o.cpu() for o in torch.ops.aten.unique_consecutive(with_nan.to(dev), False, True))
+    expected = torch.ops.aten.unique_consecutive(with_nan, False, True)
+    assert torch.equal(values.isnan(), expected[0].isnan()) and torch.equal(counts, expected[2])
