@@ -29,6 +29,9 @@ float rounding: its sum is grouped differently).
   ``decimals``: ``round(x * 10**d) / 10**d`` (``round(x / 10**-d) * 10**-d`` for negative ``d``),
   in float32 for the reduced floats, as the CPU's kernel computes it; ``pow_`` with a tensor
   exponent: ``pow``, written back.
+* ``_cdist_forward``: the p-norm of every row pair's difference (count of nonzeros, sum, root of
+  squares, max, or the general power sum), or, where the CPU takes its matmul form (p = 2 with
+  more than 25 rows, or asked for), that form; within float rounding (sums grouped otherwise).
 """
 
 from __future__ import annotations
@@ -212,6 +215,22 @@ def _round_decimals(self, *, decimals):
     return rounded.to(self.dtype)
 
 
+def _cdist_forward(x1, x2, p, compute_mode=None):
+    rows_large = x1.shape[-2] > 25 or x2.shape[-2] > 25
+    if p == 2 and (compute_mode == 1 or (compute_mode in (None, 0) and rows_large)):
+        return aten._euclidean_dist(x1, x2)  # the CPU's matmul form for these (already a decomposition)
+    difference = (x1.unsqueeze(-2) - x2.unsqueeze(-3)).abs()
+    if p == 0:
+        return (difference != 0).sum(-1).to(x1.dtype)
+    if p == 1:
+        return difference.sum(-1)
+    if p == 2:
+        return difference.square().sum(-1).sqrt()
+    if math.isinf(p):
+        return difference.amax(-1)
+    return difference.pow(p).sum(-1).pow(1.0 / p)
+
+
 def _pow_tensor_(self, exponent):
     return self.copy_(torch.pow(self, exponent))
 
@@ -236,4 +255,5 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         aten._aminmax.dim: _aminmax_dim,
         aten.round.decimals: _round_decimals,
         aten.pow_.Tensor: _pow_tensor_,
+        aten._cdist_forward.default: _cdist_forward,
     }

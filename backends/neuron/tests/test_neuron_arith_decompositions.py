@@ -269,3 +269,20 @@ def test_round_to_decimals_matches_cpu_exactly(dev, dtype, decimals):
     fn = lambda t: torch.round(t, decimals=decimals)  # noqa: E731
     actual, expected = _on_device(fn, x, dev=dev), fn(x)
     assert actual.dtype == expected.dtype and torch.equal(actual, expected)
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 3.0, float("inf")], ids=str)
+@pytest.mark.parametrize("rows", [7, 30], ids=["direct", "matmul_form"])
+def test_cdist_matches_cpu(dev, p, rows):
+    x1, x2 = _randn(2, rows, 5), _randn(2, 6, 5)
+    x2[0, 0] = x1[0, 0]  # a zero distance (p = 0 counts nonzeros)
+    fn = lambda a, b: torch.cdist(a, b, p=p)  # noqa: E731
+    actual, expected = _on_device(fn, x1, x2, dev=dev), fn(x1, x2)
+    assert actual.shape == expected.shape
+    atol = 1e-5
+    if rows > 25 and p == 2.0:
+        # the matmul form squares, sums and cancels: a squared distance carries rounding of the
+        # squared norms (a few eps * |x|^2), which the root turns into sqrt of that near zero
+        norms = max(x1.square().sum(-1).max().item(), x2.square().sum(-1).max().item())
+        atol = (8 * torch.finfo(torch.float32).eps * norms) ** 0.5
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=atol)
