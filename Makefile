@@ -80,19 +80,16 @@ chromium:
 	    { $$APT update -q >/dev/null && DEBIAN_FRONTEND=noninteractive $$APT install -y -q chromium >/dev/null; }; } || \
 	  { echo "accelkit: could not install Chromium (the HTML report tests need it): install the 'chromium' package"; exit 1; }
 
-# The core's and neuron's suites run in TEST_JOBS worker processes (pytest-xdist; a test file stays
-# in one worker, so module fixtures run once): one per core, at most 4; TEST_JOBS=0 runs them in
-# this process. tpu's stay in one process: two of their tests make XLA's CPU platform hold a
-# result of the device's whole capacity (16 GB on v5e) in host memory, which two workers at
-# once do not have (strict mode computes an op's result before its allocation is refused;
-# fused mode materialises a pending expand() at a flush).
+# The suites run in TEST_JOBS worker processes (pytest-xdist; a test file stays in one worker, so
+# module fixtures run once): one per core, at most 4; TEST_JOBS=0 runs them in this process.
+# A worker holds at most about 4 GB (tpu's: XLA's CPU platform is the device's memory).
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 PARALLEL = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
 
 test: $(STAMP) $(VLLM_STAMP) chromium
 	env -u ACCELKIT_DEVICE ACCELKIT_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests --ignore=tests/vllm $(PARALLEL)
-	env -u ACCELKIT_DEVICE ACCELKIT_TPU_FLOAT64=emulate $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device tpu
-	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest backends/tpu/tests
+	env -u ACCELKIT_DEVICE ACCELKIT_TPU_FLOAT64=emulate $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device tpu $(PARALLEL)
+	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest backends/tpu/tests $(PARALLEL)
 	$(MAKE) --no-print-directory test-fused-quick
 	env -u ACCELKIT_DEVICE ACCELKIT_NEURON_FLOAT64=downcast $(NEURON_VERIFY) $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device neuron $(PARALLEL)
 	env -u ACCELKIT_DEVICE $(NEURON_VERIFY) $(BIN)/python -m pytest backends/neuron/tests $(PARALLEL)

@@ -265,6 +265,36 @@ def test_adopted_results_count_against_capacity_and_bypass_the_cache():
     assert alloc.memory_allocated() == 0
 
 
+def test_a_refused_adoption_tells_the_backend_which_result_it_refused():
+    class Listening(AdoptingAllocator):
+        refused: list = []
+
+        def _adoption_refused(self, array):
+            self.refused.append(array)
+
+    alloc = Listening(64 * MiB)
+    fits = alloc.adopt(bytearray(KiB))
+    assert alloc.refused == []
+    too_big = bytearray(65 * MiB)
+    with pytest.raises(torch.OutOfMemoryError):
+        alloc.adopt(too_big)
+    assert len(alloc.refused) == 1 and alloc.refused[0] is too_big
+    assert alloc.memory_allocated() == KiB
+    del fits
+
+
+def test_ensure_room_refuses_what_an_allocation_would_and_changes_nothing_else():
+    alloc = BytesAllocator(64 * MiB)
+    held = alloc.allocate(32 * MiB)
+    alloc.ensure_room(32 * MiB)  # fits exactly: nothing happens
+    assert alloc.memory_stats()["num_ooms"] == 0
+    with pytest.raises(torch.OutOfMemoryError, match="tiny:0 out of memory: tried to allocate 32.00 MiB"):
+        alloc.ensure_room(32 * MiB + 1)
+    assert alloc.memory_stats()["num_ooms"] == 1
+    assert alloc.memory_allocated() == 32 * MiB and alloc.made == [32 * MiB]
+    del held
+
+
 def test_repeated_adoption_does_not_grow_reserved_memory():
     alloc = AdoptingAllocator(64 * MiB)
     for _ in range(200):

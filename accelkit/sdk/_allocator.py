@@ -145,7 +145,8 @@ class DeviceAllocator:
       order);
     - ``array_meta(array) -> (shape, torch.dtype)``.
 
-    Optional: ``_block_from_array(array)`` to adopt kernel results without a copy,
+    Optional: ``_block_from_array(array)`` to adopt kernel results without a copy (and
+    ``_adoption_refused(array)`` to hear of one refused for lack of room),
     ``adopt_host(tensor)`` to keep a host tensor's memory without a copy,
     ``lend_host(block, view)`` to let a collective rewrite a view's memory in place,
     ``cast(array, dtype)`` (default: through the host), ``read_bytes`` /
@@ -310,7 +311,11 @@ class DeviceAllocator:
             # cache emptied, or does not fit, or a new address range, takes the general path.
             allocated = self._allocated + nbytes
             if allocated + self._cached_bytes > self.capacity:
-                _, address = self._reserve(nbytes, nbytes, use_cache=False)
+                try:
+                    _, address = self._reserve(nbytes, nbytes, use_cache=False)
+                except torch.OutOfMemoryError:
+                    self._adoption_refused(array)
+                    raise
             else:
                 free = self._free_addresses.get(_SPANS.get(nbytes) or _span(nbytes)) if nbytes else None
                 address = free.pop() if free else self._claim_address(nbytes)
@@ -332,6 +337,22 @@ class DeviceAllocator:
     def _block_from_array(self, array: Any) -> tuple[Any, int] | None:
         """Backend hook for :meth:`adopt`: ``(block, nbytes)`` viewing ``array``, or None."""
         return None
+
+    def _adoption_refused(self, array: Any) -> None:
+        """Backend hook: :meth:`adopt` is about to raise ``torch.OutOfMemoryError`` for
+        ``array``. A backend that computes lazily forgets the work that would produce it here,
+        so that a refused op leaves nothing behind (the default: nothing to forget)."""
+
+    def ensure_room(self, nbytes: int) -> None:
+        """Raise ``torch.OutOfMemoryError`` (counted, with :meth:`allocate`'s message) when
+        ``nbytes`` more could not be held even with the cache emptied; otherwise change
+        nothing. For backends that know a result's size before computing it: refusing then
+        spares the host the work (and, on a simulated device, the memory) of a result the
+        device could never hold."""
+        if self._allocated + nbytes > self.capacity:
+            with self._lock:
+                self._counts["ooms"] += 1
+            raise torch.OutOfMemoryError(self._oom_message(nbytes))
 
     def _reserve(self, nbytes: int, block_bytes: int, use_cache: bool) -> tuple[Any, int]:
         """Account for a new buffer; return a cached block to reuse (or None) and the buffer's

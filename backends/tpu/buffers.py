@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import weakref
 from typing import Any, NamedTuple
 
 import jax
@@ -314,6 +315,16 @@ def _whole_storage_order(spec: ViewSpec, nbytes: int) -> tuple[int, ...] | None:
     return _is_dense_permutation(spec)
 
 
+_allocators: list[weakref.ref] = []
+
+
+def sole_allocator() -> TpuAllocator | None:
+    """The allocator of the process's only tpu device; None when there are several (a traced
+    program does not know which of them it will run on) or none."""
+    live = [a for a in (ref() for ref in _allocators) if a is not None]
+    return live[0] if len(live) == 1 else None
+
+
 class TpuAllocator(DeviceAllocator):
     """Device memory as :class:`Holder` blocks of ``jax.Array`` on one PJRT device.
 
@@ -328,6 +339,7 @@ class TpuAllocator(DeviceAllocator):
         self._zeros = _zeros_on(jax_device)
         self._put = _host_transfer(jax_device)
         self._shared_zeros: dict[tuple[int, torch.dtype], jax.Array] = {}
+        _allocators.append(weakref.ref(self))
 
     # -- blocks ------------------------------------------------------------------------------
 
@@ -344,6 +356,10 @@ class TpuAllocator(DeviceAllocator):
             nbytes *= size
         self._last = array
         return Holder(nbytes, array), nbytes
+
+    def _adoption_refused(self, array: Any) -> None:
+        if type(array) is Pending:
+            fused.abandon(array)
 
     def _storage(self, block: Holder, dtype: torch.dtype) -> jax.Array:
         if block.array is None:  # never written: PyTorch's empty memory, here zeros

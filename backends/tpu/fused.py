@@ -120,12 +120,13 @@ class Pending:
 
 _LOWERING, _JIT = 0, 1
 _ARG = object()  # a jitted function's array argument, in a node's template
+_PENDING = object()  # in a node's shape key: the argument is recorded (has no weak type yet)
 
 
 class _Node:
     """One recorded program call: what to call, with which inputs, giving which outputs."""
 
-    __slots__ = ("kind", "fn", "owner", "template", "inputs", "outputs", "treedef", "key", "shape_key", "name")
+    __slots__ = ("kind", "fn", "owner", "template", "inputs", "outputs", "treedef", "shape_key", "name")
 
     def __init__(self, kind: int, fn: Any, owner: Any, template: Any, inputs: tuple, shape_key: Any, name: str):
         self.kind = kind
@@ -137,7 +138,10 @@ class _Node:
         self.name = name
         self.outputs: list[weakref.ref] = []
         self.treedef: Any = None
-        self.key: Any = None
+
+    def key(self) -> tuple:
+        """What a region's cache key holds of this node."""
+        return (self.kind, id(self.fn), self.template if self.kind == _LOWERING else self.shape_key, self.inputs)
 
 
 class _Region:
@@ -151,7 +155,7 @@ class _Region:
             if value.value is not None:
                 value = value.value
             else:
-                return (len(self.nodes) - value.node, value.leaf)
+                return _ref(len(self.nodes) - value.node, value.leaf)
         return self.external(value)
 
     def external(self, value: Any) -> tuple:
@@ -161,7 +165,31 @@ class _Region:
         if index is None:
             index = self.external_index[key] = len(self.externals)
             self.externals.append(value)
-        return ("x", index)
+        return _external_ref(index)
+
+
+# A recorded op's objects live until its region is flushed, so each one costs the garbage
+# collector a visit per collection until then, and their number sets how often Python runs a
+# full collection (over every object of torch and jax: it was a quarter of a long chain's time).
+# Input references are therefore shared, not made per op, and a node's cache key is made at the
+# flush.
+_refs: dict[tuple[int, int], tuple[int, int]] = {}
+_external_refs: list[tuple[str, int]] = []
+
+
+def _ref(back: int, leaf: int) -> tuple[int, int]:
+    """The (shared) reference to leaf ``leaf`` of the node ``back`` nodes before the reader."""
+    ref = _refs.get((back, leaf))
+    if ref is None:
+        ref = _refs[(back, leaf)] = (back, leaf)
+    return ref
+
+
+def _external_ref(index: int) -> tuple[str, int]:
+    """The (shared) reference to the region's external input ``index``."""
+    while len(_external_refs) <= index:
+        _external_refs.append(("x", len(_external_refs)))
+    return _external_refs[index]
 
 
 _lock = threading.RLock()
@@ -207,6 +235,12 @@ def limit() -> int:
 def recording() -> bool:
     """Whether a program call on this thread is recorded rather than run."""
     return modes._mode == "fused" and not getattr(_local, "suspended", 0)
+
+
+def flushing() -> bool:
+    """Whether program calls on this thread run recorded work (a flush, or a kernel that
+    cannot be recorded) in fused mode, rather than being recorded or run in strict mode."""
+    return modes._mode == "fused" and getattr(_local, "suspended", 0) > 0
 
 
 @contextmanager
@@ -322,7 +356,6 @@ def _record(node: _Node, evaluate: Callable[[], Any]) -> Any:
         pending = [Pending(shape, dtype, region, index, leaf) for leaf, (shape, dtype) in enumerate(leaves)]
         node.outputs = [weakref.ref(p) for p in pending]
         out = jax.tree_util.tree_unflatten(node.treedef, pending)
-    node.key = (node.kind, id(node.fn), node.template if node.kind == _LOWERING else node.shape_key, node.inputs)
     region.nodes.append(node)
     STATS["ops_recorded"] += 1
     if len(region.nodes) >= (_cut_every or _limit or limit()):
@@ -340,19 +373,19 @@ def record_program(lowering: Any, signature: Any, arrays: list, scalars: list) -
         region = _region
         index = len(region.nodes)
         external = region.external
-        inputs, avals = [], []
+        inputs, avals = [], [id(signature)]
         for a in arrays:
             if type(a) is Pending:
                 if a.value is None:
-                    inputs.append((index - a.node, a.leaf))
-                    avals.append((a.shape, a.dtype))
+                    inputs.append(_ref(index - a.node, a.leaf))
+                    avals += (a.shape, a.dtype, _PENDING)
                     continue
                 a = a.value
             inputs.append(external(a))
-            avals.append((a.shape, a.dtype, getattr(a, "weak_type", False)))
+            avals += (a.shape, a.dtype, getattr(a, "weak_type", False))
         # Scalars' kinds are fixed by the signature's structure: they need no place in the key.
         inputs.extend([external(s) for s in scalars])
-        shape_key = (id(signature), tuple(avals))
+        shape_key = tuple(avals)  # flat: one object per op
         node = _Node(_LOWERING, signature, lowering, len(arrays), tuple(inputs), shape_key, lowering.name)
 
         def evaluate() -> Any:
@@ -384,6 +417,24 @@ def record_jit(function: Any, args: tuple) -> Any:
         node = _Node(_JIT, function.jitted, function, template, tuple(inputs), shape_key,
                      getattr(function.jitted, "__name__", "data movement"))
         return _record(node, lambda: function.jitted.eval_shape(*[_abstract(a) for a in args]))
+
+
+def abandon(array: Pending) -> None:
+    """Forget the recorded op that would compute ``array``, which the device refused room for:
+    the op raised, so it must leave nothing to compute at the next flush."""
+    with _lock:
+        region = array.region
+        if region is None or array.value is not None:
+            return
+        node = region.nodes[array.node]
+        node.outputs = [_NOTHING] * len(node.outputs)
+        if array.node == len(region.nodes) - 1:
+            region.nodes.pop()
+
+
+def _NOTHING() -> None:
+    """The output reference of an abandoned op: never live."""
+    return None
 
 
 def _fill(template: tuple, values: list) -> list:
@@ -433,7 +484,7 @@ def flush(reason: str) -> None:
                 if p is not None:
                     live.append((index, leaf, p))
         STATS["results"] += len(live)
-        key = (tuple(node.key for node in region.nodes), tuple(_aval(x) for x in region.externals),
+        key = (tuple(node.key() for node in region.nodes), tuple(_aval(x) for x in region.externals),
                tuple((i, leaf) for i, leaf, _ in live))
         known = _known.get(key)
         wanted = [(i, leaf) for i, leaf, _ in live]
@@ -477,9 +528,18 @@ def _run(key: Any, known: _Known | None, region: _Region, wanted: list) -> list:
 
 
 def _op_by_op(nodes: list[_Node], externals: list, live: list) -> list:
-    """Run each node's program in turn, as strict mode would have (first sight of a region)."""
-    computed: list[list] = []
+    """Run each node's program in turn, as strict mode would have (first sight of a region),
+    but only the nodes the live results (and pending checks) depend on, as a compiled region
+    would: a result nobody references is never computed."""
+    needed = {index for index, _ in live}
+    for index in range(len(nodes) - 1, -1, -1):
+        if index in needed:
+            needed.update(index - r[0] for r in nodes[index].inputs if r[0] != "x")
+    computed: list[list | None] = []
     for index, node in enumerate(nodes):
+        if index not in needed:
+            computed.append(None)
+            continue
         args = [externals[r[1]] if r[0] == "x" else computed[index - r[0]][r[1]] for r in node.inputs]
         if node.kind == _LOWERING:
             count = node.template

@@ -44,7 +44,7 @@ from torch._ops import OpOverload, OpOverloadPacket
 
 from accelkit.sdk import CallLayout, KernelTable, RandomDraw, ShardWindow, ViewSpec, meta_tensor
 from accelkit_backends.tpu import checks, fused, modes, stored_programs
-from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize, torch_dtype
+from accelkit_backends.tpu.buffers import JaxView, jax_dtype, materialize, sole_allocator, torch_dtype
 from accelkit_backends.tpu.cost import COSTS, ProgramCost, Tally
 from accelkit_backends.tpu.programs import LOADED, Program, next_use
 
@@ -281,7 +281,7 @@ class Lowering:
         signature = self._signatures.get(structure)
         if signature is None:
             program = self._program(structure)
-            signature = _Signature(self._jitted(program, structure), program)
+            signature = _Signature(self._jitted(_refusing_unholdable_results(program), structure), program)
             signature = self._signatures.setdefault(structure, LOADED.track(signature))
         return signature
 
@@ -375,6 +375,34 @@ class Lowering:
 
         program.__name__ = name.replace(".", "_")
         return program
+
+
+def _refusing_unholdable_results(program: Callable[..., Any]) -> Callable[..., Any]:
+    """``program`` as run on its own: when it is traced, that is before it first runs for these
+    input shapes (or, in fused mode, when it is recorded), its results' bytes are checked
+    against the device's free memory, and a result the device could not hold raises PyTorch's
+    ``OutOfMemoryError`` without being computed (XLA's CPU client would otherwise fill the host
+    with it before the allocator refused it: the allocator's criterion, applied earlier).
+
+    Not checked: a fused region's flush (its results were accounted when recorded), and later
+    runs of a traced program (jax reuses the trace); the allocator refuses those after the run,
+    as before. So the check can only refuse what the allocator would refuse.
+    """
+
+    def run(arrays: Any, scalars: Any) -> Any:
+        out = program(arrays, scalars)
+        if not fused.flushing():
+            allocator = sole_allocator()
+            if allocator is not None:
+                nbytes = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(out[0]))
+                try:
+                    allocator.ensure_room(nbytes)
+                except torch.OutOfMemoryError as error:
+                    raise checks.Refused(error) from None
+        return out
+
+    run.__name__ = program.__name__
+    return run
 
 
 def _conform(name: str, out: Any, expected: Any, own_dtypes: bool = False) -> Any:

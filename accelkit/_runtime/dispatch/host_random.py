@@ -148,7 +148,9 @@ def run(ctx: Any, op: OpOverload, kernel: Callable, args: list, kwargs: dict, ge
     if family == "native_dropout":
         return _dropout(bound, draw, result)
     target = _random_result(op, bound, result)
-    target.copy_(torch.from_numpy(np.ascontiguousarray(values(bound, draw, target))))
+    # A 0-dim target's values come as one element: shaped as the target, as any other's are.
+    drawn = np.ascontiguousarray(values(bound, draw, target)).reshape(tuple(target.shape))
+    target.copy_(torch.from_numpy(drawn))
     return result
 
 

@@ -6,6 +6,7 @@ One PrivateUse1 backend per process, so these run in their own pytest process
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -49,6 +50,25 @@ def sample(shape, dtype=torch.float32, seed=0, low=-5, high=6):
     return torch.randint(low, high, shape, generator=g, dtype=dtype)
 
 
+@contextlib.contextmanager
+def host_peak_growth(limit_bytes: int):
+    """Fail when the process's peak resident memory grows by more than ``limit_bytes`` inside
+    the block (Linux: the peak is reset through ``/proc/self/clear_refs`` first)."""
+    def peak() -> int:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
+
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        pytest.skip("resetting the peak resident memory needs Linux's /proc/self/clear_refs")
+    before = peak()
+    yield
+    grown = peak() - before
+    assert grown <= limit_bytes, f"the host's peak memory grew by {grown / 2**30:.2f} GiB"
+
+
 def assert_native(*names):
     """Each named op ran natively at least once and never on the CPU fallback."""
     ops = accelkit.stats()["ops"]
@@ -58,7 +78,7 @@ def assert_native(*names):
         assert counts.get("fallback", 0) == 0, f"{name} fell back to the CPU: {counts}"
 
 
-def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 180) -> subprocess.CompletedProcess:
+def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (no backend active) and return the finished process."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}
     full_env.update(env or {})

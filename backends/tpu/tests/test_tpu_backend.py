@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import run_python
+from conftest import host_peak_growth, run_python
 
 import accelkit
 from accelkit import _runtime
@@ -97,6 +97,18 @@ def test_an_allocation_beyond_the_targets_hbm_raises_out_of_memory_naming_it(dev
     message = str(info.value)
     assert "tpu:0" in message and "14.90 GiB" in message  # v5e: 16 GB
     assert torch.tpu.memory_allocated() == before
+
+
+def test_a_result_the_device_cannot_hold_is_refused_before_it_is_computed(dev):
+    capacity = torch.tpu.get_device_properties().total_memory
+    big = torch.zeros(1, device=dev).expand(capacity // 4 + 1)  # a view: 4 bytes held
+    held = torch.tpu.memory_allocated()
+    with host_peak_growth(2**30):  # computing it first would fill the host with capacity + 4 bytes
+        with pytest.raises(torch.OutOfMemoryError, match="tpu:0"):
+            big * 2
+    assert torch.tpu.memory_allocated() == held
+    del big
+    gc.collect()  # the error's traceback holds ``big``: later tests count memory from zero
 
 
 def test_memory_counts_live_tensors(dev):

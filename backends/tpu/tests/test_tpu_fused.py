@@ -12,6 +12,7 @@ from torch import nn
 
 import accelkit
 from accelkit_backends.tpu import execution_mode
+from conftest import host_peak_growth
 
 
 def fused_stats() -> dict:
@@ -236,10 +237,14 @@ def test_out_of_memory_raises_at_the_op(dev):
         assert torch.tpu.memory_allocated() == before + 16  # a pending result's memory counts at once
         big = torch.zeros(1, device=dev).expand(capacity // 4 + 1)
         held = torch.tpu.memory_allocated()
-        with pytest.raises(torch.OutOfMemoryError, match="tpu:0"):
-            big * 2  # the result is allocated at the op: refused there
-        assert torch.tpu.memory_allocated() == held
-        assert torch.equal(y.cpu(), x.cpu() + 1)
+        with host_peak_growth(2**30):
+            with pytest.raises(torch.OutOfMemoryError, match="tpu:0") as refused:
+                big * 2  # the result is allocated at the op: refused there
+            assert torch.tpu.memory_allocated() == held
+            # The refused op left nothing to compute: the flush does not make its result, even
+            # while the error (and so its traceback's pending result) is still referenced.
+            assert torch.equal(y.cpu(), x.cpu() + 1)
+        assert refused.value is not None
 
 
 def test_a_device_side_check_fails_at_the_read_naming_the_op_and_writes_nothing(dev):

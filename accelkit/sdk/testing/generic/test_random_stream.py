@@ -69,6 +69,16 @@ def test_uniform_values_are_the_stream_s(dev, dtype):
                                                                         False, np)))
 
 
+def test_a_zero_dim_tensor_draws_one_value_of_the_stream(dev):
+    draw = _seeded(dev, 27)
+    got = torch.empty((), device=dev).uniform_()
+    assert got.shape == () and got.device.type == dev.type
+    want = random_stream.uniform(draw, (), 0.0, 1.0, False, np)
+    assert got.item() == float(np.asarray(want).reshape(()))
+    ints = torch.empty((), device=dev, dtype=torch.int64).random_(0, 5).cpu()
+    assert ints.shape == () and 0 <= ints.item() < 5
+
+
 def test_normal_values_are_the_stream_s(dev):
     draw = _seeded(dev, 22)
     got = torch.randn(64, device=dev).cpu()
