@@ -81,7 +81,9 @@ def stats() -> dict[str, Any]:
     """Execution and memory statistics of the active backend.
 
     Keys: ``backend``, ``fallback_policy``, ``ops`` (per aten overload: native, decomposed and
-    fallback executions), ``totals``, ``memory`` (the allocator's statistics), ``compile``
+    fallback executions), ``totals``, ``cpu_by_design`` (the ops among ``ops`` that took the
+    CPU fallback because the backend declared them CPU by design: their fallback count and the
+    backend's reason; they stay counted as fallbacks), ``memory`` (the allocator's statistics), ``compile``
     (what ``torch.compile(backend=<name>)`` captured, compiled and reused; see
     ``docs/compile.md``), ``distributed`` (collectives per kind: calls, bytes, host seconds and
     the estimated seconds on the target's interconnect; see ``docs/distributed.md``),
@@ -99,12 +101,15 @@ def stats() -> dict[str, Any]:
 
     ctx = _runtime.active()
     if ctx is None:
-        return {"backend": None, "fallback_policy": None, "ops": {}, "totals": dict.fromkeys(KINDS, 0), "memory": {}}
+        return {"backend": None, "fallback_policy": None, "ops": {}, "totals": dict.fromkeys(KINDS, 0),
+                "cpu_by_design": {}, "memory": {}}
+    ops = ctx.counters.snapshot()
     result: dict[str, Any] = {
         "backend": ctx.name,
         "fallback_policy": ctx.fallback_policy,
-        "ops": ctx.counters.snapshot(),
+        "ops": ops,
         "totals": ctx.counters.totals(),
+        "cpu_by_design": _runtime.cpu_by_design_calls(ctx, ops),
         "memory": ctx.allocator.memory_stats(),
         "compile": _runtime.compile_stats(ctx),
         "distributed": _runtime.distributed_stats(),

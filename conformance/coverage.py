@@ -5,7 +5,9 @@ Each backend is audited in a subprocess of its own (one PrivateUse1 backend per 
 activates it and asks :func:`accelkit.sdk.op_coverage`; paths and their meaning are documented
 there. An audit is a versioned JSON (``schema`` :data:`SCHEMA`): the backend, its target, the
 versions, counts per path, the families left (op families with ops on the CPU fallback, most
-first) and every overload's path and detail. It renders as text, Markdown and HTML like the
+first) and every overload's path and detail. Ops a backend declared CPU by design (path
+``cpu_by_design``, detail: its reason) have their own column and their own list, with the
+reason for each; they run on the CPU all the same, so they never count as on the device. It renders as text, Markdown and HTML like the
 other reports, and :func:`diff_audits` compares two audits of a backend.
 """
 
@@ -27,9 +29,12 @@ from .report_diff import ExitCode
 from .summary import op_family
 
 SCHEMA = "accelkit-coverage/1"
-PATHS = ("native", "derived", "decomposed", "fallback", "refused")
-#: Better paths first: a move to a later one is a regression in :func:`diff_audits`.
-_RANK = {"native": 0, "derived": 0, "decomposed": 1, "fallback": 2, "refused": 3}
+PATHS = ("native", "derived", "decomposed", "fallback", "cpu_by_design", "refused")
+#: Better paths first: a move to a later one is a regression in :func:`diff_audits`. A move
+#: between ``fallback`` and ``cpu_by_design`` is neither (both run on the CPU).
+_RANK = {"native": 0, "derived": 0, "decomposed": 1, "fallback": 2, "cpu_by_design": 2, "refused": 3}
+#: Paths that do not run on the device.
+_OFF_DEVICE = ("fallback", "cpu_by_design", "refused")
 #: Families listed as left, and ops named per family.
 FAMILIES_LEFT = 25
 OPS_PER_FAMILY = 4
@@ -61,6 +66,7 @@ def audit(backend: str, timeout: float = 600) -> dict[str, Any]:
     return {"schema": SCHEMA, "backend": backend,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             **found, "counts": {p: sum(1 for r in ops.values() if r["path"] == p) for p in PATHS},
+            "cpu_by_design": {op: row["detail"] for op, row in ops.items() if row["path"] == "cpu_by_design"},
             "total": len(ops), "families_left": families_left(ops), "ops": ops}
 
 
@@ -104,16 +110,18 @@ def blocks(audits: Sequence[Mapping[str, Any]]) -> list[Block]:
            Block("text", text="Every aten overload PyTorch has a CPU kernel for, classified by the path it takes "
                               "on each backend, from the backend's registrations (no test ran). native: a kernel "
                               "of the backend, the runtime's, or a view; derived: the in-place/out= variant of a "
-                              "native kernel; decomposed: into other ops; fallback: the CPU; refused: sparse, "
-                              "quantized, MKL-DNN or nested layouts.")]
+                              "native kernel; decomposed: into other ops; fallback: the CPU; cpu_by_design: the "
+                              "CPU too, for an op the backend declared its hardware cannot compute (each listed "
+                              "below with its reason); refused: sparse, quantized, MKL-DNN or nested layouts.")]
     out.append(Block("chart", data={"chart": "bars", "keys": list(PATHS), "rows": [
-        (a["backend"], [(p, a["counts"][p]) for p in PATHS],
+        (a["backend"], [(p, a["counts"].get(p, 0)) for p in PATHS],
          f"on the device {_share(a['counts']['native'] + a['counts']['derived'] + a['counts']['decomposed'], a['total'])}")
         for a in audits]}))
-    out.append(Block("table", headers=["backend", "target", "overloads", *PATHS, "on the device"], numeric=set(range(2, 9)),
+    out.append(Block("table", headers=["backend", "target", "overloads", *PATHS, "on the device"],
+                     numeric=set(range(2, 4 + len(PATHS))),
                      rows=[[a["backend"], f"{a['target']} ({'simulated' if a['simulated'] else 'real'})",
-                            str(a["total"]), *(str(a["counts"][p]) for p in PATHS),
-                            _share(a["total"] - a["counts"]["fallback"] - a["counts"]["refused"], a["total"])]
+                            str(a["total"]), *(str(a["counts"].get(p, 0)) for p in PATHS),
+                            _share(a["total"] - sum(a["counts"].get(p, 0) for p in _OFF_DEVICE), a["total"])]
                            for a in audits]))
     for a in audits:
         out.append(Block("heading", text=f"{a['backend']}: families left (most CPU-fallback overloads first)"))
@@ -126,6 +134,13 @@ def blocks(audits: Sequence[Mapping[str, Any]]) -> list[Block]:
         if len(a["families_left"]) > FAMILIES_LEFT:
             out.append(Block("text", text=f"and {len(a['families_left']) - FAMILIES_LEFT} more families; "
                                           "the JSON lists every overload."))
+        declared = a.get("cpu_by_design", {})
+        if declared:
+            out.append(Block("heading", text=f"{a['backend']}: on the CPU by design ({len(declared)} overloads, "
+                                             "declared by the backend with its reason)"))
+            out.append(Block("table", headers=["overload", "reason"],
+                             rows=[[op.removeprefix("aten."), detail.removeprefix("declared CPU by design: ")]
+                                   for op, detail in sorted(declared.items())]))
     return out
 
 
@@ -148,8 +163,8 @@ def diff_audits(base: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[str, E
     overload moved to a worse path (native/derived, decomposed, fallback, refused in order)."""
     lines = [f"coverage diff: {base['backend']} ({base['created']}) -> {new['backend']} ({new['created']})"]
     for p in PATHS:
-        before, after = base["counts"][p], new["counts"][p]
-        lines.append(f"  {p:<11}{before:>6} -> {after:<6}({after - before:+d})")
+        before, after = base["counts"].get(p, 0), new["counts"].get(p, 0)
+        lines.append(f"  {p:<14}{before:>6} -> {after:<6}({after - before:+d})")
     worse, better, other = [], [], []
     for op in sorted(set(base["ops"]) | set(new["ops"])):
         a = base["ops"].get(op, {}).get("path", "absent")

@@ -18,7 +18,8 @@ COLORS = {
     "fail": "#d64541", "error": "#ef8a2b", "crash": "#7a2ca0", "timeout": "#9a6a3a",
     "skip-declared": "#dde3ea", "skip-other": "#f1e3a6", "bad": "#d64541",
     # the coverage audit's paths
-    "native": "#1e7b3a", "derived": "#4fa866", "decomposed": "#93d3a2", "fallback": "#d64541", "refused": "#7a2ca0",
+    "native": "#1e7b3a", "derived": "#4fa866", "decomposed": "#93d3a2", "fallback": "#d64541",
+    "cpu_by_design": "#e8a33d", "refused": "#7a2ca0",
 }
 _LEGEND = {"pass": "pass (native)", "pass-fallback": "pass via CPU fallback", "bad": "fail / error / crash / timeout"}
 

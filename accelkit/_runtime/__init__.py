@@ -134,6 +134,22 @@ def compile_stats(ctx: BackendContext) -> dict[str, Any]:
     return STATS.snapshot(compiler.persistent_cache() if compiler else None)
 
 
+def cpu_by_design_calls(ctx: BackendContext, ops: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, Any]]:
+    """``stats()["cpu_by_design"]``: of the counted ``ops``, those that took the CPU fallback as
+    declared CPU by design, with their fallback count and the backend's reason."""
+    from accelkit._runtime.dispatch.schema import overload_named
+
+    if not ctx.kernels.cpu_reasons:
+        return {}
+    found = {}
+    for name, counts in ops.items():
+        op = overload_named(name) if counts.get("fallback") else None
+        reason = ctx.cpu_reason(op) if op is not None else None
+        if reason is not None:
+            found[name] = {"fallback": counts["fallback"], "reason": reason}
+    return found
+
+
 def reset_compile_stats() -> None:
     from accelkit._runtime.compile.stats import STATS
 

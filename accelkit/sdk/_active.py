@@ -86,8 +86,10 @@ def op_coverage() -> dict[str, dict[str, str]]:
 
     :returns: ``{"aten.add.Tensor": {"path": ..., "detail": ...}}``, ``path`` one of
         ``native``, ``derived`` (an in-place/``out=`` variant derived from a native kernel),
-        ``decomposed``, ``fallback`` (the CPU) and ``refused`` (sparse, quantized, MKL-DNN or
-        nested layouts); ``detail`` says which kernel, decomposition or reason.
+        ``decomposed``, ``fallback`` (the CPU), ``cpu_by_design`` (the CPU, for an op the backend
+        declared with :meth:`KernelTable.on_cpu`; ``detail`` is its reason) and ``refused``
+        (sparse, quantized, MKL-DNN or nested layouts); ``detail`` says which kernel,
+        decomposition or reason.
     :raises AccelkitError: no backend is active.
     """
     return runtime.op_paths()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import torch
@@ -78,11 +79,17 @@ class KernelTable:
 
     An op packet (``aten.relu``) stands for its ``default`` overload. Registering an overload
     twice is an error that names both functions.
+
+    An op the hardware has no way to compute is declared with :meth:`on_cpu` and its reason: it
+    still runs on the CPU fallback (under the fallback policy, counted as a fallback), and the
+    reason is shown with it (the coverage audit's ``cpu_by_design`` path, ``stats()``'s
+    ``cpu_by_design`` section, the fallback policy's warning and refusal).
     """
 
     def __init__(self, backend: str):
         self.backend = backend
         self._entries: dict[OpOverload, KernelEntry] = {}
+        self._cpu_reasons: dict[OpOverload, str] = {}
 
     def kernel(
         self, *ops: OpOverload | OpOverloadPacket, derive_variants: bool = True
@@ -111,6 +118,29 @@ class KernelTable:
                 f"{self._entries[op].fn.__qualname__}; cannot also register {fn.__qualname__}"
             )
         self._entries[op] = KernelEntry(op, fn, derive_variants)
+
+    def on_cpu(self, *ops: OpOverload | OpOverloadPacket, reason: str) -> None:
+        """Declare ``ops`` CPU by design: the hardware has no way to compute them, and ``reason``
+        says why (what it lacks). Their in-place and ``out=`` overloads follow. A declared op
+        runs on the CPU fallback even where a decomposition exists; it cannot also have a kernel.
+
+        :raises ValueError: ``reason`` is empty, or an op has a kernel or is declared already.
+        """
+        if not isinstance(reason, str) or not reason.strip():
+            raise ValueError(f"{self.backend}: on_cpu() needs the reason the hardware cannot compute the ops")
+        for op in ops:
+            if isinstance(op, OpOverloadPacket):
+                op = op.default
+            if not isinstance(op, OpOverload):
+                raise TypeError(f"{self.backend}: expected an aten op such as aten.add.Tensor, got {op!r}")
+            if op in self._entries or op in self._cpu_reasons:
+                raise ValueError(f"{self.backend}: {op} already has a kernel or a CPU declaration")
+            self._cpu_reasons[op] = reason.strip()
+
+    @property
+    def cpu_reasons(self) -> Mapping[OpOverload, str]:
+        """The ops declared CPU by design (:meth:`on_cpu`), with their reasons."""
+        return MappingProxyType(self._cpu_reasons)
 
     def __contains__(self, op: object) -> bool:
         return op in self._entries

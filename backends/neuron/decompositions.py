@@ -196,7 +196,9 @@ def _roll(self, shifts, dims=()):
 
 #: PyTorch decompositions outside the core-ATen table that neuron runs natively and that give the
 #: CPU's results: exactly (where/clamp/exp forms, a copy, a search), or bicubic upsampling within
-#: a few float32 ulps (its taps are summed in another order). Tested in test_neuron_vetted_decompositions.
+#: a few float32 ulps (its taps are summed in another order). Tested in test_neuron_vetted_decompositions;
+#: _addmm_activation and grid_sampler_2d (within float rounding: their sums are grouped otherwise)
+#: in test_neuron_arith_decompositions.
 VETTED = (
     aten.leaky_relu.default,
     aten.hardtanh.default,
@@ -205,18 +207,27 @@ VETTED = (
     aten.bucketize.Tensor,
     aten.bucketize.Scalar,
     aten.upsample_bicubic2d.default,
+    aten._addmm_activation.default,
+    aten.grid_sampler_2d.default,
 )
 
 
 def decompositions() -> Mapping[OpOverload, Callable]:
-    """The decompositions above, ``VETTED`` and the pooling ones (``pool_decompositions.py``),
-    keyed by aten overload (their ``out=`` forms follow)."""
-    from accelkit_backends.neuron import pool_decompositions
+    """The decompositions above, ``VETTED``, the pooling ones (``pool_decompositions.py``) and the
+    small exact families (``arith_decompositions.py``, ``count_decompositions.py``,
+    ``select_decompositions.py``, ``embedding_decompositions.py``), keyed by aten overload (their
+    ``out=`` forms follow)."""
+    from accelkit_backends.neuron import (arith_decompositions, count_decompositions, embedding_decompositions,
+                                          pool_decompositions, select_decompositions)
 
     from torch._decomp import decomposition_table
 
     table: dict[OpOverload, Callable] = {op: decomposition_table[op] for op in VETTED}
     table.update(pool_decompositions.decompositions())
+    table.update(arith_decompositions.decompositions())
+    table.update(count_decompositions.decompositions())
+    table.update(select_decompositions.decompositions())
+    table.update(embedding_decompositions.decompositions())
     for rank in (1, 2, 3):
         table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)
         table[getattr(aten, f"_upsample_nearest_exact{rank}d_backward").default] = _upsample_nearest_backward(True)

@@ -103,32 +103,45 @@ class BackendContext:
 
     # -- fallback policy -------------------------------------------------------------------
 
+    def cpu_reason(self, op: Any) -> str | None:
+        """Why the backend declared ``op`` CPU by design (``KernelTable.on_cpu``; an in-place or
+        ``out=`` overload follows its functional op), or None for an op it did not declare."""
+        from accelkit._runtime.dispatch.schema import functional_of
+
+        reasons = self.kernels.cpu_reasons
+        if op in reasons:
+            return reasons[op]
+        functional = functional_of(op)[0] if isinstance(op, torch._ops.OpOverload) else None
+        return reasons.get(functional) if functional is not None else None
+
     def admit_fallback(self, op: Any) -> bool:
         """Apply the policy to a CPU fallback of ``op``; True when it should be counted.
 
         Raises :class:`FallbackDeniedError` under ``deny``; warns once per op under ``warn``.
+        Both say the backend's reason for an op it declared CPU by design.
         Formatting a tensor for display is always admitted and not counted.
         """
         if getattr(self._local, "formatting", 0):
             return False
+        reason = self.cpu_reason(op)
         if self.fallback_policy == "deny":
-            if op in self.kernels:  # it has a kernel, which handed these arguments to the CPU
-                why, fix = (f"{op}'s {self.name} kernel declined these arguments",
-                            "or extend the kernel to cover them.")
+            if reason:
+                why, remedy = f"{op} runs on the CPU by design on {self.name} ({reason})", ""
+            elif op in self.kernels:  # it has a kernel, which handed these arguments to the CPU
+                why = f"{op}'s {self.name} kernel declined these arguments"
+                remedy = ", or extend the kernel to cover them"
             else:
-                why, fix = (f"{op} has no kernel or decomposition on {self.name}",
-                            f"or give the {self.name} backend a kernel for this op.")
+                why = f"{op} has no kernel or decomposition on {self.name}"
+                remedy = f", or give the {self.name} backend a kernel for this op"
             raise FallbackDeniedError(
                 f"{why} and the CPU fallback is denied (policy 'deny'). Allow it with "
-                f"{FALLBACK_ENV}=warn or accelkit.fallback_policy('allow'), {fix}"
+                f"{FALLBACK_ENV}=warn or accelkit.fallback_policy('allow'){remedy}."
             )
         if self.fallback_policy == "warn" and op not in self._warned:
             self._warned.add(op)
-            warnings.warn(
-                f"{op} is not supported natively on {self.name}; running it on the CPU "
-                f"(set {FALLBACK_ENV}=allow to silence, =deny to forbid)",
-                stacklevel=3,
-            )
+            what = (f"{op} runs on the CPU by design on {self.name}: {reason}" if reason else
+                    f"{op} is not supported natively on {self.name}; running it on the CPU")
+            warnings.warn(f"{what} (set {FALLBACK_ENV}=allow to silence, =deny to forbid)", stacklevel=3)
         return True
 
     @contextlib.contextmanager

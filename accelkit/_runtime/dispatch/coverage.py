@@ -11,6 +11,8 @@ CPU, so what a device could be asked for. Each gets one path:
 * ``decomposed`` — a decomposition into other ops (the backend's, PyTorch's default table, or
   the functional op of an in-place/``out=`` overload), or PyTorch's own composite kernel;
 * ``fallback`` — the CPU fallback: no kernel and no decomposition (or host memory by design);
+* ``cpu_by_design`` — the CPU fallback too, for an op the backend declared its hardware has no
+  way to compute (``KernelTable.on_cpu``); the detail is the backend's reason;
 * ``refused`` — a sparse, quantized, MKL-DNN or nested layout, which the runtime's dense strided
   storage cannot hold: it fails on any backend without a kernel of its own for it.
 
@@ -28,7 +30,7 @@ from torch._ops import OpOverload
 
 from accelkit._runtime.dispatch.schema import functional_of, overload_named, variants_of
 
-PATHS = ("native", "derived", "decomposed", "fallback", "refused")
+PATHS = ("native", "derived", "decomposed", "fallback", "cpu_by_design", "refused")
 
 #: Overload names of layouts the dense strided storage cannot hold.
 _REFUSED = re.compile(r"sparse|mkldnn|quantiz|^q_|_nested|nested_|fbgemm|int_repr|qscheme|_coo|_csr|_csc|_bsr|_bsc")
@@ -95,6 +97,9 @@ def _classify(ctx: Any, pipeline: Any, op: OpOverload, path_of: Any) -> tuple[st
     if plan is _run_meta:
         return "native", "a view: metadata only"
     if plan == pipeline.cpu_fallback:
+        reason = ctx.cpu_reason(op)
+        if reason is not None:
+            return "cpu_by_design", f"declared CPU by design: {reason}"
         return "fallback", "no kernel and no decomposition"
     return "decomposed", _decomposition_detail(ctx, op)
 

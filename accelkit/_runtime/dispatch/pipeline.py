@@ -441,6 +441,8 @@ class Pipeline:
     def _plan(self, op: OpOverload) -> Callable:
         if is_view_op(op) or is_inplace_view_op(op):
             return _run_meta
+        if self.ctx.cpu_reason(op) is not None:
+            return self.cpu_fallback  # declared CPU by design: no decomposition is tried
         functional, kind = functional_of(op)
         if kind == "out" and functional in self.ctx.decompositions:
             # Preferred over the op's own ``out=`` decomposition: PyTorch wraps some of those

@@ -6,5 +6,6 @@ from accelkit_backends.neuron.kernels import indexing, shape, conv, pooling, ran
 from accelkit_backends.neuron.kernels import complex, optimizers  # noqa: F401
 from accelkit_backends.neuron.kernels import special  # noqa: F401
 from accelkit_backends.neuron.launch import kernels
+from accelkit_backends.neuron.kernels import cpu_by_design  # noqa: F401,E402 - declarations, not programs
 
 __all__ = ["kernels"]

@@ -2,8 +2,8 @@
 
 The audit reads a backend's registrations without running anything; here every one-tensor
 op it lists is run once on the device and the op counters must show the path the audit
-named: ``native``/``derived`` as native, ``decomposed`` as decomposed, ``fallback`` as the CPU
-fallback. An op the audit says ``runs as`` its ``out=`` form is counted under that form;
+named: ``native``/``derived`` as native, ``decomposed`` as decomposed, ``fallback`` and
+``cpu_by_design`` (declared by the backend, with its reason) as the CPU fallback. An op the audit says ``runs as`` its ``out=`` form is counted under that form;
 PyTorch's composite kernels are never counted (they are only their parts).
 
 Device-generic (``--accelkit-device tpu|neuron`` runs it on another backend).
@@ -21,7 +21,8 @@ from accelkit.sdk import op_coverage
 from accelkit.sdk.testing import device_under_test
 
 DEVICE = device_under_test()
-COUNTED_AS = {"native": "native", "derived": "native", "decomposed": "decomposed", "fallback": "fallback"}
+COUNTED_AS = {"native": "native", "derived": "native", "decomposed": "decomposed", "fallback": "fallback",
+              "cpu_by_design": "fallback"}
 
 
 def one_tensor_ops(coverage: dict[str, dict[str, str]]) -> list[tuple[torch._ops.OpOverload, dict[str, str]]]:
@@ -47,7 +48,8 @@ def test_the_audit_covers_every_aten_overload_with_a_cpu_kernel_once():
     }
     listed = {name.removeprefix("aten.").removesuffix(".default") for name in coverage}
     assert listed == with_cpu_kernels
-    assert {row["path"] for row in coverage.values()} <= {"native", "derived", "decomposed", "fallback", "refused"}
+    assert {row["path"] for row in coverage.values()} <= {"native", "derived", "decomposed", "fallback",
+                                                          "cpu_by_design", "refused"}
     assert all(row["detail"] for row in coverage.values())
 
 

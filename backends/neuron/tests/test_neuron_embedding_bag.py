@@ -1,0 +1,93 @@
+"""``embedding_bag``'s forward on neuron (``embedding_decompositions.py``) vs CPU PyTorch,
+fallback denied: the output within float rounding (sums grouped otherwise), the auxiliary
+results the backward reads (offset2bag, bag_size, max_indices) exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import accelkit
+
+GEN = torch.Generator().manual_seed(0)
+OPS = {"embedding_bag": torch.ops.aten._embedding_bag, "forward_only": torch.ops.aten._embedding_bag_forward_only}
+INDICES = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 7, 7])
+OFFSETS = {"plain": torch.tensor([0, 4, 4, 7]), "last_offset": torch.tensor([0, 4, 4, 10])}
+
+
+def _on_device(fn, *tensors, dev):
+    with accelkit.fallback_policy("deny"):
+        out = fn(*(None if t is None else t.to(dev) for t in tensors))
+    return tuple(o.cpu() for o in out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("op", OPS, ids=str)
+# per-sample weights are defined for sum only
+@pytest.mark.parametrize("mode,weighted", [(0, False), (0, True), (1, False), (2, False)],
+                         ids=["sum", "weighted_sum", "mean", "max"])
+@pytest.mark.parametrize("offsets", OFFSETS, ids=str)
+@pytest.mark.parametrize("padding_idx", [-1, 4], ids=["no_padding", "padding"])
+def test_embedding_bag_forward_matches_cpu(dev, dtype, op, mode, offsets, padding_idx, weighted):
+    weight = torch.randn(10, 3, generator=GEN).to(dtype)
+    psw = torch.rand(INDICES.numel(), generator=GEN).to(dtype) if weighted else None
+    fn = lambda w, i, o, p: OPS[op](w, i, o, False, mode, False, p, offsets == "last_offset", padding_idx)  # noqa: E731
+    actual = _on_device(fn, weight, INDICES, OFFSETS[offsets], psw, dev=dev)
+    expected = fn(weight, INDICES, OFFSETS[offsets], psw)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(actual[0], expected[0], rtol=tol, atol=tol)
+    for name, a, e in zip(("offset2bag", "bag_size", "max_indices"), actual[1:], expected[1:]):
+        assert a.dtype == e.dtype and torch.equal(a, e), name
+
+
+def test_functional_embedding_bag_with_2d_input(dev):
+    weight = torch.randn(12, 4, generator=GEN)
+    batch = torch.randint(0, 12, (5, 3), generator=GEN)
+    for mode in ("sum", "mean", "max"):
+        expected = F.embedding_bag(batch, weight, mode=mode)
+        with accelkit.fallback_policy("deny"):
+            actual = F.embedding_bag(batch.to(dev), weight.to(dev), mode=mode).cpu()
+        torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("padding_idx", [None, 4], ids=["no_padding", "padding"])
+@pytest.mark.parametrize("include_last_offset", [False, True], ids=["offsets", "last_offset"])
+def test_embedding_bag_gradients_match_cpu(dev, mode, padding_idx, include_last_offset):
+    scale_grad_by_freq = False
+    weight = torch.randn(10, 3, generator=GEN)
+    offsets = OFFSETS["last_offset" if include_last_offset else "plain"]
+    upstream = torch.randn(offsets.numel() - include_last_offset, 3, generator=GEN)
+    psw = torch.rand(INDICES.numel(), generator=GEN) if mode == "sum" else None
+
+    def run(device):
+        w = weight.to(device).requires_grad_()
+        p = psw.to(device).requires_grad_() if psw is not None else None
+        out = F.embedding_bag(INDICES.to(device), w, offsets.to(device), mode=mode, padding_idx=padding_idx,
+                              scale_grad_by_freq=scale_grad_by_freq, include_last_offset=include_last_offset,
+                              per_sample_weights=p)
+        out.backward(upstream.to(device))
+        return w.grad.cpu(), (p.grad.cpu() if p is not None else None)
+
+    with accelkit.fallback_policy("deny"):
+        actual = run(dev)
+    expected = run("cpu")
+    torch.testing.assert_close(actual[0], expected[0], rtol=1e-6, atol=1e-6)
+    if psw is not None:
+        torch.testing.assert_close(actual[1], expected[1], rtol=1e-6, atol=1e-6)
+
+
+def test_scale_grad_by_freq_is_left_to_the_cpu(dev):
+    weight = torch.randn(10, 3, generator=GEN)
+    offsets = OFFSETS["plain"]
+
+    def run(device):
+        w = weight.to(device).requires_grad_()
+        F.embedding_bag(INDICES.to(device), w, offsets.to(device), scale_grad_by_freq=True).sum().backward()
+        return w.grad.cpu()
+
+    with accelkit.fallback_policy("allow"):
+        actual = run(dev)
+    torch.testing.assert_close(actual, run("cpu"))
+    assert accelkit.stats()["ops"]["aten._embedding_bag_backward.default"]["fallback"] == 1
