@@ -274,7 +274,14 @@ tile_kernel(aten.relu.default, static=True)(_integer_or_activation("relu"))
 
 @tile_kernel(aten.abs.default, static=True)
 def abs_(k: Kernel, out: list[OutSpec], x: np.ndarray) -> np.ndarray:
-    if x.dtype.kind in "iu":
+    if x.dtype.kind == "u":  # max(x, -x) would compare with the wrapped negation
+        result = hbm_empty(out[0])
+
+        def compute(dst: Tile, srcs: list[Tile]) -> None:
+            k.tensor_copy(dst, srcs[0])
+
+        return map_flat(k, result, [x], compute)
+    if x.dtype.kind == "i":
         result = hbm_empty(out[0])
 
         def compute(dst: Tile, srcs: list[Tile]) -> None:

@@ -192,3 +192,11 @@ def test_autograd_zero_tensors_reach_the_device(dev):
     x = torch.randn(4, requires_grad=True)
     torch.sgn(x.to(dev)).sum().backward()  # sgn's gradient is a symbolic ZeroTensor
     assert torch.equal(x.grad, torch.zeros(4))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32])
+def test_abs_of_integers_is_the_cpus_at_every_magnitude(dev, dtype):
+    info = torch.iinfo(dtype)
+    values = torch.tensor([0, 1, 7, 25, 127, info.max, info.min, info.min + 1], dtype=torch.int64)
+    x = values.clamp(info.min, info.max).to(dtype)
+    assert torch.equal(torch.abs(x.to(dev)).cpu(), torch.abs(x))  # uint8 25 became 231 (max(x, -x) wrapped)
