@@ -179,11 +179,12 @@ def child(names: list[str]) -> list[dict]:
     import accelkit
 
     device = accelkit.select_device("tpu")
-    rows = []
+    rows, runs = [], {}
     for point in POINTS:
         if point.name not in names:
             continue
-        run = run_layer(device, point.layer, point.run_tokens)
+        key = (point.layer, point.run_tokens)  # 32B and 64B share their layer
+        run = runs[key] = runs.get(key) or run_layer(device, point.layer, point.run_tokens)
         projection = project(point, run)
         rows.append({"point": point.name, "published_mfu": point.published_mfu,
                      "published_step_s": point.published_step_s, "source": point.source, "notes": point.notes,
