@@ -100,7 +100,7 @@ POINTS = [
           "fsdp=16,tp=16,layers=64", "full", 0.5606, None, MAXTEXT_V5E.format(script="128b.sh"),
           notes="qkv_proj_offloaded counted as full remat", fast=True),
     Point("tpu-recipes Llama3.1-8B, v6e-8, fsdp 8", "v6e", Layer(4096, 32, 8, 128, 14336), 1024, 3 * 8192,
-          "fsdp=8,layers=32", "but_projections", 413.433e12 / 918e12, 3.443, TPU_RECIPES, fast=True),
+          "fsdp=8,layers=32", "but_projections", 413.433e12 / 918e12, 3.443, TPU_RECIPES),
 ]
 
 
