@@ -109,8 +109,14 @@ class ScalingPlan:
 class ScalingProjection:
     """The estimated step at N chips: seconds per part, the step, MFU. A model, never a measurement.
 
+    :ivar target: the generation projected for.
+    :ivar chips: devices the plan spans.
+    :ivar step_seconds: one training step, per the module's equations.
+    :ivar mfu: model FLOPs per step over ``step_seconds`` times the device's bf16 peak.
+    :ivar model_flops: FLOPs per device and step (the run's, repeated; no recompute).
     :ivar seconds: ``{"compute", "data", "fsdp", "tensor", "expert", "exposed", "bubble"}``:
         per chip and step; ``exposed`` is the collectives' time not hidden under compute.
+    :ivar note: the model's assumptions and what it leaves out.
     """
 
     target: str
@@ -148,7 +154,8 @@ def project_scaling(estimate: Mapping[str, Any], plan: ScalingPlan, *, parameter
     :param activation_bytes: what one tensor-parallel all-reduce carries for the run's batch.
     :param expert_bytes: what one chip sends in one expert all-to-all for the run's batch.
     :param forward_seconds: device seconds of the run's forward alone (for ``plan.recompute``).
-    :param device_model: the target (default: the active backend's); its interconnect and its
+    :param device_model: the target (default: the active backend's,
+        :func:`accelkit.sdk.active_device_model`); its interconnect and its
         peak FLOP/s at ``dtype`` (MFU's denominator) are used.
     :raises ValueError: the estimate has no FLOPs or is for another target; recompute without
         ``forward_seconds``; tensor or expert parallelism without their bytes; a group larger
@@ -250,9 +257,6 @@ class _Links:
 
 
 def _active_model() -> DeviceModel:
-    from accelkit import _runtime
+    from accelkit.sdk import active_device_model
 
-    ctx = _runtime.active()
-    if ctx is None:
-        raise ValueError("no active backend: pass device_model=")
-    return ctx.model
+    return active_device_model()

@@ -97,3 +97,12 @@ def test_the_plan_parses_the_cli_form_and_refuses_nonsense():
         ScalingPlan(data=3, expert=2)
     with pytest.raises(ValueError, match="for 'v5e'"):
         project_scaling(RUN, ScalingPlan(), parameter_bytes=1, device_model=TRN1)
+
+
+def test_expert_parallel_all_to_alls_block_compute_and_need_their_bytes():
+    p = project_scaling(RUN, ScalingPlan(data=8, expert=8), parameter_bytes=1e6, expert_bytes=32e6,
+                        device_model=V5E)
+    assert p.seconds["expert"] == pytest.approx(4 * 7 / 8 * 32e6 / V5E.interconnect.bandwidth)
+    assert p.step_seconds == pytest.approx(10e-3 + p.seconds["expert"])
+    with pytest.raises(ValueError, match="expert_bytes"):
+        project_scaling(RUN, ScalingPlan(data=8, expert=8), parameter_bytes=1e6, device_model=V5E)
