@@ -249,6 +249,8 @@ class _Links:
 
     def describe(self) -> str:
         link = self.model.interconnect
+        if link is None:
+            return "no interconnect (one device)"
         text = f"{link.name} ({link.bandwidth / 1e9:.0f} GB/s per direction per chip"
         if link.scale_out is not None:
             text += (f"; {link.scale_out.name} {link.scale_out.bandwidth / 1e9:.2f} GB/s per chip beyond "

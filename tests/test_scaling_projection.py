@@ -106,3 +106,13 @@ def test_expert_parallel_all_to_alls_block_compute_and_need_their_bytes():
     assert p.step_seconds == pytest.approx(10e-3 + p.seconds["expert"])
     with pytest.raises(ValueError, match="expert_bytes"):
         project_scaling(RUN, ScalingPlan(data=8, expert=8), parameter_bytes=1e6, device_model=V5E)
+
+
+def test_a_target_without_interconnect_projects_one_device_and_refuses_more():
+    import dataclasses
+
+    lone = dataclasses.replace(V5E, interconnect=None)
+    assert project_scaling(RUN, ScalingPlan(layers=2), parameter_bytes=1e6, device_model=lone).step_seconds == \
+        pytest.approx(20e-3)
+    with pytest.raises(ValueError, match="no interconnect"):
+        project_scaling(RUN, ScalingPlan(data=2), parameter_bytes=1e6, device_model=lone)
