@@ -27,6 +27,7 @@ from accelkit._errors import (
 from accelkit.hookspecs import hookimpl
 from accelkit._buckets import bucketed
 from accelkit._policy import fallback_policy
+from accelkit._scaling import ScalingPlan, ScalingProjection, project_scaling
 from accelkit._selection import DeviceReport, devices, explain_selection, select_device
 
 # Before anything can run a backward(): PyTorch's autograd engine only serves devices whose guard
@@ -47,6 +48,9 @@ __all__ = [
     "explain_selection",
     "fallback_policy",
     "hookimpl",
+    "ScalingPlan",
+    "ScalingProjection",
+    "project_scaling",
     "register_backend",
     "reset_stats",
     "select_device",

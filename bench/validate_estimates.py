@@ -3,6 +3,8 @@
     python bench/validate_estimates.py              # every point, tpu then neuron (one process each)
     python bench/validate_estimates.py --skip-large # without the 8192³ matmul (about a minute of CPU)
     python bench/validate_estimates.py --json out.json
+    python bench/validate_estimates.py --skip-scaling # without the points at scale (minutes of CPU;
+                                                      # bench/scaling_points.py runs them alone)
 
 Each point is run the way a user runs it: device tensors on the backend, the target chosen by the
 backend's environment variable (``ACCELKIT_TPU_TARGET``, ``ACCELKIT_NEURON_TARGET``), and the
@@ -290,6 +292,8 @@ def print_tables(rows: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-large", action="store_true", help="leave out the 8192³ matmul")
+    parser.add_argument("--skip-scaling", action="store_true",
+                        help="leave out the points at scale (bench/scaling_points.py)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the rows to FILE")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -300,6 +304,14 @@ def main() -> None:
     for backend, target in (("tpu", "v5e"), ("neuron", "trn2"), ("neuron", "trn1")):
         rows += _run_child(backend, args.skip_large, target)
     print_tables(rows)
+    if not args.skip_scaling:
+        import scaling_points
+
+        print("\nAt scale: published MFU against accelkit.project_scaling of one layer run on one device "
+              "(bench/scaling_points.py)\n")
+        scaled = scaling_points.run_points(scaling_points.POINTS)
+        scaling_points.print_table(scaled)
+        rows += [{"table": "scaling", **r} for r in scaled]
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

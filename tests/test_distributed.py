@@ -277,6 +277,10 @@ def test_the_device_models_carry_their_interconnect_with_sources():
     assert v5e.name == "ICI" and v5e.bandwidth == 200e9 and "G-v5e" in v5e.sources["bandwidth"]
     trn2 = neuron_model("trn2").interconnect
     assert trn2.name == "NeuronLink-v3" and trn2.bandwidth == 640e9 and "N-trn2" in trn2.sources["bandwidth"]
+    # beyond a domain (a TPU slice; a 16-chip Trainium instance), for the scaling projection
+    assert v5e.domain_chips == 256 and v5e.scale_out is None and "DCN" in v5e.sources["scale_out"]
+    assert trn2.domain_chips == 16 and trn2.scale_out.name == "EFA"
+    assert trn2.scale_out.bandwidth == pytest.approx(3200e9 / 8 / 16) and "trn2-arch" in trn2.sources["scale_out"]
 
 
 @pytest.mark.parametrize("device", DEVICES)

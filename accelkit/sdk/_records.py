@@ -78,6 +78,11 @@ class Interconnect:
     :ivar topology: e.g. ``"2D torus"``.
     :ivar latency: seconds per ring step, if known; ``None`` leaves latency out of estimates.
     :ivar sources: where each figure comes from, keyed by field name.
+    :ivar domain_chips: chips this network joins directly (a TPU slice, a Trainium instance), if
+        bounded; a group of more chips crosses ``scale_out`` (the scaling projection,
+        :func:`accelkit.project_scaling`).
+    :ivar scale_out: the network between domains (EFA between Trainium instances), its
+        ``bandwidth`` per chip (the domain's share divided among its chips), if known.
     """
 
     name: str
@@ -86,6 +91,8 @@ class Interconnect:
     topology: str = ""
     latency: float | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
+    domain_chips: int | None = None
+    scale_out: Interconnect | None = None
 
     def __post_init__(self) -> None:
         if self.bandwidth <= 0:

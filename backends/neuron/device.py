@@ -179,12 +179,29 @@ _LAUNCH_UNPUBLISHED = ("no published figure: trn2's (437 µs idle between synchr
                        "is the same software")
 
 
+#: Between instances, EFA: (bits/s per instance, chips per instance, source). The figure is taken
+#: as per direction (network link rates are) and shared evenly by the instance's chips.
+_EFA = {
+    "trn1": (800e9, 16, "aws-neuron-sdk about-neuron/arch/neuron-hardware/trn1-arch.rst: trn1.32xlarge, "
+                        "16 chips, EFA 800 Gbps (trn1n.32xlarge: 1600)"),
+    "trn2": (3200e9, 16, "aws-neuron-sdk about-neuron/arch/neuron-hardware/trn2-arch.rst: trn2.48xlarge, "
+                         "16 chips, EFAv3 3200 Gbps"),
+}
+
+
 def _interconnect(generation: str) -> Interconnect:
     name, per_chip, links, source = _NEURONLINK[generation]
+    scale_out, chips, sources = None, None, {}
+    if generation in _EFA:
+        bits, chips, efa_source = _EFA[generation]
+        scale_out = Interconnect(name="EFA", bandwidth=bits / 8 / chips, topology="between instances",
+                                 sources=dict(bandwidth=f"{efa_source}; per direction, shared by the chips"))
+        sources = dict(domain_chips=efa_source, scale_out=efa_source)
     return Interconnect(
         name=name, bandwidth=per_chip / 2, links=links, topology="ring / 2D torus within an instance",
+        domain_chips=chips, scale_out=scale_out,
         sources=dict(bandwidth=f"{source}; taken as bidirectional, half per direction",
-                     latency="not published: left out"),
+                     latency="not published: left out", **sources),
     )
 
 #: What NeuronCore memory and engines hold (N-ndt: no 64-bit types; int64 is stored in HBM and

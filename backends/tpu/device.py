@@ -104,11 +104,24 @@ def _launch(name: str) -> tuple[float, str]:
     return _LAUNCH.get(name, (_LAUNCH_V5E, _LAUNCH_UNPUBLISHED))
 
 
+#: Chips one ICI domain joins (the largest slice, a pod). Beyond it slices talk over the data-centre
+#: network (DCN), which is not modelled: a scaling projection past a pod says so.
+_POD_CHIPS = {
+    "v4": (4096, "G-v4: 4096 chips per pod"),
+    "v5e": (256, "G-v5e: up to 256 chips per slice (v5e-256)"),
+    "v5p": (8960, "G-v5p: 8960 chips per pod"),
+    "v6e": (256, "G-v6e: up to 256 chips per slice (v6e-256)"),
+    "7x": (9216, "G-7x: 9216 chips per pod"),
+}
+
+
 def _interconnect(name: str) -> Interconnect:
     bidirectional, links, topology, source = _ICI[name]
+    pod, pod_source = _POD_CHIPS[name]
     return Interconnect(
-        name="ICI", bandwidth=bidirectional / 2, links=links, topology=topology,
-        sources=dict(bandwidth=f"{source}; half per direction", latency="not published: left out"),
+        name="ICI", bandwidth=bidirectional / 2, links=links, topology=topology, domain_chips=pod,
+        sources=dict(bandwidth=f"{source}; half per direction", latency="not published: left out",
+                     domain_chips=pod_source, scale_out="DCN between slices: not modelled"),
     )
 
 

@@ -342,7 +342,7 @@ class Lowering:
                     executable = jitted.executable(arrays)
                 else:  # jax caches both steps: this is the executable the call just ran
                     executable = jitted.lower(arrays, scalars).compile()
-                cost = ProgramCost.of(executable, arrays)
+                cost = ProgramCost.of(executable, arrays, single_op=True)
                 tally = signature.tallies[shapes] = COSTS.tally(self.name, cost)
             signature.only = tally if len(signature.tallies) == 1 else None
         return tally
