@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-.PHONY: demo test test-fused test-fused-quick test-neuron-strict launchers bench conformance-quick chromium titan vllm vllm-env clean
+.PHONY: demo test test-fused test-fused-quick test-neuron-strict launchers estimates bench conformance-quick chromium titan vllm vllm-env clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -122,6 +122,11 @@ launchers: $(STAMP)
 # TorchTitan's full matrix on tpu and neuron against ref (tests/titan; the quick part runs in `test`).
 titan: $(STAMP)
 	env -u ACCELKIT_DEVICE ACCELKIT_TITAN=full $(BIN)/python -m pytest tests/titan -rA --durations=0
+
+# Every published point of the estimates' validation table (docs/estimates.md), the at-scale
+# points included (minutes of CPU each; `make test` runs the quick one).
+estimates: $(STAMP)
+	env -u ACCELKIT_DEVICE ACCELKIT_SCALING_ALL=1 $(BIN)/python -m pytest tests/test_estimate_scaling_points.py tests/test_estimate_targets.py tests/test_estimate_comparison.py -rA --durations=0
 
 bench: $(STAMP)
 	env -u ACCELKIT_DEVICE $(BIN)/python bench/bench_ops.py
