@@ -132,10 +132,9 @@ def matmul_2d(k: Kernel, a: np.ndarray, b: np.ndarray, out: np.ndarray,
 
 def _empty_product(k: Kernel, out: np.ndarray, epilogue: Any) -> np.ndarray:
     """``out = epilogue(0)`` for an empty contraction (K = 0): the product is zero, but the
-    epilogue (``beta * input`` of addmm) still applies, as on every PyTorch device."""
-    if epilogue is None:
-        out[...] = 0
-        return out
+    epilogue (``beta * input`` of addmm) still applies, as on every PyTorch device. The zeros
+    are written by instructions (a memset and a store), so that a replay of the recorded
+    kernel writes them too: a host-side write would leave a reused block's old bytes."""
     m, n = out.shape
     for m0, m1 in _tiles(m, k.spec.partitions):
         for n0, n1 in _tiles(n, k.spec.gemm_moving_fmax):

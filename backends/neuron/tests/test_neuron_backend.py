@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from conftest import DEVICE, run_python
@@ -200,3 +201,13 @@ def test_abs_of_integers_is_the_cpus_at_every_magnitude(dev, dtype):
     values = torch.tensor([0, 1, 7, 25, 127, info.max, info.min, info.min + 1], dtype=torch.int64)
     x = values.clamp(info.min, info.max).to(dtype)
     assert torch.equal(torch.abs(x.to(dev)).cpu(), torch.abs(x))  # uint8 25 became 231 (max(x, -x) wrapped)
+
+
+def test_an_empty_contraction_is_zeros_also_over_reused_memory(dev):
+    a, b = torch.zeros(2, 0, device=dev), torch.zeros(0, 3, device=dev)
+    for step in range(20):  # the first call records the kernel, later ones replay it
+        # Results freed here leave their bytes in memory a later empty block may be made from.
+        stale = [torch.full((n,), 7.0 + step, device=dev) * 3 for n in (6, 8, 16, 64)]
+        stale += [np.full((2, 3), 7.0, np.float32) for _ in range(8)]
+        del stale
+        assert torch.equal(torch.mm(a, b).cpu(), torch.zeros(2, 3))
