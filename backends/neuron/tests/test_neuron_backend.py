@@ -203,11 +203,13 @@ def test_abs_of_integers_is_the_cpus_at_every_magnitude(dev, dtype):
     assert torch.equal(torch.abs(x.to(dev)).cpu(), torch.abs(x))  # uint8 25 became 231 (max(x, -x) wrapped)
 
 
-def test_an_empty_contraction_is_zeros_also_over_reused_memory(dev):
-    a, b = torch.zeros(2, 0, device=dev), torch.zeros(0, 3, device=dev)
-    for step in range(20):  # the first call records the kernel, later ones replay it
-        # Results freed here leave their bytes in memory a later empty block may be made from.
-        stale = [torch.full((n,), 7.0 + step, device=dev) * 3 for n in (6, 8, 16, 64)]
-        stale += [np.full((2, 3), 7.0, np.float32) for _ in range(8)]
+def test_an_empty_contraction_is_zeros_also_when_its_program_is_replayed(dev):
+    bias = torch.arange(6.0).reshape(2, 3) - 2
+    no_batches = torch.zeros(0, 2, 5), torch.zeros(0, 5, 3)
+    want = torch.addbmm(bias, *no_batches, beta=2)
+    for _ in range(6):  # adaptive eager builds the region's program, then replays it
+        # Host memory freed here is what a replay's fresh result arrays are made from.
+        stale = [np.full(6, 7.0, np.float32) for _ in range(20)]
         del stale
-        assert torch.equal(torch.mm(a, b).cpu(), torch.zeros(2, 3))
+        got = torch.addbmm(bias.to(dev), *(t.to(dev) for t in no_batches), beta=2).cpu()
+        assert torch.equal(got, want)  # the product's zeros were a host write, lost in a replay
