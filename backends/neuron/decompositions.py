@@ -194,6 +194,35 @@ def _roll(self, shifts, dims=()):
     return result.clone() if result is self else result
 
 
+def _native_group_norm(input, weight, bias, N, C, HxW, group, eps):
+    """``native_group_norm`` as the CPU computes it: each (sample, group) row's mean and
+    population variance in float32 (the reduced floats' math type), ``rstd = rsqrt(var + eps)``,
+    then ``(x - mean) * rstd``, scaled and shifted per channel, rounded once to the input's dtype.
+    ``mean`` and ``rstd`` have the parameters' dtype where it differs from the input's (bf16
+    activations, float32 parameters), else the input's. Within float rounding of the CPU: its
+    moments are summed in another order.
+
+    PyTorch's own decomposition asks the tensor for ``suggest_memory_format``, which device
+    tensors of the runtime do not answer; this one reads no layout. An empty group, or
+    arguments the CPU refuses, run there (its result, or its error)."""
+    if (HxW == 0 or N == 0 or group <= 0 or C % group or input.numel() != N * C * HxW
+            or any(p is not None and p.numel() != C for p in (weight, bias))):
+        return NotImplemented
+    math_dtype = torch.float32 if input.dtype in (torch.bfloat16, torch.float16) else input.dtype
+    rows = input.reshape(N, group, -1).to(math_dtype)
+    mean = rows.mean(dim=-1)
+    centred = rows - mean.unsqueeze(-1)
+    rstd = torch.rsqrt((centred * centred).mean(dim=-1) + eps)
+    normal = (centred * rstd.unsqueeze(-1)).reshape(N, C, HxW)
+    if weight is not None:
+        normal = normal * weight.to(math_dtype).reshape(1, C, 1)
+    if bias is not None:
+        normal = normal + bias.to(math_dtype).reshape(1, C, 1)
+    parameters = weight if weight is not None else bias
+    stats_dtype = parameters.dtype if parameters is not None and parameters.dtype != input.dtype else input.dtype
+    return normal.reshape(input.shape).to(input.dtype), mean.to(stats_dtype), rstd.to(stats_dtype)
+
+
 #: PyTorch decompositions outside the core-ATen table that neuron runs natively and that give the
 #: CPU's results: exactly (where/clamp/exp forms, a copy, a search), or bicubic upsampling within
 #: a few float32 ulps (its taps are summed in another order). Tested in test_neuron_vetted_decompositions;
@@ -233,6 +262,7 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         table[getattr(aten, f"_upsample_nearest_exact{rank}d_backward").default] = _upsample_nearest_backward(True)
         table[getattr(aten, f"replication_pad{rank}d_backward").default] = _replication_pad_backward
     table[aten.roll.default] = _roll
+    table[aten.native_group_norm.default] = _native_group_norm
     table[aten.upsample_bicubic2d_backward.default] = _upsample_bicubic2d_backward
     for name in ("upsample_linear1d_backward", "upsample_bilinear2d_backward", "upsample_trilinear3d_backward"):
         table[getattr(aten, name).default] = _upsample_linear_backward
