@@ -202,9 +202,9 @@ def _native_group_norm(input, weight, bias, N, C, HxW, group, eps):
     activations, float32 parameters), else the input's. Within float rounding of the CPU: its
     moments are summed in another order.
 
-    PyTorch's own decomposition asks the tensor for ``suggest_memory_format``, which device
-    tensors of the runtime do not answer; this one reads no layout. An empty group, or
-    arguments the CPU refuses, run there (its result, or its error)."""
+    The runtime hands it a channels-last input contiguous and lays the output out as the
+    input (``decomp_guards``). An empty group, or arguments the CPU refuses, run there (its
+    result, or its error)."""
     if (HxW == 0 or N == 0 or group <= 0 or C % group or input.numel() != N * C * HxW
             or any(p is not None and p.numel() != C for p in (weight, bias))):
         return NotImplemented

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch._C import DispatchKey
 from torch._decomp import decomposition_table
+from torch._prims_common import suggest_memory_format
 
 aten = torch.ops.aten
 
@@ -87,7 +88,7 @@ def _group_norm_in_input_layout(decomposition: Callable) -> Callable:
         if input.is_contiguous():
             return decomposition(input, *args, **kwargs)
         out, mean, rstd = decomposition(input.contiguous(), *args, **kwargs)
-        return out.contiguous(memory_format=input.suggest_memory_format()), mean, rstd
+        return out.contiguous(memory_format=suggest_memory_format(input)), mean, rstd
 
     return run
 
@@ -97,7 +98,7 @@ def _group_norm_backward_in_input_layout(decomposition: Callable) -> Callable:
     def run(grad_output: torch.Tensor, input: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         if input.is_contiguous() and grad_output.is_contiguous():
             return decomposition(grad_output, input, *args, **kwargs)
-        layout = input.suggest_memory_format()
+        layout = suggest_memory_format(input)
         grad_input, *rest = decomposition(grad_output.contiguous(), input.contiguous(), *args, **kwargs)
         if grad_input is not None:
             grad_input = grad_input.contiguous(memory_format=layout)
