@@ -351,8 +351,7 @@ class DeviceAllocator:
         device could never hold."""
         if self._allocated + nbytes > self.capacity:
             with self._lock:
-                self._counts["ooms"] += 1
-            raise torch.OutOfMemoryError(self._oom_message(nbytes))
+                raise self._out_of_memory(nbytes)
 
     def _reserve(self, nbytes: int, block_bytes: int, use_cache: bool) -> tuple[Any, int]:
         """Account for a new buffer; return a cached block to reuse (or None) and the buffer's
@@ -373,9 +372,8 @@ class DeviceAllocator:
                     self._counts["alloc_retries"] += 1
                     self._empty_cache_locked()
                 if self._allocated + block_bytes > self.capacity:
-                    self._counts["ooms"] += 1
                     self._free_address(address, nbytes)
-                    raise torch.OutOfMemoryError(self._oom_message(nbytes))
+                    raise self._out_of_memory(nbytes)
             allocated = self._allocated = self._allocated + block_bytes
             requested = self._requested = self._requested + nbytes
             live = self._live = self._live + 1
@@ -455,8 +453,10 @@ class DeviceAllocator:
         with self._lock:
             self._empty_cache_locked()
 
-    def _oom_message(self, nbytes: int) -> str:
-        return (
+    def _out_of_memory(self, nbytes: int) -> torch.OutOfMemoryError:
+        """The error refusing a request of ``nbytes``, counted as an OOM (lock held)."""
+        self._counts["ooms"] += 1
+        return torch.OutOfMemoryError(
             f"{self.device} out of memory: tried to allocate {format_bytes(nbytes)}, "
             f"but {format_bytes(self._allocated)} of the device's {format_bytes(self.capacity)} "
             f"are held by live tensors ({format_bytes(self._reserved())} reserved). "

@@ -427,13 +427,13 @@ def abandon(array: Pending) -> None:
         if region is None or array.value is not None:
             return
         node = region.nodes[array.node]
-        node.outputs = [_NOTHING] * len(node.outputs)
+        node.outputs = [_never_live] * len(node.outputs)
         if array.node == len(region.nodes) - 1:
             region.nodes.pop()
 
 
-def _NOTHING() -> None:
-    """The output reference of an abandoned op: never live."""
+def _never_live() -> None:
+    """The output reference of an abandoned op (a dead weak reference's answer)."""
     return None
 
 

@@ -123,8 +123,8 @@ class BackendContext:
         """
         if getattr(self._local, "formatting", 0):
             return False
-        reason = self.cpu_reason(op)
         if self.fallback_policy == "deny":
+            reason = self.cpu_reason(op)
             if reason:
                 why, remedy = f"{op} runs on the CPU by design on {self.name} ({reason})", ""
             elif op in self.kernels:  # it has a kernel, which handed these arguments to the CPU
@@ -139,6 +139,7 @@ class BackendContext:
             )
         if self.fallback_policy == "warn" and op not in self._warned:
             self._warned.add(op)
+            reason = self.cpu_reason(op)
             what = (f"{op} runs on the CPU by design on {self.name}: {reason}" if reason else
                     f"{op} is not supported natively on {self.name}; running it on the CPU")
             warnings.warn(f"{what} (set {FALLBACK_ENV}=allow to silence, =deny to forbid)", stacklevel=3)
