@@ -16,7 +16,8 @@ issue's target beside it:
   synchronisation), strict against fused;
 - Hugging Face ``generate`` per token (a 2-layer Llama from a random-initialised config, greedy,
   32 new tokens), strict against fused;
-- a strict add of 16 floats against the CPU's.
+- a strict add of 16 floats against the CPU's, and against the same add through ``jax.jit``
+  alone on the XLA device tpu runs on (the engine's per-call floor under the backend).
 
 Each execution mode runs in its own process (a mode is set for the whole process, through the
 public switch :func:`accelkit_backends.tpu.execution_mode`); the processes alternate over
@@ -174,8 +175,27 @@ def tpu_cases(device: torch.device, with_baselines: bool) -> list[dict[str, Case
         })
         add, _ = op_cases(device)["add (16,)"]
         cpu_add, _ = op_cases("cpu")["add (16,)"]
-        groups.append({"add16": (add, sync, 500, 1), "cpu_add16": (cpu_add, lambda: None, 500, 1)})
+        jax_add, jax_add_sync = _jax_add16()
+        groups.append({"add16": (add, sync, 500, 1), "cpu_add16": (cpu_add, lambda: None, 500, 1),
+                       "jax_add16": (jax_add, jax_add_sync, 500, 1)})
     return groups
+
+
+def _jax_add16() -> tuple[Callable[[], object], Callable[[], None]]:
+    """An add of 16 floats through ``jax.jit`` alone, on the XLA device tpu runs on here: what
+    one call of a compiled program costs the engine under the backend (its dispatch floor)."""
+    import jax
+    import jax.numpy as jnp
+
+    add = jax.jit(lambda x, y: x + y)
+    x, y = jnp.arange(16, dtype=jnp.float32), jnp.ones(16, jnp.float32)
+    last: list = [add(x, y)]
+
+    def run() -> object:
+        last[0] = add(x, y)
+        return last[0]
+
+    return run, lambda: last[0].block_until_ready()
 
 
 def child(mode: str, repeat: int) -> dict:
@@ -231,6 +251,8 @@ ROWS = [
     ("add in a 1000-op chain: fused / strict", "fused", "long_chain_add16", "strict", "long_chain_add16", None, None),
     ("HF generate per token: fused / strict", "fused", "generate_token", "strict", "generate_token", "≤", 1.1),
     ("add (16,): strict / CPU", "strict", "add16", "strict", "cpu_add16", "≤", 4.0),
+    ("add (16,): JAX+jit alone / CPU (floor)", "strict", "jax_add16", "strict", "cpu_add16", None, None),
+    ("add (16,): strict / JAX+jit alone", "strict", "add16", "strict", "jax_add16", None, None),
 ]
 
 

@@ -35,6 +35,18 @@ namespace py = pybind11;
 
 namespace {
 
+// Attribute names looked up on every call, made once (a C string would be a new str each time).
+PyObject* interned(const char* name) {
+  PyObject* text = PyUnicode_InternFromString(name);
+  if (text == nullptr) throw py::error_already_set();
+  return text;  // as long as the process, as the fronts that use it
+}
+
+PyObject* payload_name() {
+  static PyObject* const name = interned("payload");
+  return name;
+}
+
 constexpr size_t kPlansKept = 4096;  // as the Python lane: beyond it the map starts afresh
 
 // A layout seen by the Python lane: its plan, and once its first call is done, the result.
@@ -156,14 +168,17 @@ class Front {
         PyObject* storage = THPStorage_Wrap(t.storage());
         if (storage == nullptr) throw py::error_already_set();
         py::object owned = py::reinterpret_steal<py::object>(storage);
-        PyObject* payload = PyObject_GetAttrString(storage, "payload");
+        PyObject* payload = PyObject_GetAttr(storage, payload_name());
         if (payload == nullptr) {
           PyErr_Clear();
           return false;
         }
         py::object held = py::reinterpret_steal<py::object>(payload);
         if (payload == Py_None) return false;
-        blocks.append(held.attr("block"));
+        static PyObject* const block_name = interned("block");
+        PyObject* block = PyObject_GetAttr(payload, block_name);
+        if (block == nullptr) throw py::error_already_set();
+        blocks.append(py::reinterpret_steal<py::object>(block));
         append(key, static_cast<int64_t>(i));
         append(key, static_cast<int64_t>(t.scalar_type()));
         append(key, t.dim());
@@ -250,8 +265,10 @@ class Front {
   // adopted_tensor makes it: the storage at the buffer's address with its byte size, and the
   // buffer on the storage's Python object.
   static at::Tensor adopted(const Entry& entry, const py::object& payload) {
-    const auto address = payload.attr("address").cast<uintptr_t>();
-    const auto nbytes = payload.attr("nbytes").cast<int64_t>();
+    static PyObject* const address_name = interned("address");
+    static PyObject* const nbytes_name = interned("nbytes");
+    const auto address = payload.attr(address_name).cast<uintptr_t>();
+    const auto nbytes = payload.attr(nbytes_name).cast<int64_t>();
     c10::Device device(c10::DeviceType::PrivateUse1, 0);
     c10::Storage storage(c10::Storage::use_byte_size_t{}, nbytes,
                          c10::DataPtr(reinterpret_cast<void*>(address), device), nullptr, false);
@@ -261,7 +278,7 @@ class Front {
     tensor.unsafeGetTensorImpl()->set_sizes_contiguous(entry.shape);
     py::object python_storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(tensor.storage()));
     if (!python_storage) throw py::error_already_set();
-    python_storage.attr("payload") = payload;
+    if (PyObject_SetAttr(python_storage.ptr(), payload_name(), payload.ptr()) != 0) throw py::error_already_set();
     return tensor;
   }
 

@@ -333,11 +333,12 @@ def _abstract(value: Any) -> Any:
     return value
 
 
-def _record(node: _Node, evaluate: Callable[[], Any]) -> Any:
-    """Add ``node`` to the region and return its output tree of :class:`Pending` arrays."""
+def _record(node: _Node, evaluate: Callable[..., Any], *operands: Any) -> Any:
+    """Add ``node`` to the region and return its output tree of :class:`Pending` arrays;
+    ``evaluate(*operands)`` gives the outputs' shapes and dtypes when its shape key is new."""
     found = _shapes.get(node.shape_key)
     if found is None:
-        out = evaluate()
+        out = evaluate(*operands)
         leaves, treedef = jax.tree_util.tree_flatten(out)
         single = (node.kind == _LOWERING and isinstance(out[0], jax.ShapeDtypeStruct) and out[1] is None)
         found = ([(tuple(leaf.shape), np.dtype(leaf.dtype)) for leaf in leaves], treedef, single)
@@ -372,31 +373,34 @@ def record_program(lowering: Any, signature: Any, arrays: list, scalars: list) -
     with _lock:
         region = _region
         index = len(region.nodes)
-        external = region.external
         inputs, avals = [], [id(signature)]
         for a in arrays:
             if type(a) is Pending:
                 if a.value is None:
-                    inputs.append(_ref(index - a.node, a.leaf))
+                    back = index - a.node
+                    inputs.append(_refs.get((back, a.leaf)) or _ref(back, a.leaf))
                     avals += (a.shape, a.dtype, _PENDING)
                     continue
                 a = a.value
-            inputs.append(external(a))
+            found = region.external_index.get(id(a))  # region.external, inline (every input)
+            inputs.append(_external_refs[found] if found is not None else region.external(a))
             avals += (a.shape, a.dtype, getattr(a, "weak_type", False))
         # Scalars' kinds are fixed by the signature's structure: they need no place in the key.
-        inputs.extend([external(s) for s in scalars])
+        if scalars:
+            inputs.extend([region.external(s) for s in scalars])
         shape_key = tuple(avals)  # flat: one object per op
         node = _Node(_LOWERING, signature, lowering, len(arrays), tuple(inputs), shape_key, lowering.name)
+        return _record(node, _evaluate, signature, arrays, scalars)
 
-        def evaluate() -> Any:
-            from accelkit_backends.tpu import checks
 
-            try:
-                return signature.evaluate([_abstract(a) for a in arrays], scalars)
-            except checks.Refused as refused:
-                raise refused.error from None
+def _evaluate(signature: Any, arrays: list, scalars: list) -> Any:
+    """A lowering's outputs as shapes and dtypes for ``arrays`` (pending ones by their shapes)."""
+    from accelkit_backends.tpu import checks
 
-        return _record(node, evaluate)
+    try:
+        return signature.evaluate([_abstract(a) for a in arrays], scalars)
+    except checks.Refused as refused:
+        raise refused.error from None
 
 
 def record_jit(function: Any, args: tuple) -> Any:

@@ -253,6 +253,7 @@ class Lowering:
         # small op's Python overhead is mostly calls (other modes take :meth:`_run`).
         jitted, name, tally_of = signature.jitted, self.name, self._tally
         stamp, record, defer, refused_error = next_use, COSTS.record, checks.defer, checks.Refused
+        record_program, recording = fused.record_program, fused.recording
 
         def plan(blocks: list, values: list) -> Any:
             arrays = []
@@ -261,7 +262,12 @@ class Lowering:
                 arrays.append(array if array is not None else read(block, spec).array)
             scalars = [to_scalar(v) for v in values] if values else []
             if modes._mode != "strict":
-                return run(signature, arrays, scalars, specs)
+                if not recording():
+                    return run(signature, arrays, scalars, specs)
+                out, status = record_program(self, signature, arrays, scalars)  # as _run records
+                if status is not None:
+                    defer(status, name, DEVICE, out)
+                return out
             signature.last_use = stamp()
             try:
                 out, status = jitted(arrays, scalars)
