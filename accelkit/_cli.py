@@ -106,6 +106,26 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _project(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from accelkit._run.project import as_json, dtype_named, parse_bytes, project_report, render
+    from accelkit._scaling import ScalingPlan
+
+    try:
+        plan = ScalingPlan.parse(args.plan)
+        sizes = {name: parse_bytes(value) for name, value in (
+            ("parameter_bytes", args.parameter_bytes), ("gradient_bytes", args.gradient_bytes),
+            ("activation_bytes", args.activation_bytes), ("expert_bytes", args.expert_bytes)) if value is not None}
+        dtype = dtype_named(args.dtype)
+    except ValueError as exc:
+        raise AccelkitError(f"accelkit project: {exc}") from exc
+    projections = project_report(Path(args.report), plan, forward_seconds=args.forward_seconds, dtype=dtype, **sizes)
+    print(json.dumps(as_json(projections), indent=2) if args.json else render(projections, plan))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="accelkit", description="One accelerator layer for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -169,6 +189,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     compare.add_argument("reports", nargs="+", metavar="REPORT",
                          help="a report directory (its report.json or report-rank0.json) or a report JSON file")
     compare.set_defaults(run=_compare)
+    project = commands.add_parser(
+        "project", help="project a run report's step to N chips with a parallelism plan (step time, MFU)",
+        description="Estimate one training step at N chips from an `accelkit run --report DIR` of one device's "
+                    "step (or one layer of it), on every target the report estimated: the plan's collectives "
+                    "priced on each target's interconnect, data/fsdp ones overlapped with compute, tensor/expert "
+                    "ones blocking, a 1F1B pipeline bubble. A model, not a measurement: the note printed with "
+                    "the table says what it leaves out.",
+    )
+    project.add_argument("report", metavar="REPORT", help="a report directory or report JSON file")
+    project.add_argument("--plan", required=True, metavar="PLAN",
+                         help="e.g. 'fsdp=256,layers=48' or 'dp=8,tp=8,pp=4,microbatches=16,layers=12' "
+                              "(dp, fsdp, tp, pp, ep, layers, batches, microbatches, recompute, overlap)")
+    project.add_argument("--parameter-bytes", required=True, metavar="BYTES",
+                         help="the run's parameter bytes (per layer when the plan repeats it), e.g. 1.2G")
+    project.add_argument("--gradient-bytes", metavar="BYTES", help="gradient bytes as reduced (default: parameters)")
+    project.add_argument("--activation-bytes", metavar="BYTES",
+                         help="what one tensor-parallel all-reduce carries (needed with tp > 1)")
+    project.add_argument("--expert-bytes", metavar="BYTES",
+                         help="what one chip sends in one expert all-to-all (needed with ep > 1)")
+    project.add_argument("--forward-seconds", type=float, metavar="S",
+                         help="device seconds of the run's forward alone (needed with recompute)")
+    project.add_argument("--dtype", default="bf16", help="the peak MFU is measured against (default bf16)")
+    project.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    project.set_defaults(run=_project)
     commands.add_parser(
         "conformance", add_help=False,
         help="run the conformance suites against backends, render and compare results (run, report, diff)",

@@ -109,6 +109,23 @@ def accelkit_device_model(name: str) -> DeviceModel | None:
     """
 
 
+@hookspec(firstresult=True)
+def accelkit_target_model(name: str, target: str) -> DeviceModel | None:
+    """Describe one of the backend's generations by its name, without activating the backend.
+
+    Kind: firstresult. Optional: without it, tools that work from a saved run report
+    (``accelkit project``) cannot price that backend's targets and say so.
+
+    :param name: the backend's name.
+    :param target: a generation as a user spells it (``"v6e"``, ``"trn1"``).
+    :returns: that generation's :class:`accelkit.sdk.DeviceModel` (the same record
+        :func:`accelkit_device_model` gives when it is the one selected), or ``None`` when it is
+        not one of this backend's generations.
+
+    Must not probe hardware or allocate: it is data.
+    """
+
+
 @hookspec
 def accelkit_backend_activated(name: str, device: torch.device, device_model: DeviceModel) -> None:
     """React to the backend becoming this process's PrivateUse1 device.

@@ -24,7 +24,7 @@ from __future__ import annotations
 from accelkit.sdk import BackendInfo, hookimpl
 from accelkit_backends.neuron.collectives import accelkit_make_process_group
 from accelkit_backends.neuron.compiler import accelkit_make_compiler
-from accelkit_backends.neuron.device import device_model, probe
+from accelkit_backends.neuron.device import accelkit_target_model, device_model, probe
 from accelkit_backends.neuron.runtime import (
     accelkit_backend_activated,
     accelkit_decompositions,
@@ -86,6 +86,7 @@ __all__ = [
     "accelkit_register_backend",
     "accelkit_reset_stats",
     "accelkit_stats",
+    "accelkit_target_model",
     "device_model",
     "eager_mode",
     "probe",

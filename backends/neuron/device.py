@@ -259,6 +259,13 @@ def device_model(generation: str | None = None) -> DeviceModel:
     )
 
 
+@hookimpl
+def accelkit_target_model(target: str) -> DeviceModel | None:
+    """One NeuronCore of a generation by name (``"trn2"``; None: not a Trainium generation)."""
+    name = target.strip().lower()
+    return device_model(name) if name in _GENERATIONS else None
+
+
 @hookimpl(specname="accelkit_probe")
 def probe() -> DeviceProbe:
     """Always the simulator: AWS's Neuron runtime is not installable from public registries.

@@ -19,7 +19,7 @@ from __future__ import annotations
 from accelkit.sdk import BackendInfo, hookimpl
 from accelkit_backends.tpu.collectives import accelkit_make_process_group
 from accelkit_backends.tpu.compiler import accelkit_make_compiler
-from accelkit_backends.tpu.device import accelkit_device_model, probe
+from accelkit_backends.tpu.device import accelkit_device_model, accelkit_target_model, probe
 from accelkit_backends.tpu.runtime import (
     accelkit_backend_activated,
     accelkit_dtype_rules,
@@ -70,6 +70,7 @@ __all__ = [
     "accelkit_register_backend",
     "accelkit_reset_stats",
     "accelkit_stats",
+    "accelkit_target_model",
     "execution_mode",
     "probe",
     "register_jax_kernel",

@@ -166,6 +166,13 @@ def accelkit_device_model() -> DeviceModel:
     return device_model(simulated=probe().simulated)
 
 
+@hookimpl
+def accelkit_target_model(target: str) -> DeviceModel | None:
+    """A generation by name, as a simulation models it (None: not a TPU generation)."""
+    name = generation(target)
+    return None if name is None else device_model(name)
+
+
 def _chips_present() -> int:
     """TPU chips attached to this host (one device node each)."""
     return max(1, len(glob.glob("/dev/accel*")) or len(glob.glob("/dev/vfio/[0-9]*")))
