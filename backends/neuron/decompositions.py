@@ -246,7 +246,8 @@ def decompositions() -> Mapping[OpOverload, Callable]:
     small exact families (``arith_decompositions.py``, ``count_decompositions.py``,
     ``select_decompositions.py``, ``embedding_decompositions.py``, ``sort_decompositions.py``, ``conv_decompositions.py``), keyed by aten overload (their
     ``out=`` forms follow)."""
-    from accelkit_backends.neuron import (activation_decompositions, amp_decompositions, arith_decompositions, conv_decompositions, count_decompositions,
+    from accelkit_backends.neuron import (activation_decompositions, amp_decompositions, antialias_decompositions,
+                                          arith_decompositions, conv_decompositions, count_decompositions,
                                           distance_decompositions, embedding_decompositions, norm_decompositions,
                                           pool_decompositions,
                                           select_decompositions,
@@ -266,6 +267,7 @@ def decompositions() -> Mapping[OpOverload, Callable]:
     table.update(activation_decompositions.decompositions())
     table.update(norm_decompositions.decompositions())
     table.update(distance_decompositions.decompositions())
+    table.update(antialias_decompositions.decompositions())
     for rank in (1, 2, 3):
         table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)
         table[getattr(aten, f"_upsample_nearest_exact{rank}d_backward").default] = _upsample_nearest_backward(True)
