@@ -249,7 +249,7 @@ def decompositions() -> Mapping[OpOverload, Callable]:
     from accelkit_backends.neuron import (activation_decompositions, amp_decompositions, antialias_decompositions,
                                           arith_decompositions, conv_decompositions, count_decompositions,
                                           distance_decompositions, embedding_decompositions, margin_loss_decompositions,
-                                          norm_decompositions,
+                                          norm_decompositions, random_decompositions,
                                           pool_decompositions,
                                           select_decompositions,
                                           sort_decompositions)
@@ -270,6 +270,7 @@ def decompositions() -> Mapping[OpOverload, Callable]:
     table.update(distance_decompositions.decompositions())
     table.update(antialias_decompositions.decompositions())
     table.update(margin_loss_decompositions.decompositions())
+    table.update(random_decompositions.decompositions())
     for rank in (1, 2, 3):
         table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)
         table[getattr(aten, f"_upsample_nearest_exact{rank}d_backward").default] = _upsample_nearest_backward(True)

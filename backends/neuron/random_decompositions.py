@@ -1,0 +1,65 @@
+"""Random ops built from neuron's native random kernels (``kernels/random.py``) and native
+arithmetic: ``multinomial``, drawn as the device stream defines it
+(:func:`accelkit.sdk.random_stream.multinomial`), from the same counters:
+
+* with replacement, sample ``s`` of row ``r`` is the first category whose cumulative weight
+  exceeds ``u * total``, ``u`` the stream's uniform of counter ``r * samples + s`` (one
+  ``uniform_`` of ``[rows, samples]``); a target that rounding pushes past the last positive
+  category takes that category;
+* without, the exponential race: each category's key ``weight / E``, ``E`` the stream's
+  exponential of counter ``r * categories + c`` (one ``exponential_``), and the ``samples``
+  largest keys' categories in order (a stable descending sort: zero weights rank last, so with
+  fewer positive weights than samples the zero-weight categories follow in index order).
+
+The CPU's argument checks (negative, infinite or NaN weights, a zero row) read two flags back
+from the device: a host sync, as the CPU's kernel inspects the weights too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch._ops import OpOverload
+
+aten = torch.ops.aten
+
+
+def _check(weights: torch.Tensor, samples: int, replacement: bool) -> None:
+    categories = weights.shape[-1]
+    if not replacement and samples > categories:
+        raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
+    bad_entry = (~torch.isfinite(weights) | (weights < 0)).any()
+    zero_row = (weights.sum(-1) <= 0).any()
+    flags = torch.stack([bad_entry, zero_row]).tolist()  # the host sync the module docstring names
+    if flags[0]:
+        raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")  # the CPU's words
+    if flags[1]:
+        raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+
+
+def _multinomial(self, num_samples, replacement=False, *, generator=None):
+    if self.dim() not in (1, 2) or not self.is_floating_point() or num_samples <= 0 or self.shape[-1] == 0:
+        return NotImplemented  # the CPU's errors and empty results
+    _check(self, num_samples, replacement)
+    weights = self.reshape(-1, self.shape[-1]).float()
+    rows, categories = weights.shape
+    if replacement:
+        cumulative = torch.cumsum(weights, dim=-1)
+        u = torch.empty((rows, num_samples), dtype=torch.float32, device=self.device).uniform_(0, 1, generator=generator)
+        target = u * cumulative[:, -1:]
+        chosen = (cumulative.unsqueeze(1) <= target.unsqueeze(2)).to(torch.int64).sum(-1)
+        positions = torch.arange(categories, device=self.device)
+        last_positive = torch.where(weights > 0, positions, 0).amax(-1, keepdim=True)
+        drawn = torch.minimum(chosen, last_positive)
+    else:
+        race = torch.empty((rows, categories), dtype=torch.float32, device=self.device).exponential_(1.0,
+                                                                                                       generator=generator)
+        keys = weights / race
+        drawn = torch.sort(keys, dim=-1, descending=True, stable=True).indices[:, :num_samples]
+    return drawn.reshape(self.shape[:-1] + (num_samples,))
+
+
+def decompositions() -> Mapping[OpOverload, Callable]:
+    """The decompositions above, keyed by aten overload (their ``out=`` forms follow)."""
+    return {aten.multinomial.default: _multinomial}
