@@ -11,6 +11,11 @@ arithmetic: ``multinomial``, drawn as the device stream defines it
   largest keys' categories in order (a stable descending sort: zero weights rank last, so with
   fewer positive weights than samples the zero-weight categories follow in index order).
 
+And ``rrelu_with_noise``: training, each element ``x <= 0`` is multiplied by a slope uniform
+in ``[lower, upper)`` (the stream's ``uniform_`` over the whole tensor, one counter per element),
+which ``noise`` records (1 for the others); not training, the fixed slope ``(lower + upper) / 2``
+for ``x < 0``, ``noise`` untouched, as the CPU's kernel.
+
 The CPU's argument checks (negative, infinite or NaN weights, a zero row) read two flags back
 from the device: a host sync, as the CPU's kernel inspects the weights too.
 """
@@ -60,6 +65,19 @@ def _multinomial(self, num_samples, replacement=False, *, generator=None):
     return drawn.reshape(self.shape[:-1] + (num_samples,))
 
 
+def _rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False, generator=None):
+    if not self.is_floating_point():
+        return NotImplemented  # the CPU's error
+    if not training:
+        return torch.where(self < 0, self * ((lower + upper) / 2), self)
+    slope = torch.empty(self.shape, dtype=torch.float32, device=self.device).uniform_(lower, upper,
+                                                                                     generator=generator)
+    negative = self <= 0
+    one = torch.ones((), dtype=slope.dtype, device=self.device)
+    noise.copy_(torch.where(negative, slope, one).to(noise.dtype))
+    return torch.where(negative, (self.float() * slope).to(self.dtype), self)
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
-    """The decompositions above, keyed by aten overload (their ``out=`` forms follow)."""
-    return {aten.multinomial.default: _multinomial}
+    """The decompositions above, keyed by aten overload (their ``out=`` and in-place forms follow)."""
+    return {aten.multinomial.default: _multinomial, aten.rrelu_with_noise.default: _rrelu_with_noise}

@@ -78,3 +78,42 @@ def test_invalid_distributions_raise_as_on_the_cpu(dev, weights, samples, replac
         torch.multinomial(torch.tensor(weights), samples, replacement)
     with pytest.raises(RuntimeError):
         torch.multinomial(torch.tensor(weights).to(dev), samples, replacement)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rrelu_training_draws_slopes_in_range(dev, dtype):
+    """Negative (and zero) elements get a slope uniform in [lower, upper), recorded in noise;
+    the others pass through with noise 1."""
+    x = torch.randn(N, generator=torch.Generator().manual_seed(3)).to(dtype)
+    noise = torch.zeros(N, dtype=dtype).to(dev)
+    y = torch.ops.aten.rrelu_with_noise(x.to(dev), noise, 0.1, 0.3, True).cpu()
+    noise = noise.cpu()
+    negative = x <= 0
+    slopes = noise[negative].float()
+    low, high = (torch.tensor(bound, dtype=dtype).item() for bound in (0.1, 0.3))  # noise holds them rounded
+    assert low <= slopes.min().item() and slopes.max().item() <= high
+    assert abs(slopes.mean().item() - 0.2) < 6 * (0.2 / math.sqrt(12)) / math.sqrt(len(slopes)) + 2e-3
+    assert torch.equal(noise[~negative], torch.ones_like(noise[~negative]))
+    assert torch.equal(y[~negative], x[~negative])
+    torch.testing.assert_close(y[negative], (x[negative].float() * slopes).to(dtype),
+                               **(dict(atol=1e-2, rtol=1e-2) if dtype == torch.bfloat16 else {}))
+    _decomposed("aten.rrelu_with_noise")
+
+
+def test_rrelu_not_training_is_the_cpus(dev):
+    x = torch.randn(100, generator=torch.Generator().manual_seed(4))
+    noise = torch.zeros(100)
+    expected = torch.ops.aten.rrelu_with_noise(x, noise.clone(), 0.1, 0.3, False)
+    device_noise = noise.to(dev)
+    got = torch.ops.aten.rrelu_with_noise(x.to(dev), device_noise, 0.1, 0.3, False).cpu()
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(device_noise.cpu(), noise)
+
+
+def test_rrelu_in_place_and_functional_forms(dev):
+    x = torch.randn(50, generator=torch.Generator().manual_seed(5)).to(dev)
+    torch.manual_seed(9)
+    first = torch.nn.functional.rrelu(x, training=True).cpu()
+    torch.manual_seed(9)
+    again = torch.nn.functional.rrelu(x.clone(), training=True, inplace=True).cpu()
+    assert torch.equal(first, again)
