@@ -3,8 +3,8 @@ neuron's native convolution programs (``kernels/conv.py``):
 
 * ``_slow_conv2d_forward``, ``slow_conv_dilated2d`` and ``slow_conv_transpose2d`` are
   ``convolution`` with their geometry (dilation 1 for the first, transposed for the last);
-* ``_slow_conv2d_backward`` is ``convolution_backward_overrideable`` (the native gradient
-  programs), the bias gradient the output gradient's sum per channel;
+* ``_slow_conv2d_backward`` (both forms) is ``convolution_backward_overrideable`` (the native
+  gradient programs), the bias gradient the output gradient's sum per channel;
 * the 3-d forms (``slow_conv3d_forward``, ``slow_conv_dilated3d``, ``slow_conv_transpose3d``),
   which the native programs do not take, are sums over the kernel's depth taps of 2-d
   convolutions: tap ``t`` of a direct convolution reads input depth ``o * stride + t * dilation
@@ -55,6 +55,17 @@ def _slow_conv2d_backward(grad_output, self, weight, kernel_size, stride, paddin
         [output_mask[0], output_mask[1], False])
     if output_mask[2]:
         grad_bias = grad_output.sum(dim=(0, 2, 3))
+    return grad_input, grad_weight, grad_bias
+
+
+def _slow_conv2d_backward_into(grad_output, self, weight, kernel_size, stride, padding, *, grad_input, grad_weight,
+                               grad_bias):
+    """The ``grad_input=`` form: all three gradients, written into the given tensors."""
+    results = _slow_conv2d_backward(grad_output, self, weight, kernel_size, stride, padding, [True, True, True])
+    for out, result in zip((grad_input, grad_weight, grad_bias), results):
+        if out.shape != result.shape:
+            out.resize_(result.shape)
+        out.copy_(result)
     return grad_input, grad_weight, grad_bias
 
 
@@ -138,6 +149,7 @@ def decompositions() -> Mapping[OpOverload, Callable]:
     return {
         aten._slow_conv2d_forward.default: _slow_conv2d_forward,
         aten._slow_conv2d_backward.output_mask: _slow_conv2d_backward,
+        aten._slow_conv2d_backward.grad_input: _slow_conv2d_backward_into,
         aten.slow_conv_dilated2d.default: _slow_conv_dilated2d,
         aten.slow_conv_transpose2d.default: _slow_conv_transpose2d,
         aten.slow_conv3d_forward.default: _slow_conv3d_forward,

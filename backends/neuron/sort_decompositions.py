@@ -14,7 +14,8 @@ compared and moved.
 ``topk``, ``kthvalue`` and the medians read positions of that sorted order; among equal values
 the CPU's selection algorithms return an unspecified one of the indices, here the first in the
 row (values always equal the CPU's). ``median`` is NaN when its row holds a NaN (the first NaN's
-index); ``nanmedian`` ranks the numbers only.
+index); ``nanmedian`` ranks the numbers only. ``mode`` finds the longest run of equal values in
+the sorted row (the first, so the smallest value, of equal runs).
 
 ``cummax``/``cummin`` are an inclusive scan (Hillis–Steele: log2(n) shifted ``where`` steps)
 over (value, index) pairs, a later element winning ties and NaN winning over numbers, as the CPU's
@@ -159,6 +160,33 @@ def _median_dim(ignore_nan: bool) -> Callable:
     return median
 
 
+def _mode(self, dim=-1, keepdim=False):
+    """The most frequent value of each row (of equal counts the smallest; each NaN counts
+    alone, as NaN != NaN) and the index of its last occurrence in the stable sort: the CPU's
+    for rows its sort keeps stable (small ones); for longer rows the CPU's index is any of the
+    value's occurrences. With a NaN in the row the CPU's result is its sort's accident (it sorts
+    with ``<``, which NaN leaves unordered: ``[4, nan, -1, 4]`` gives -1)."""
+    if self.dim() == 0:
+        return self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
+    dim = dim % self.dim()
+    if self.shape[dim] == 0:
+        return NotImplemented  # the CPU's error
+    rows, back = _as_rows(self, dim)
+    values, indices = _sorted_rows(rows, False)
+    m, n = rows.shape
+    position = torch.arange(n, device=rows.device).expand(m, n)
+    yes = torch.ones((m, 1), dtype=torch.bool, device=rows.device)
+    differs = values[:, 1:] != values[:, :-1]
+    starts = torch.cat([yes, differs], dim=1)
+    ends = torch.cat([differs, yes], dim=1)
+    run_start = torch.cummax(torch.where(starts, position, 0), dim=1).values
+    length = torch.where(ends, position - run_start + 1, 0)
+    longest = length.amax(dim=1, keepdim=True)
+    best = torch.where(ends & (length == longest), position, n).amin(dim=1, keepdim=True)
+    value, index = back(values.gather(1, best)), back(indices.gather(1, best))
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
+
+
 def _shifted(x: torch.Tensor, step: int, fill) -> torch.Tensor:
     """``x`` moved ``step`` places along its last dim, the first ``step`` places ``fill``."""
     head = torch.full(x.shape[:-1] + (step,), fill, dtype=x.dtype, device=x.device)
@@ -222,6 +250,7 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         aten.nanmedian.default: _median_all(True),
         aten.median.dim: _median_dim(False),
         aten.nanmedian.dim: _median_dim(True),
+        aten.mode.default: _mode,
         aten._cummax_helper.default: _cum_helper(True),
         aten._cummin_helper.default: _cum_helper(False),
         aten._logcumsumexp.default: _logcumsumexp,

@@ -130,3 +130,19 @@ def test_logcumsumexp_within_rounding(dev, dtype):
         assert got.dtype == dtype
         torch.testing.assert_close(got, expected, equal_nan=True)
     assert_decomposed("aten._logcumsumexp")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mode_values_and_short_rows_indices(dev, dtype):
+    """Values always; indices where the CPU sorts stably (rows of a few elements). No NaN: the
+    CPU's mode sorts with ``<``, which NaN leaves without an order ([4, nan, -1, 4] -> -1)."""
+    x = _with_ties_and_nans(dtype, (6, 40))
+    if dtype.is_floating_point:
+        x = x.nan_to_num(nan=2.0)
+    for dim in (1, 0):
+        _same(torch.mode(x, dim).values, torch.mode(x.to(dev), dim).values, signs=False)
+    short = torch.tensor([[3, 1, 3, 1, 2, 0], [5, 5, 1, 1, 1, 5], [2, 9, 9, 1, 4, 4], [4, 4, 2, 2, 7, 2]]).to(dtype)
+    expected, got = torch.mode(short, 1, keepdim=True), torch.mode(short.to(dev), 1, keepdim=True)
+    _same(expected.values, got.values)
+    _same(expected.indices, got.indices)
+    assert_decomposed("aten.mode")
