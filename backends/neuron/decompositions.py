@@ -252,7 +252,7 @@ def decompositions() -> Mapping[OpOverload, Callable]:
                                           norm_decompositions, random_decompositions,
                                           pool_decompositions,
                                           select_decompositions,
-                                          sort_decompositions, special_decompositions)
+                                          segment_decompositions, sort_decompositions, special_decompositions)
 
     from torch._decomp import decomposition_table
 
@@ -272,6 +272,7 @@ def decompositions() -> Mapping[OpOverload, Callable]:
     table.update(margin_loss_decompositions.decompositions())
     table.update(random_decompositions.decompositions())
     table.update(special_decompositions.decompositions())
+    table.update(segment_decompositions.decompositions())
     for rank in (1, 2, 3):
         table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)
         table[getattr(aten, f"_upsample_nearest_exact{rank}d_backward").default] = _upsample_nearest_backward(True)
