@@ -7,8 +7,9 @@
   for reduced floats and rounded once; ``glu_jvp`` of a reduced float is left to the CPU, which
   has no kernel for it (its error).
 * ``_masked_softmax`` (a ``True`` mask element is left out): the masked elements set to -inf,
-  then a native softmax (0 at the masked elements; NaN along a row masked whole, as the CPU's). ``mask_type`` 1 is a ``[batch, keys]`` padding mask for a
-  ``[batch, heads, queries, keys]`` input; 0 and 2 broadcast as given.
+  then a native softmax (0 at the masked elements; NaN along a row masked whole, as the CPU's).
+  ``mask_type`` 1 is a ``[batch, keys]`` padding mask for a ``[batch, heads, queries, keys]``
+  input; 0 and 2 broadcast as given.
 * ``_masked_softmax_backward``: softmax's gradient ``y * (g - sum(g * y))`` over the unmasked
   elements, 0 at the masked ones.
 

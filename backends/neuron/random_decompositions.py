@@ -51,15 +51,16 @@ def _multinomial(self, num_samples, replacement=False, *, generator=None):
     rows, categories = weights.shape
     if replacement:
         cumulative = torch.cumsum(weights, dim=-1)
-        u = torch.empty((rows, num_samples), dtype=torch.float32, device=self.device).uniform_(0, 1, generator=generator)
+        u = torch.empty((rows, num_samples), dtype=torch.float32, device=self.device)
+        u = u.uniform_(0, 1, generator=generator)
         target = u * cumulative[:, -1:]
         chosen = (cumulative.unsqueeze(1) <= target.unsqueeze(2)).to(torch.int64).sum(-1)
         positions = torch.arange(categories, device=self.device)
         last_positive = torch.where(weights > 0, positions, 0).amax(-1, keepdim=True)
         drawn = torch.minimum(chosen, last_positive)
     else:
-        race = torch.empty((rows, categories), dtype=torch.float32, device=self.device).exponential_(1.0,
-                                                                                                       generator=generator)
+        race = torch.empty((rows, categories), dtype=torch.float32, device=self.device)
+        race = race.exponential_(1.0, generator=generator)
         keys = weights / race
         drawn = torch.sort(keys, dim=-1, descending=True, stable=True).indices[:, :num_samples]
     return drawn.reshape(self.shape[:-1] + (num_samples,))

@@ -54,7 +54,8 @@ def test_slow_conv2d_forward(dev, dtype, with_bias):
     x, w = _random(2, 3, 9, 8, dtype=dtype), _random(4, 3, 3, 2, dtype=dtype)
     bias = _random(4, dtype=dtype) if with_bias else None
     expected = aten._slow_conv2d_forward(x, w, [3, 2], bias, [2, 1], [1, 0])
-    got = aten._slow_conv2d_forward(x.to(dev), w.to(dev), [3, 2], None if bias is None else bias.to(dev), [2, 1], [1, 0])
+    device_bias = None if bias is None else bias.to(dev)
+    got = aten._slow_conv2d_forward(x.to(dev), w.to(dev), [3, 2], device_bias, [2, 1], [1, 0])
     _close(got, expected)
     _decomposed("aten._slow_conv2d_forward")
 
