@@ -1,5 +1,5 @@
 """Random ops built from neuron's native random kernels (``kernels/random.py``) and native
-arithmetic: ``multinomial``, drawn as the device stream defines it
+arithmetic. ``multinomial``, drawn as the device stream defines it
 (:func:`accelkit.sdk.random_stream.multinomial`), from the same counters:
 
 * with replacement, sample ``s`` of row ``r`` is the first category whose cumulative weight
@@ -15,6 +15,15 @@ And ``rrelu_with_noise``: training, each element ``x <= 0`` is multiplied by a s
 in ``[lower, upper)`` (the stream's ``uniform_`` over the whole tensor, one counter per element),
 which ``noise`` records (1 for the others); not training, the fixed slope ``(lower + upper) / 2``
 for ``x < 0``, ``noise`` untouched, as the CPU's kernel.
+
+``_standard_gamma`` (and ``_sample_dirichlet``, gamma samples over their row's sum) is
+Marsaglia and Tsang's method on the stream's normal and uniform draws, every element at once:
+a round draws ``z`` and ``u`` for all, and accepts ``d v`` (``d = α - 1/3``, ``v = (1 + z / sqrt(9 d))^3``)
+where ``ln u < z^2 / 2 + d - d v + d ln v``; elements not yet accepted take the next round
+(each round accepts at least 95%: after eight, whether any is left is read back, a host sync,
+and another eight run if so). ``α < 1`` samples ``α + 1`` and scales by ``u^(1/α)``. Results
+are at least float32's smallest normal, as the CPU's are. The values are the device's, not
+the CPU generator's: the distribution is what they share.
 
 The CPU's argument checks (negative, infinite or NaN weights, a zero row) read two flags back
 from the device: a host sync, as the CPU's kernel inspects the weights too.
@@ -79,6 +88,52 @@ def _rrelu_with_noise(self, noise, lower=0.125, upper=1.0 / 3.0, training=False,
     return torch.where(negative, (self.float() * slope).to(self.dtype), self)
 
 
+#: Marsaglia–Tsang rounds run between two checks for elements still to accept.
+_GAMMA_ROUNDS = 8
+
+
+def _uniform(like: torch.Tensor, generator) -> torch.Tensor:
+    return torch.empty(like.shape, dtype=torch.float32, device=like.device).uniform_(0, 1, generator=generator)
+
+
+def _gamma(alpha: torch.Tensor, generator) -> torch.Tensor:
+    """Gamma(α, 1) samples in float32 (see the module docstring)."""
+    a = alpha.float()
+    small = a < 1
+    d = torch.where(small, a + 1, a) - 1.0 / 3.0
+    c = torch.rsqrt(9 * d)
+    result = torch.zeros_like(a)
+    pending = torch.ones(a.shape, dtype=torch.bool, device=a.device)
+    while True:
+        for _ in range(_GAMMA_ROUNDS):
+            z = torch.empty(a.shape, dtype=torch.float32, device=a.device).normal_(0, 1, generator=generator)
+            u = _uniform(a, generator)
+            t = 1 + c * z
+            v = t * t * t
+            accept = pending & (t > 0) & (torch.log(u) < 0.5 * z * z + d - d * v + d * torch.log(v))
+            result = torch.where(accept, d * v, result)
+            pending = pending & ~accept
+        if not bool(pending.any().item()):  # the host sync the module docstring names
+            break
+    shrink = torch.pow(_uniform(a, generator), 1 / a)
+    result = torch.where(small, result * shrink, result)
+    return result.clamp(min=torch.finfo(torch.float32).tiny)
+
+
+def _standard_gamma(self, generator=None):
+    if not self.is_floating_point() or self.numel() == 0:
+        return NotImplemented  # the CPU's error; its empty result
+    return _gamma(self, generator).to(self.dtype)
+
+
+def _sample_dirichlet(self, generator=None):
+    if not self.is_floating_point() or self.numel() == 0:
+        return NotImplemented
+    samples = _gamma(self, generator)
+    return (samples / samples.sum(-1, keepdim=True)).to(self.dtype)
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload (their ``out=`` and in-place forms follow)."""
-    return {aten.multinomial.default: _multinomial, aten.rrelu_with_noise.default: _rrelu_with_noise}
+    return {aten.multinomial.default: _multinomial, aten.rrelu_with_noise.default: _rrelu_with_noise,
+            aten._standard_gamma.default: _standard_gamma, aten._sample_dirichlet.default: _sample_dirichlet}

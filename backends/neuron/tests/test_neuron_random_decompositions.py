@@ -117,3 +117,39 @@ def test_rrelu_in_place_and_functional_forms(dev):
     torch.manual_seed(9)
     again = torch.nn.functional.rrelu(x.clone(), training=True, inplace=True).cpu()
     assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("alpha", [0.3, 1.0, 2.5, 10.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_standard_gamma_moments(dev, alpha, dtype):
+    """Gamma(alpha, 1): mean alpha, variance alpha, within 6 standard errors (the variance's from the
+    fourth moment, 2 alpha^2 + 6 alpha) plus a bfloat16 rounding allowance."""
+    x = torch._standard_gamma(torch.full((N,), alpha, dtype=dtype).to(dev)).cpu()
+    assert x.dtype == dtype and x.min().item() > 0
+    x = x.double()
+    assert abs(x.mean().item() - alpha) < 6 * math.sqrt(alpha / N) + 0.01 * alpha
+    assert abs(x.var().item() - alpha) < 6 * math.sqrt((6 * alpha + 2 * alpha**2) / N) + 0.02 * alpha
+    _decomposed("aten._standard_gamma")
+
+
+def test_gamma_distribution_and_dirichlet(dev):
+    torch.manual_seed(3)
+    concentration = torch.tensor([0.5, 2.0, 4.0])
+    samples = torch.distributions.Dirichlet(concentration.to(dev)).sample((N,)).cpu()
+    assert torch.allclose(samples.sum(-1), torch.ones(N), atol=1e-5) and samples.min().item() > 0
+    expected = concentration / concentration.sum()
+    for k in range(3):
+        p = expected[k].item()
+        sd = math.sqrt(p * (1 - p) / (concentration.sum().item() + 1))
+        assert abs(samples[:, k].double().mean().item() - p) < 6 * sd / math.sqrt(N)
+    _decomposed("aten._sample_dirichlet")
+    rate = torch.distributions.Gamma(torch.tensor(3.0).to(dev), torch.tensor(2.0).to(dev)).sample((N,)).cpu()
+    assert abs(rate.double().mean().item() - 1.5) < 6 * math.sqrt(3.0 / 4 / N)
+
+
+def test_gamma_same_seed_same_samples(dev):
+    alpha = torch.tensor([0.4, 1.5, 7.0]).repeat(100).to(dev)
+    torch.manual_seed(5)
+    first = torch._standard_gamma(alpha).cpu()
+    torch.manual_seed(5)
+    assert torch.equal(first, torch._standard_gamma(alpha).cpu())
