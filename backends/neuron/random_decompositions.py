@@ -25,6 +25,11 @@ and another eight run if so). ``α < 1`` samples ``α + 1`` and scales by ``u^(1
 are at least float32's smallest normal, as the CPU's are. The values are the device's, not
 the CPU generator's: the distribution is what they share.
 
+``poisson``: below rate 10, Knuth's count of uniforms whose running product stays above
+``exp(-λ)``; from 10, Hörmann's transformed rejection (PTRS), both in rounds over every element
+as the gamma sampler (a readback every eight rounds; the count method's rounds advance its
+product). Rate 0 gives 0.
+
 The CPU's argument checks (negative, infinite or NaN weights, a zero row) read two flags back
 from the device: a host sync, as the CPU's kernel inspects the weights too.
 """
@@ -133,7 +138,60 @@ def _sample_dirichlet(self, generator=None):
     return (samples / samples.sum(-1, keepdim=True)).to(self.dtype)
 
 
+def _poisson_small(rate: torch.Tensor, generator) -> torch.Tensor:
+    """Knuth: the number of uniforms multiplied before the product falls to ``exp(-rate)``."""
+    limit = torch.exp(-rate)
+    product = torch.ones_like(rate)
+    count = torch.zeros_like(rate)
+    while True:
+        for _ in range(_GAMMA_ROUNDS):
+            product = product * _uniform(rate, generator)
+            going = product > limit
+            count = count + going.to(count.dtype)
+        if not bool((product > limit).any().item()):
+            return count
+
+
+def _poisson_large(rate: torch.Tensor, generator) -> torch.Tensor:
+    """Hörmann's PTRS (transformed rejection with squeeze) for rates of 10 and more."""
+    root, log_rate = torch.sqrt(rate), torch.log(rate)
+    b = 0.931 + 2.53 * root
+    a = -0.059 + 0.02483 * b
+    log_inverse_alpha = torch.log(1.1239 + 1.1328 / (b - 3.4))
+    vr = 0.9277 - 3.6224 / (b - 2)
+    result = torch.zeros_like(rate)
+    pending = torch.ones(rate.shape, dtype=torch.bool, device=rate.device)
+    while True:
+        for _ in range(_GAMMA_ROUNDS):
+            u = _uniform(rate, generator) - 0.5
+            v = _uniform(rate, generator)
+            us = 0.5 - u.abs()
+            k = torch.floor((2 * a / us + b) * u + rate + 0.43)
+            quick = (us >= 0.07) & (v <= vr)
+            rejected = (k < 0) | ((us < 0.013) & (v > us))
+            bound = -rate + k * log_rate - torch.lgamma(k + 1)
+            slow = ~rejected & (torch.log(v) + log_inverse_alpha - torch.log(a / (us * us) + b) <= bound)
+            accept = pending & (quick | slow)
+            result = torch.where(accept, k, result)
+            pending = pending & ~accept
+        if not bool(pending.any().item()):
+            return result
+
+
+def _poisson(self, generator=None):
+    if not self.is_floating_point() or self.numel() == 0:
+        return NotImplemented  # the CPU's error; its empty result
+    rate = self.float()
+    large = rate >= 10
+    small_rate = torch.where(large, torch.zeros_like(rate), rate)
+    counts = _poisson_small(small_rate, generator)
+    if bool(large.any().item()):
+        counts = torch.where(large, _poisson_large(torch.where(large, rate, 10.0), generator), counts)
+    return counts.to(self.dtype)
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload (their ``out=`` and in-place forms follow)."""
     return {aten.multinomial.default: _multinomial, aten.rrelu_with_noise.default: _rrelu_with_noise,
-            aten._standard_gamma.default: _standard_gamma, aten._sample_dirichlet.default: _sample_dirichlet}
+            aten._standard_gamma.default: _standard_gamma, aten._sample_dirichlet.default: _sample_dirichlet,
+            aten.poisson.default: _poisson}

@@ -153,3 +153,24 @@ def test_gamma_same_seed_same_samples(dev):
     first = torch._standard_gamma(alpha).cpu()
     torch.manual_seed(5)
     assert torch.equal(first, torch._standard_gamma(alpha).cpu())
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.5, 3.0, 9.5, 10.0, 40.0, 500.0])
+def test_poisson_moments(dev, rate):
+    """Poisson(rate): integers, mean and variance rate (6 standard errors; the variance's from
+    the fourth moment, rate + 2 rate^2), and P(0) = exp(-rate) for the small rates."""
+    x = torch.poisson(torch.full((N,), rate).to(dev)).cpu().double()
+    assert torch.equal(x, x.round()) and x.min().item() >= 0
+    assert abs(x.mean().item() - rate) <= 6 * math.sqrt(rate / N)
+    assert abs(x.var().item() - rate) <= 6 * math.sqrt((rate + 2 * rate**2) / N) + 1e-12
+    if rate < 10:
+        p0 = math.exp(-rate)
+        assert abs((x == 0).double().mean().item() - p0) <= 6 * math.sqrt(p0 * (1 - p0) / N) + 1e-12
+    _decomposed("aten.poisson")
+
+
+def test_poisson_of_mixed_rates_keeps_each_rate(dev):
+    rates = torch.tensor([0.2, 25.0]).repeat(N // 2)
+    x = torch.poisson(rates.to(dev)).cpu().view(-1, 2).double()
+    assert abs(x[:, 0].mean().item() - 0.2) <= 6 * math.sqrt(0.2 / (N // 2))
+    assert abs(x[:, 1].mean().item() - 25.0) <= 6 * math.sqrt(25.0 / (N // 2))
