@@ -8,7 +8,8 @@ stable, as the CPU's is, ascending and descending). The comparisons are the CPU'
 every number ascending and before every number descending, NaNs equal to each other, -0.0 equal
 to 0.0. The ranks come from comparing the row with itself in blocks (``[rows, n, block]`` booleans,
 summed; O(n^2) comparisons, which the Vector engine does 128 partitions at a time), then one
-``scatter`` moves values and indices to their positions. Exact: nothing is computed, only
+``scatter`` moves values and indices to their positions. Rows longer than :data:`MAX_RANKED`
+are left to the CPU. Exact: nothing is computed, only
 compared and moved.
 
 ``topk``, ``kthvalue`` and the medians read positions of that sorted order; among equal values
@@ -34,6 +35,13 @@ aten = torch.ops.aten
 
 #: Booleans per comparison block: bounds the ``[rows, n, block]`` intermediate of a ranking.
 _BLOCK_ELEMENTS = 1 << 22
+#: The longest row ranked here: its n^2 comparisons take the simulator ~13 s at 8192 (3.4 s at
+#: 4096); longer rows are left to the CPU (an O(n log^2 n) sorting network is what they need).
+MAX_RANKED = 8192
+
+
+def _too_long(x: torch.Tensor, dim: int) -> bool:
+    return x.dim() > 0 and x.shape[dim] > MAX_RANKED
 
 
 def _keys(x: torch.Tensor) -> torch.Tensor:
@@ -88,6 +96,8 @@ def _sorted_rows(rows: torch.Tensor, descending: bool) -> tuple[torch.Tensor, to
 
 
 def _sort(self, *, stable=None, dim=-1, descending=False):
+    if _too_long(self, dim):
+        return NotImplemented
     if self.dim() == 0:
         return self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
     dim = dim % self.dim()
@@ -104,6 +114,8 @@ def _topk(self, k, dim=-1, largest=True, sorted=True):  # noqa: A002 - the op's 
         raise RuntimeError("selected index k out of range")
     if self.dim() == 0:
         return self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
+    if _too_long(self, dim):
+        return NotImplemented
     values, indices = _sort(self, dim=dim, descending=largest)
     return values.narrow(dim, 0, k).clone(), indices.narrow(dim, 0, k).clone()
 
@@ -114,6 +126,8 @@ def _kthvalue(self, k, dim=-1, keepdim=False):
         raise IndexError(f"kthvalue(): selected number k out of range for dimension {dim}")
     if self.dim() == 0:
         return self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
+    if _too_long(self, dim):
+        return NotImplemented
     values, indices = _sort(self, dim=dim)
     value, index = values.narrow(dim, k - 1, 1), indices.narrow(dim, k - 1, 1)
     return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
@@ -137,7 +151,7 @@ def _median_rows(rows: torch.Tensor, ignore_nan: bool) -> tuple[torch.Tensor, to
 
 def _median_all(ignore_nan: bool) -> Callable:
     def median(self):
-        if self.numel() == 0:
+        if self.numel() == 0 or self.numel() > MAX_RANKED:
             return NotImplemented  # the CPU's NaN for an empty tensor
         value, _ = _median_rows(self.reshape(1, -1), ignore_nan)
         return value.reshape(())
@@ -150,8 +164,8 @@ def _median_dim(ignore_nan: bool) -> Callable:
         if self.dim() == 0:
             return self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
         dim = dim % self.dim()
-        if self.shape[dim] == 0:
-            return NotImplemented  # the CPU's error
+        if self.shape[dim] == 0 or _too_long(self, dim):
+            return NotImplemented  # the CPU's error; a row too long to rank
         rows, back = _as_rows(self, dim)
         value, index = _median_rows(rows, ignore_nan)
         value, index = back(value.unsqueeze(1)), back(index.unsqueeze(1))
@@ -169,8 +183,8 @@ def _mode(self, dim=-1, keepdim=False):
     if self.dim() == 0:
         return self.clone(), torch.zeros((), dtype=torch.int64, device=self.device)
     dim = dim % self.dim()
-    if self.shape[dim] == 0:
-        return NotImplemented  # the CPU's error
+    if self.shape[dim] == 0 or _too_long(self, dim):
+        return NotImplemented  # the CPU's error; a row too long to rank
     rows, back = _as_rows(self, dim)
     values, indices = _sorted_rows(rows, False)
     m, n = rows.shape

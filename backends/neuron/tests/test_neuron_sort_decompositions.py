@@ -146,3 +146,19 @@ def test_mode_values_and_short_rows_indices(dev, dtype):
     _same(expected.values, got.values)
     _same(expected.indices, got.indices)
     assert_decomposed("aten.mode")
+
+
+def test_rows_longer_than_the_ranking_bound_go_to_the_cpu(dev, monkeypatch):
+    """A row past ``MAX_RANKED`` is the CPU's (O(n^2) ranks would stall the simulator): still
+    the right result, counted as a fallback."""
+    from accelkit_backends.neuron import sort_decompositions
+
+    monkeypatch.setattr(sort_decompositions, "MAX_RANKED", 8)
+    x = torch.randn(3, 12, generator=torch.Generator().manual_seed(8))
+    with accelkit.fallback_policy("allow"):
+        got = torch.sort(x.to(dev), dim=1, stable=True)
+        short = torch.sort(x[:, :8].to(dev), dim=1, stable=True)
+    _same(torch.sort(x, dim=1, stable=True).indices, got.indices)
+    _same(torch.sort(x[:, :8], dim=1, stable=True).indices, short.indices)
+    counts = accelkit.stats()["ops"]["aten.sort.values_stable"]
+    assert counts["fallback"] == 1 and counts["decomposed"] == 1
