@@ -30,6 +30,10 @@ the CPU generator's: the distribution is what they share.
 as the gamma sampler (a readback every eight rounds; the count method's rounds advance its
 product). Rate 0 gives 0.
 
+``binomial``: with ``q = min(p, 1 - p)`` (a count of failures when ``p > 1/2``, flipped back),
+inversion below ``n q = 10`` (the running probability ``P(k)`` walked up from ``(1 - q)^n``
+until the cumulative passes ``u``), Hörmann's BTRS from 10; in rounds as above.
+
 The CPU's argument checks (negative, infinite or NaN weights, a zero row) read two flags back
 from the device: a host sync, as the CPU's kernel inspects the weights too.
 """
@@ -190,8 +194,69 @@ def _poisson(self, generator=None):
     return counts.to(self.dtype)
 
 
+def _binomial_inversion(n: torch.Tensor, q: torch.Tensor, generator) -> torch.Tensor:
+    u = _uniform(n, generator)
+    ratio = q / (1 - q)
+    term = torch.exp(n * torch.log1p(-q))  # P(0)
+    cumulative = term
+    k = torch.zeros_like(n)
+    while True:
+        for _ in range(_GAMMA_ROUNDS):
+            going = (cumulative < u) & (k < n)
+            term = term * (n - k) / (k + 1) * ratio
+            k = k + going.to(k.dtype)
+            cumulative = torch.where(going, cumulative + term, cumulative)
+        if not bool(((cumulative < u) & (k < n)).any().item()):
+            return k
+
+
+def _binomial_btrs(n: torch.Tensor, q: torch.Tensor, generator) -> torch.Tensor:
+    spq = torch.sqrt(n * q * (1 - q))
+    b = 1.15 + 2.53 * spq
+    a = -0.0873 + 0.0248 * b + 0.01 * q
+    c = n * q + 0.5
+    vr = 0.92 - 4.2 / b
+    alpha = (2.83 + 5.1 / b) * spq
+    log_odds = torch.log(q / (1 - q))
+    m = torch.floor((n + 1) * q)
+    h = torch.lgamma(m + 1) + torch.lgamma(n - m + 1)
+    result = torch.zeros_like(n)
+    pending = torch.ones(n.shape, dtype=torch.bool, device=n.device)
+    while True:
+        for _ in range(_GAMMA_ROUNDS):
+            u = _uniform(n, generator) - 0.5
+            v = _uniform(n, generator)
+            us = 0.5 - u.abs()
+            k = torch.floor((2 * a / us + b) * u + c)
+            inside = (k >= 0) & (k <= n)
+            quick = (us >= 0.07) & (v <= vr)
+            bound = h - torch.lgamma(k + 1) - torch.lgamma(n - k + 1) + (k - m) * log_odds
+            slow = torch.log(v * alpha / (a / (us * us) + b)) <= bound
+            accept = pending & inside & (quick | slow)
+            result = torch.where(accept, k, result)
+            pending = pending & ~accept
+        if not bool(pending.any().item()):
+            return result
+
+
+def _binomial(count, prob, generator=None):
+    if not count.is_floating_point() or count.numel() == 0:
+        return NotImplemented  # the CPU's error; its empty result
+    n, p = torch.broadcast_tensors(count.float(), prob.float())
+    flipped = p > 0.5
+    q = torch.where(flipped, 1 - p, p)
+    large = n * q >= 10
+    safe_q = torch.where(q > 0, q, 0.5)  # q = 0 draws nothing; kept finite for the formulas
+    k = _binomial_inversion(torch.where(large, 0.0, n), safe_q, generator)
+    if bool(large.any().item()):
+        drawn = _binomial_btrs(torch.where(large, n, 100.0), torch.where(large, safe_q, 0.5), generator)
+        k = torch.where(large, drawn, k)
+    k = torch.where(q > 0, k, 0.0)
+    return torch.where(flipped, n - k, k).to(count.dtype)
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload (their ``out=`` and in-place forms follow)."""
     return {aten.multinomial.default: _multinomial, aten.rrelu_with_noise.default: _rrelu_with_noise,
             aten._standard_gamma.default: _standard_gamma, aten._sample_dirichlet.default: _sample_dirichlet,
-            aten.poisson.default: _poisson}
+            aten.poisson.default: _poisson, aten.binomial.default: _binomial}

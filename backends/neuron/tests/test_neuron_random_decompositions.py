@@ -174,3 +174,16 @@ def test_poisson_of_mixed_rates_keeps_each_rate(dev):
     x = torch.poisson(rates.to(dev)).cpu().view(-1, 2).double()
     assert abs(x[:, 0].mean().item() - 0.2) <= 6 * math.sqrt(0.2 / (N // 2))
     assert abs(x[:, 1].mean().item() - 25.0) <= 6 * math.sqrt(25.0 / (N // 2))
+
+
+@pytest.mark.parametrize("count, p", [(5, 0.3), (40, 0.9), (20, 0.0), (20, 1.0), (1000, 0.2), (300, 0.6), (7, 0.5)])
+def test_binomial_moments(dev, count, p):
+    """Binomial(count, p): integers in [0, count], mean np and variance np(1-p) (6 standard
+    errors), for both the inversion (np < 10) and BTRS (np >= 10) branches, p above 1/2 flipped."""
+    x = torch.binomial(torch.full((N,), float(count)).to(dev), torch.full((N,), p).to(dev)).cpu().double()
+    assert torch.equal(x, x.round()) and x.min().item() >= 0 and x.max().item() <= count
+    mean, var = count * p, count * p * (1 - p)
+    assert abs(x.mean().item() - mean) <= 6 * math.sqrt(var / N) + 1e-9
+    fourth = var * (1 + 3 * (count - 2) * p * (1 - p))  # the central fourth moment
+    assert abs(x.var().item() - var) <= 6 * math.sqrt(max(fourth - var**2, 0) / N) + 1e-9
+    _decomposed("aten.binomial")
