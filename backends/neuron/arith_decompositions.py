@@ -32,6 +32,7 @@ float rounding: its sum is grouped differently).
 * ``_cdist_forward``: the p-norm of every row pair's difference (count of nonzeros, sum, root of
   squares, max, or the general power sum), or, where the CPU takes its matmul form (p = 2 with
   more than 25 rows, or asked for), that form; within float rounding (sums grouped otherwise).
+* ``frexp``: mantissa and exponent read off float32's bits (integer arithmetic on a dtype view).
 """
 
 from __future__ import annotations
@@ -235,6 +236,30 @@ def _pow_tensor_(self, exponent):
     return self.copy_(torch.pow(self, exponent))
 
 
+#: float32's exponent field, and the bits of a mantissa's exponent field for [0.5, 1) (biased 126).
+_EXPONENT_BITS, _HALF_EXPONENT = 0x7F800000, 126 << 23
+
+
+def _frexp(self):
+    """``x = m * 2**e`` with ``|m|`` in [0.5, 1), read off float32's bits: ``e`` is the biased
+    exponent field minus 126, ``m`` the bits with that field set to 126 (a subnormal is first
+    scaled by 2**24, exact, and ``e`` lowered by 24). Zero, inf and NaN give ``(x, 0)``, as the
+    CPU's ``std::frexp``. Reduced floats go through float32 (exact both ways: the mantissa keeps
+    their bits)."""
+    if not self.is_floating_point() or self.dtype == torch.float64:
+        return NotImplemented  # the CPU's error for integers; float64 is refused on neuron
+    x = self.float()
+    subnormal = (x != 0) & (x.abs() < torch.finfo(torch.float32).tiny)
+    scaled = torch.where(subnormal, x * 2.0**24, x)
+    bits = scaled.view(torch.int32)
+    biased = torch.bitwise_and(torch.bitwise_right_shift(bits, 23), 0xFF)
+    special = (x == 0) | ~torch.isfinite(x)
+    exponent = torch.where(special, 0, biased - 126 - torch.where(subnormal, 24, 0)).to(torch.int32)
+    mantissa_bits = torch.bitwise_or(torch.bitwise_and(bits, ~_EXPONENT_BITS), _HALF_EXPONENT)
+    mantissa = torch.where(special, x, mantissa_bits.view(torch.float32))
+    return mantissa.to(self.dtype), exponent
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload (in-place and ``out=`` forms follow)."""
     return {
@@ -256,4 +281,5 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         aten.round.decimals: _round_decimals,
         aten.pow_.Tensor: _pow_tensor_,
         aten._cdist_forward.default: _cdist_forward,
+        aten.frexp.Tensor: _frexp,
     }

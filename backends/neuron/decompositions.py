@@ -242,21 +242,27 @@ VETTED = (
 
 
 def decompositions() -> Mapping[OpOverload, Callable]:
-    """The decompositions above, ``VETTED``, the pooling ones (``pool_decompositions.py``) and the
-    small exact families (``arith_decompositions.py``, ``count_decompositions.py``,
-    ``select_decompositions.py``, ``embedding_decompositions.py``), keyed by aten overload (their
-    ``out=`` forms follow)."""
-    from accelkit_backends.neuron import (arith_decompositions, count_decompositions, embedding_decompositions,
-                                          pool_decompositions, select_decompositions)
+    """The decompositions above, ``VETTED``, and each family's own module's (``*_decompositions.py``:
+    pooling, the small exact arithmetic, counting and selection families, embedding bags,
+    sorting, convolution's slow paths, mixed precision's loss scaling, activations, normalisation,
+    distances, antialiased resampling, margin losses, random sampling, special functions and
+    segment reductions), keyed by aten overload (their ``out=`` forms follow)."""
+    from accelkit_backends.neuron import (
+        activation_decompositions, amp_decompositions, antialias_decompositions, arith_decompositions,
+        conv_decompositions, count_decompositions, distance_decompositions, embedding_decompositions,
+        margin_loss_decompositions, norm_decompositions, pool_decompositions, random_decompositions,
+        segment_decompositions, select_decompositions, sort_decompositions, special_decompositions,
+    )
 
     from torch._decomp import decomposition_table
 
     table: dict[OpOverload, Callable] = {op: decomposition_table[op] for op in VETTED}
-    table.update(pool_decompositions.decompositions())
-    table.update(arith_decompositions.decompositions())
-    table.update(count_decompositions.decompositions())
-    table.update(select_decompositions.decompositions())
-    table.update(embedding_decompositions.decompositions())
+    for family in (pool_decompositions, arith_decompositions, count_decompositions, select_decompositions,
+                   embedding_decompositions, sort_decompositions, conv_decompositions, amp_decompositions,
+                   activation_decompositions, norm_decompositions, distance_decompositions,
+                   antialias_decompositions, margin_loss_decompositions, random_decompositions,
+                   special_decompositions, segment_decompositions):
+        table.update(family.decompositions())
     for rank in (1, 2, 3):
         table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)
         table[getattr(aten, f"_upsample_nearest_exact{rank}d_backward").default] = _upsample_nearest_backward(True)

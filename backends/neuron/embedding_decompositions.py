@@ -22,10 +22,16 @@ row dotted with its bag's gradient row. Sums are grouped otherwise than on the C
 rounding). ``scale_grad_by_freq`` is left to the CPU: its kernel divides some rows by another
 index's count (indices 3, 4, 5 of ``[1, 2, 4, 5, 4, 3, 2, 9]`` get 1/2, 2 and 1/2 rather than
 1, 1/2 + 1/2 and 1), which a faithful decomposition would have to copy, not fix.
+
+``embedding_renorm_``: each indexed row whose ``norm_type``-norm exceeds ``max_norm`` is scaled
+by ``max_norm / (norm + 1e-7)`` in place (a repeated index scales its row once: every copy of
+it writes the same scaled row). The norm and scale are float32 here, double on the CPU: equal
+within float rounding.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 
 import torch
@@ -134,9 +140,32 @@ def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, o
     return torch.where(_kept(indices, padding_idx), products, 0)
 
 
+def _row_norms(rows: torch.Tensor, p: float) -> torch.Tensor:
+    if p == 2:
+        return torch.sqrt((rows * rows).sum(-1))
+    if p == 1:
+        return rows.abs().sum(-1)
+    if math.isinf(p):
+        return rows.abs().amax(-1)
+    return rows.abs().pow(p).sum(-1).pow(1.0 / p)
+
+
+def _embedding_renorm_(self, indices, max_norm, norm_type):
+    if self.dim() != 2 or indices.numel() == 0:
+        return NotImplemented if self.dim() != 2 else self  # the CPU's error; nothing to renormalise
+    flat = indices.reshape(-1).to(torch.int64)
+    rows = self.index_select(0, flat)
+    math_rows = rows.float() if rows.dtype in (torch.bfloat16, torch.float16) else rows
+    norms = _row_norms(math_rows, norm_type)
+    scale = torch.where(norms > max_norm, max_norm / (norms + 1e-7), torch.ones_like(norms))
+    self.index_copy_(0, flat, (math_rows * scale.unsqueeze(1)).to(self.dtype))
+    return self
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload."""
     return {
+        aten.embedding_renorm_.default: _embedding_renorm_,
         aten._embedding_bag.default: _embedding_bag,
         aten._embedding_bag_forward_only.default: _embedding_bag_forward_only,
         aten._embedding_bag_backward.default: _embedding_bag_backward,

@@ -1,7 +1,8 @@
 """Selections by a mask, and other index bookkeeping, as decompositions into neuron's native
 ops: ``nonzero``, ``nonzero_static``, ``masked_select``, ``masked_scatter_``,
 ``unique_consecutive`` (flattened), ``repeat_interleave`` (of a repeats tensor), ``bincount``
-(unweighted), ``put_`` and ``equal``.
+(unweighted), ``put_``, ``equal`` and ``tril_indices``/``triu_indices`` (the grid's positions
+that the triangle keeps, compacted in row-major order).
 
 The k-th selected element (in row-major order, as the CPU walks the tensor) goes to output slot
 ``k``: a running count of the mask (``cumsum``) gives each element its slot, and one ``scatter``
@@ -137,6 +138,50 @@ def _put_(self, index, source, accumulate=False):
     return self
 
 
+def _triangle_indices(row: int, col: int, keep, dtype, device) -> torch.Tensor:
+    """The ``[2, count]`` (row, column) pairs of a ``row x col`` grid that ``keep(i, j)`` selects,
+    in row-major order (one mask compaction; the count is the host's arithmetic)."""
+    flat = torch.arange(row * col, dtype=torch.int64, device=device)
+    i = torch.div(flat, max(col, 1), rounding_mode="floor")
+    j = flat - i * col
+    mask = keep(i, j)
+    count = sum(max(0, min(col, hi) - max(0, lo)) for lo, hi in (keep.span(r, col) for r in range(row)))
+    chosen = _compacted(mask, flat, count, 0)
+    rows = torch.div(chosen, max(col, 1), rounding_mode="floor")
+    return torch.stack([rows, chosen - rows * col]).to(dtype if dtype is not None else torch.int64)
+
+
+class _Below:
+    """``j - i <= offset`` (``tril_indices``); ``span`` is row ``r``'s kept columns ``[lo, hi)``."""
+
+    def __init__(self, offset: int):
+        self.offset = offset
+
+    def __call__(self, i, j):
+        return (j - i) <= self.offset
+
+    def span(self, r: int, col: int) -> tuple[int, int]:
+        return 0, r + self.offset + 1
+
+
+class _Above(_Below):
+    """``j - i >= offset`` (``triu_indices``)."""
+
+    def __call__(self, i, j):
+        return (j - i) >= self.offset
+
+    def span(self, r: int, col: int) -> tuple[int, int]:
+        return r + self.offset, col
+
+
+def _tril_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _triangle_indices(row, col, _Below(offset), dtype, device)
+
+
+def _triu_indices(row, col, offset=0, *, dtype=None, layout=None, device=None, pin_memory=None):
+    return _triangle_indices(row, col, _Above(offset), dtype, device)
+
+
 def _equal(self, other):
     if self.shape != other.shape:
         return False
@@ -155,4 +200,6 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         aten.bincount.default: _bincount,
         aten.put_.default: _put_,
         aten.equal.default: _equal,
+        aten.tril_indices.default: _tril_indices,
+        aten.triu_indices.default: _triu_indices,
     }

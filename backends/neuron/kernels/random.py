@@ -11,6 +11,8 @@ them into values exactly as the stream defines, in fp32, rounded once into the r
   ((w0 >> 9) * 2 + 1) * 2^-24`` in (0, 1) and ``u2`` from ``w1``;
 - ``bernoulli``: ``u < p`` (``p`` a number or a tensor of probabilities);
 - ``random_`` (``randint``): ``w0`` modulo the range, within the 32-bit datapath;
+- ``exponential_``, ``cauchy_``, ``log_normal_``, ``geometric_``: the stream's inverse transforms of
+  ``u`` in (0, 1) (``-ln u / λ``, ``tan(π(u - ½))``, ``exp(z σ + μ)``, ``ceil(ln u / ln(1 - p))``);
 - ``native_dropout``: mask ``u < 1 - p``, output ``x * mask / (1 - p)`` (``p == 1`` drops all).
 
 So the values are every accelkit device's for the same seed and offset (up to the last bit of
@@ -171,6 +173,77 @@ def normal_tensor(k: Kernel, out: list[OutSpec], mean: Any, std: Any = 1.0, *, g
     return _generate(k, out[0], _draw(generator), sample)
 
 
+@tile_kernel(aten.log_normal_.default, derive_variants=False)
+def log_normal_(k: Kernel, out: list[OutSpec], x: np.ndarray, mean: float = 1.0, std: float = 2.0, *,
+                generator: Any = None) -> np.ndarray:
+    """The new value of ``x``: ``exp(z * std + mean)``, ``z`` the stream's N(0, 1)."""
+    if std <= 0:
+        raise RuntimeError(f"log_normal_ expects std > 0.0, but found std={std}")  # the CPU's check
+
+    def sample(chunk: _Chunk) -> Tile:
+        values = _standard_normal(chunk)
+        chunk.k.tensor_scalar(values, values, "multiply", std)
+        chunk.k.tensor_scalar(values, values, "add", mean)
+        chunk.k.activation(values, values, "exp")
+        return values
+
+    return _generate(k, out[0], _draw(generator), sample)
+
+
+@tile_kernel(aten.exponential_.default, derive_variants=False)
+def exponential_(k: Kernel, out: list[OutSpec], x: np.ndarray, lambd: float = 1.0, *,
+                 generator: Any = None) -> np.ndarray:
+    """The new value of ``x``: ``-ln(u) / lambd`` with ``u`` in (0, 1) (so finite and positive);
+    dividing by ``-lambd`` is that same rounding (negation is exact)."""
+    if not lambd > 0:
+        raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
+
+    def sample(chunk: _Chunk) -> Tile:
+        values = chunk.open_uniform("u")
+        chunk.k.activation(values, values, "log")
+        chunk.k.tensor_scalar(values, values, "divide", -lambd)
+        return values
+
+    return _generate(k, out[0], _draw(generator), sample)
+
+
+@tile_kernel(aten.cauchy_.default, derive_variants=False)
+def cauchy_(k: Kernel, out: list[OutSpec], x: np.ndarray, median: float = 0.0, sigma: float = 1.0, *,
+            generator: Any = None) -> np.ndarray:
+    """The new value of ``x``: ``median + sigma * tan(pi (u - 1/2))``, ``u`` in (0, 1)."""
+    if not sigma > 0:
+        raise RuntimeError(f"cauchy_ expects sigma > 0.0, but found sigma={sigma}")
+
+    def sample(chunk: _Chunk) -> Tile:
+        values = chunk.open_uniform("u")
+        chunk.k.tensor_scalar(values, values, "subtract", 0.5)
+        chunk.k.activation(values, values, "tan", scale=math.pi)
+        chunk.k.tensor_scalar(values, values, "multiply", sigma)
+        chunk.k.tensor_scalar(values, values, "add", median)
+        return values
+
+    return _generate(k, out[0], _draw(generator), sample)
+
+
+@tile_kernel(aten.geometric_.default, derive_variants=False)
+def geometric_(k: Kernel, out: list[OutSpec], x: np.ndarray, p: float, *, generator: Any = None) -> np.ndarray:
+    """The new value of ``x``: trials up to the first success, ``max(1, ceil(ln u / ln(1 - p)))``;
+    ``ln(1 - p)`` is one number, computed once in fp32 as the stream defines it."""
+    if not 0 < p < 1:
+        raise RuntimeError(f"geometric_ expects p to be in (0, 1), but got p={p}")
+    log_failure = float(np.log1p(np.float32(-p)))
+
+    def sample(chunk: _Chunk) -> Tile:
+        values = chunk.open_uniform("u")
+        chunk.k.activation(values, values, "log")
+        chunk.k.tensor_scalar(values, values, "divide", log_failure)
+        chunk.k.activation(values, values, "ceil")
+        chunk.k.tensor_scalar(values, values, "maximum", 1.0)
+        return values
+
+    return _generate(k, out[0], _draw(generator), sample)
+
+
 def _bernoulli(k: Kernel, out: OutSpec, probability: Any, generator: Any) -> np.ndarray:
     """``u < p`` with ``p`` a number or an array of ``out``'s shape."""
     result = hbm_empty(out)
@@ -194,6 +267,14 @@ def _bernoulli(k: Kernel, out: OutSpec, probability: Any, generator: Any) -> np.
 @tile_kernel(aten.bernoulli_.float, derive_variants=False)
 def bernoulli_float(k: Kernel, out: list[OutSpec], x: np.ndarray, p: float = 0.5, *,
                     generator: Any = None) -> np.ndarray:
+    return _bernoulli(k, out[0], p, generator)
+
+
+@tile_kernel(aten.bernoulli_.Tensor, derive_variants=False)
+def bernoulli_tensor(k: Kernel, out: list[OutSpec], x: np.ndarray, p: Any, *, generator: Any = None) -> np.ndarray:
+    """The new value of ``x``: ``u < p``, a tensor ``p`` broadcast to ``x``'s shape."""
+    if isinstance(p, np.ndarray):
+        p = np.broadcast_to(p, tuple(out[0].shape))
     return _bernoulli(k, out[0], p, generator)
 
 

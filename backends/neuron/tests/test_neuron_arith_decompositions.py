@@ -286,3 +286,24 @@ def test_cdist_matches_cpu(dev, p, rows):
         norms = max(x1.square().sum(-1).max().item(), x2.square().sum(-1).max().item())
         atol = (8 * torch.finfo(torch.float32).eps * norms) ** 0.5
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=atol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_frexp_matches_the_cpu_bit_for_bit(dev, dtype):
+    """Normal numbers around powers of two, subnormals, signed zeros, inf and NaN."""
+    special = torch.tensor([0.0, -0.0, 1.0, -3.0, 0.75, 7.9999995, 1e-40, -1e-45, 1.17e-38, 3.4e38,
+                            float("inf"), float("-inf"), float("nan")])
+    x = torch.cat([special, torch.randn(500, generator=torch.Generator().manual_seed(0)) * 1e3]).to(dtype)
+    expected = torch.frexp(x)
+    with accelkit.fallback_policy("deny"):
+        got = torch.frexp(x.to(dev))
+        mantissa, exponent = torch.empty(0, dtype=dtype, device=dev), torch.empty(0, dtype=torch.int32, device=dev)
+        torch.frexp(x.to(dev), out=(mantissa, exponent))
+    for m, e in ((got.mantissa, got.exponent), (mantissa, exponent)):
+        m, e = m.cpu(), e.cpu()
+        assert m.dtype == dtype and e.dtype == torch.int32
+        assert torch.equal(e, expected.exponent)
+        numbers = ~expected.mantissa.isnan()
+        bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+        assert torch.equal(m.view(bits)[numbers], expected.mantissa.view(bits)[numbers])  # -0.0 too
+        assert torch.equal(m.isnan(), ~numbers)

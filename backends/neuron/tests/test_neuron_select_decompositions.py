@@ -107,3 +107,15 @@ def test_unique_consecutive_matches_cpu(dev, dtype):
         values, _, counts = (o.cpu() for o in torch.ops.aten.unique_consecutive(with_nan.to(dev), False, True))
     expected = torch.ops.aten.unique_consecutive(with_nan, False, True)
     assert torch.equal(values.isnan(), expected[0].isnan()) and torch.equal(counts, expected[2])
+
+
+@pytest.mark.parametrize("name", ["tril_indices", "triu_indices"])
+@pytest.mark.parametrize("row, col, offset", [(4, 5, 0), (5, 3, 1), (6, 6, -2), (3, 7, 4), (0, 3, 0), (4, 4, -9),
+                                              (4, 4, 9)])
+def test_triangle_indices_match_cpu(dev, name, row, col, offset):
+    fn = getattr(torch, name)
+    with accelkit.fallback_policy("deny"):
+        got = fn(row, col, offset, device=dev).cpu()
+        narrow = fn(row, col, offset, dtype=torch.int32, device=dev).cpu()
+    _equal(got, fn(row, col, offset))
+    _equal(narrow, fn(row, col, offset, dtype=torch.int32))

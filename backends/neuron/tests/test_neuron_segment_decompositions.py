@@ -1,0 +1,29 @@
+"""``segment_reduce`` (``segment_decompositions.py``) against the CPU, the fallback denied: every
+reduction, empty segments, ``initial``, lengths and offsets, rows of several columns, float32
+and bfloat16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import accelkit
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("initial", [None, 2.5])
+@pytest.mark.parametrize("columns", [(), (3,)])
+def test_segment_reduce_matches_the_cpu(dev, dtype, reduce, initial, columns):
+    data = torch.randn((9,) + columns, generator=torch.Generator().manual_seed(0)).to(dtype)
+    lengths = torch.tensor([2, 0, 3, 1, 3])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+    for form in (dict(lengths=lengths), dict(offsets=offsets)):
+        expected = torch.segment_reduce(data, reduce, initial=initial, **form)
+        with accelkit.fallback_policy("deny"):
+            got = torch.segment_reduce(data.to(dev), reduce, initial=initial,
+                                       **{name: t.to(dev) for name, t in form.items()}).cpu()
+        tolerance = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(got, expected, equal_nan=True, **tolerance)
+    counts = accelkit.stats()["ops"]["aten.segment_reduce.default"]
+    assert counts["decomposed"] > 0 and not counts["fallback"]
