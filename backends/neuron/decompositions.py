@@ -245,10 +245,11 @@ def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, ``VETTED``, the pooling ones (``pool_decompositions.py``) and the
     small exact families (``arith_decompositions.py``, ``count_decompositions.py``,
     ``select_decompositions.py``, ``embedding_decompositions.py``) and linear algebra
-    (``linalg_decompositions.py``), keyed by aten overload (their
+    (``linalg_decompositions.py``, ``orthogonal_decompositions.py``), keyed by aten overload (their
     ``out=`` forms follow)."""
     from accelkit_backends.neuron import (arith_decompositions, count_decompositions, embedding_decompositions,
-                                          linalg_decompositions, pool_decompositions, select_decompositions)
+                                          linalg_decompositions, orthogonal_decompositions, pool_decompositions,
+                                          select_decompositions)
 
     from torch._decomp import decomposition_table
 
@@ -259,6 +260,7 @@ def decompositions() -> Mapping[OpOverload, Callable]:
     table.update(select_decompositions.decompositions())
     table.update(embedding_decompositions.decompositions())
     table.update(linalg_decompositions.decompositions())
+    table.update(orthogonal_decompositions.decompositions())
     for rank in (1, 2, 3):
         table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)
         table[getattr(aten, f"_upsample_nearest_exact{rank}d_backward").default] = _upsample_nearest_backward(True)
