@@ -19,7 +19,8 @@ Each step is a few device ops over the whole (batched) matrix, and a Python loop
 steps: ``O(n)`` ops per call, fine for the sizes PyTorch's tests and small solves use; a large
 factorisation would want a blocked tile kernel. Leading batch dims are flattened into one and
 broadcast as the CPU broadcasts them. The CPU's argument checks (shapes, dtypes, the messages)
-run first on meta copies of the arguments, so an invalid call raises the CPU's exception.
+run first on meta copies of the arguments; an invalid call runs on host copies, so it raises
+the CPU's own exception.
 
 Only float32 is computed here: the NeuronCore has no float64 or complex engines (complex64 is
 float32 pairs, and these factorisations need complex arithmetic throughout), and the CPU refuses
@@ -45,9 +46,19 @@ def _on_meta(value: Any) -> Any:
     return value.to("meta") if isinstance(value, torch.Tensor) else value
 
 
+def _on_host(value: Any) -> Any:
+    return value.cpu() if isinstance(value, torch.Tensor) else value
+
+
 def _cpu_checks(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
-    """Run ``op``'s meta kernel (the CPU's argument checks) and return its meta results."""
-    return op(*[_on_meta(a) for a in args], **{k: _on_meta(v) for k, v in kwargs.items()})
+    """Run ``op``'s meta kernel (the CPU's argument checks) and return its meta results. Where
+    the meta kernel refuses the arguments, ``op`` runs on host copies of them, so the CPU raises
+    its own exception (the meta kernels raise AssertionError for some of its RuntimeErrors)."""
+    try:
+        return op(*[_on_meta(a) for a in args], **{k: _on_meta(v) for k, v in kwargs.items()})
+    except Exception:
+        op(*[_on_host(a) for a in args], **{k: _on_host(v) for k, v in kwargs.items()})
+        raise
 
 
 def _computed_here(*tensors: torch.Tensor) -> bool:

@@ -83,8 +83,10 @@ def _flat(t: torch.Tensor, trailing: int) -> torch.Tensor:
 
 
 def _geqrf_op(self):
-    if self.dim() < 2 or not _computed_here(self):
-        return NotImplemented  # the CPU's own error for a vector
+    if self.dim() < 2:
+        aten.geqrf.default(self.cpu())  # the CPU's own error for a vector
+    if not _computed_here(self):
+        return NotImplemented
     R, tau = _geqrf(_flat(self, 2))
     return R.reshape(self.shape), tau.reshape(*self.shape[:-2], -1)
 

@@ -1,0 +1,145 @@
+"""neuron's linear algebra (decompositions into native ops: linalg_decompositions.py,
+orthogonal_decompositions.py) against the CPU with the fallback denied: float32 within the
+rounding of LAPACK's differently ordered sums, batched and broadcast inputs, the CPU's
+info/sign conventions for singular and non-positive-definite inputs, its exceptions for
+invalid ones; what neuron does not compute (complex) stays on the CPU fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import accelkit
+
+aten = torch.ops.aten
+
+
+def _random(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _positive_definite(*shape):
+    a = _random(*shape, seed=3)
+    return a @ a.mT + shape[-1] * torch.eye(shape[-1])
+
+
+def _well_conditioned(*shape, upper=None):
+    a = _random(*shape, seed=4) + 3 * shape[-1] ** 0.5 * torch.eye(shape[-1])
+    return a if upper is None else (a.triu() if upper else a.tril())
+
+
+def _on(device, *tensors):
+    return [t.to(device) for t in tensors]
+
+
+CASES = {
+    "solve_triangular upper left": (
+        lambda d: torch.linalg.solve_triangular(*_on(d, _well_conditioned(2, 5, 5, upper=True), _random(2, 5, 3)),
+                                                upper=True), "aten.linalg_solve_triangular.default"),
+    "solve_triangular lower right unit, broadcast": (
+        lambda d: torch.linalg.solve_triangular(*_on(d, _random(4, 4).tril(), _random(3, 2, 4)), upper=False,
+                                                left=False, unitriangular=True), "aten.linalg_solve_triangular.default"),
+    "triangular_solve transpose": (
+        lambda d: torch.triangular_solve(*_on(d, _random(2, 4, 3), _well_conditioned(4, 4, upper=False)), upper=False,
+                                         transpose=True), "aten.triangular_solve.X"),
+    "cholesky_ex lower, batched": (
+        lambda d: torch.linalg.cholesky_ex(*_on(d, _positive_definite(2, 3, 5, 5))), "aten.linalg_cholesky_ex.L"),
+    "cholesky upper": (
+        lambda d: torch.linalg.cholesky(*_on(d, _positive_definite(4, 4)), upper=True), "aten.linalg_cholesky_ex.L"),
+    "cholesky (deprecated op)": (
+        lambda d: aten.cholesky(*_on(d, _positive_definite(2, 4, 4))), "aten.cholesky.default"),
+    "cholesky_inverse": (
+        lambda d: torch.cholesky_inverse(*_on(d, torch.linalg.cholesky(_positive_definite(2, 4, 4)))),
+        "aten.cholesky_inverse.default"),
+    "cholesky_solve upper": (
+        lambda d: torch.cholesky_solve(*_on(d, _random(2, 4, 2), torch.linalg.cholesky(_positive_definite(4, 4)).mT),
+                                       upper=True), "aten._cholesky_solve_helper.default"),
+    "lu_factor_ex": (lambda d: torch.linalg.lu_factor_ex(*_on(d, _random(3, 5, 5))), "aten.linalg_lu_factor_ex.out"),
+    "lu wide": (lambda d: torch.linalg.lu(*_on(d, _random(2, 3, 5))), "aten.linalg_lu.out"),
+    "lu tall": (lambda d: torch.linalg.lu(*_on(d, _random(5, 3))), "aten.linalg_lu.out"),
+    "lu_unpack": (lambda d: torch.lu_unpack(*_on(d, *torch.linalg.lu_factor(_random(2, 5, 4)))), "aten.lu_unpack.out"),
+    "lu_solve": (lambda d: torch.linalg.lu_solve(*_on(d, *torch.linalg.lu_factor(_well_conditioned(2, 4, 4)),
+                                                      _random(2, 4, 3))), "aten.linalg_lu_solve.out"),
+    "lu_solve right adjoint": (
+        lambda d: torch.linalg.lu_solve(*_on(d, *torch.linalg.lu_factor(_well_conditioned(4, 4)), _random(2, 3, 4)),
+                                        left=False, adjoint=True), "aten.linalg_lu_solve.out"),
+    "solve": (lambda d: torch.linalg.solve(*_on(d, _well_conditioned(2, 4, 4), _random(2, 4, 2))),
+              "aten._linalg_solve_ex.result"),
+    "solve vector rhs": (lambda d: torch.linalg.solve(*_on(d, _well_conditioned(2, 4, 4), _random(2, 4))),
+                         "aten._linalg_solve_ex.result"),
+    "solve right": (lambda d: torch.linalg.solve(*_on(d, _well_conditioned(4, 4), _random(3, 4)), left=False),
+                    "aten._linalg_solve_ex.result"),
+    "inv": (lambda d: torch.linalg.inv(*_on(d, _well_conditioned(3, 4, 4))), "aten.linalg_inv_ex.inverse"),
+    "det": (lambda d: torch.linalg.det(*_on(d, _random(3, 4, 4))), "aten._linalg_det.result"),
+    "slogdet": (lambda d: torch.linalg.slogdet(*_on(d, _random(3, 4, 4))), "aten._linalg_slogdet.sign"),
+    "geqrf": (lambda d: torch.geqrf(*_on(d, _random(2, 5, 3))), "aten.geqrf.default"),
+    "qr reduced": (lambda d: torch.linalg.qr(*_on(d, _random(2, 3, 5))), "aten.linalg_qr.out"),
+    "qr complete": (lambda d: torch.linalg.qr(*_on(d, _random(5, 3)), mode="complete"), "aten.linalg_qr.out"),
+    "qr r": (lambda d: torch.linalg.qr(*_on(d, _random(4, 4)), mode="r"), "aten.linalg_qr.out"),
+    "householder_product": (
+        lambda d: torch.linalg.householder_product(*_on(d, *torch.geqrf(_random(2, 5, 3)))),
+        "aten.linalg_householder_product.default"),
+    "ormqr right transpose": (
+        lambda d: torch.ormqr(*_on(d, *torch.geqrf(_random(4, 3)), _random(2, 4)), left=False, transpose=True),
+        "aten.ormqr.default"),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_matches_the_cpu_on_the_device(dev, name):
+    compute, op = CASES[name]
+    want = compute("cpu")
+    with accelkit.fallback_policy("deny"):
+        got = compute(dev)
+    want, got = ([want], [got]) if isinstance(want, torch.Tensor) else (list(want), list(got))
+    for actual, expected in zip(got, want):
+        assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape)
+        # float32, summed in another order than LAPACK's blocked kernels
+        torch.testing.assert_close(actual.cpu(), expected, rtol=1e-4, atol=1e-4)
+    assert accelkit.stats()["ops"][op]["decomposed"] >= 1
+
+
+SINGULAR = torch.tensor([[[1.0, 2.0], [2.0, 4.0]], [[0.0, 0.0], [0.0, 0.0]], [[2.0, 1.0], [1.0, 3.0]]])
+
+
+@pytest.mark.parametrize("compute", [
+    lambda A: torch.linalg.lu_factor_ex(A),
+    lambda A: torch.linalg.det(A),
+    lambda A: torch.linalg.slogdet(A),
+    lambda A: torch.linalg.inv_ex(A)[1],  # the inverse of a singular matrix is LAPACK's garbage
+    lambda A: torch.linalg.cholesky_ex(A)[1],
+], ids=["lu_factor_ex", "det", "slogdet", "inv_ex info", "cholesky_ex info"])
+def test_singular_and_indefinite_inputs_give_the_cpus_info_and_signs(dev, compute):
+    want = compute(SINGULAR)
+    with accelkit.fallback_policy("deny"):
+        got = compute(SINGULAR.to(dev))
+    want, got = ([want], [got]) if isinstance(want, torch.Tensor) else (list(want), list(got))
+    for actual, expected in zip(got, want):
+        torch.testing.assert_close(actual.cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("compute", [
+    lambda A: torch.linalg.inv(A),
+    lambda A: torch.linalg.solve(A, A[..., 0]),
+    lambda A: torch.linalg.cholesky(A),
+    lambda A: torch.linalg.lu_factor(A),
+    lambda A: torch.linalg.solve_triangular(A, A, upper=True),
+], ids=["inv", "solve", "cholesky", "lu_factor", "solve_triangular"])
+@pytest.mark.parametrize("A", [SINGULAR, torch.ones(2, 3), torch.ones(3)], ids=["singular", "non-square", "vector"])
+def test_errors_are_the_cpus(dev, compute, A):
+    try:
+        compute(A)
+    except Exception as cpu_error:  # noqa: BLE001 - the CPU's type is the expectation
+        with accelkit.fallback_policy("deny"), pytest.raises(type(cpu_error)) as device_error:
+            compute(A.to(dev))
+        assert str(device_error.value) == str(cpu_error)
+    else:
+        with accelkit.fallback_policy("deny"):
+            compute(A.to(dev))  # the CPU accepts it (a triangular solve of a singular matrix): so does neuron
+
+
+def test_complex_inputs_take_the_cpu_fallback(dev):
+    a = torch.complex(_random(3, 3), _random(3, 3, seed=1)) + 3 * torch.eye(3)
+    with accelkit.fallback_policy("deny"), pytest.raises(Exception):
+        torch.linalg.inv(a.to(dev))
+    torch.testing.assert_close(torch.linalg.inv(a.to(dev)).cpu(), torch.linalg.inv(a), rtol=1e-5, atol=1e-5)
