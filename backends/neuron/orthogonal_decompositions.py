@@ -8,6 +8,12 @@ runs on the CPU (the rest of the linear-algebra family is ``linalg_decomposition
   already zero), so ``R``'s signs and the packed reflectors are the CPU's, not just an
   equivalent factorisation. ``Q`` is the reflectors applied to the identity from the last
   (``orgqr``'s order); ``ormqr`` applies them to ``other`` from either side.
+* ``_linalg_eigh``: cyclic Jacobi on the symmetric matrix built from the triangle ``UPLO``
+  names (the other is never read), rotations ``(p, q)`` in row order until the off-diagonal
+  part is below float32 rounding of the matrix's norm (one host read of that norm per sweep, at
+  most ``_MAX_SWEEPS``); eigenvalues ascending as LAPACK's, eigenvectors the accumulated
+  rotations' columns in the same order. An eigenvector's sign (and a repeated eigenvalue's
+  basis) is not unique: LAPACK's choice is its algorithm's, Jacobi's is another.
 
 Each reflector is a few device ops over the whole (batched) matrix; a Python loop runs the
 ``min(m, n)`` steps (``dlarfg``'s rescaling of tiny columns is not done: float32 columns whose
@@ -125,6 +131,71 @@ def _linalg_qr(A, mode="reduced"):
     return _apply_reflectors(reflectors, tau, identity, True, False).reshape(Q_meta.shape), R
 
 
+#: Jacobi sweeps before giving up on convergence (it is quadratic: float32 needs a handful).
+_MAX_SWEEPS = 30
+
+
+def _rotate(S: torch.Tensor, V: torch.Tensor, p: int, q: int, eye: torch.Tensor, rows: torch.Tensor,
+            columns: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Jacobi rotation ``J`` zeroing ``S[p, q]``: ``S <- J^T S J``, ``V <- V J`` (all ``(b, n, n)``)."""
+    spp, sqq, spq = S[:, p:p + 1, p:p + 1], S[:, q:q + 1, q:q + 1], S[:, p:p + 1, q:q + 1]
+    zero = spq == 0
+    theta = (sqq - spp) / (2 * torch.where(zero, torch.ones_like(spq), spq))
+    t = torch.where(theta >= 0, torch.ones_like(theta), -torch.ones_like(theta)) / (
+        theta.abs() + (theta * theta + 1).sqrt())
+    t = torch.where(zero, torch.zeros_like(t), t)
+    c = 1 / (t * t + 1).sqrt()
+    s = t * c
+    at_p, at_q = rows == p, rows == q
+    on_p, on_q = columns == p, columns == q
+    J = torch.where((at_p & on_p) | (at_q & on_q), c, eye)
+    J = torch.where(at_p & on_q, s, torch.where(at_q & on_p, -s, J))
+    return torch.bmm(torch.bmm(J.transpose(1, 2), S), J), torch.bmm(V, J)
+
+
+def _ascending(values: torch.Tensor) -> torch.Tensor:
+    """The index order (b, n) that sorts each row of ``values`` ascending (ties by position)."""
+    n = values.shape[-1]
+    position = torch.arange(n, device=values.device)
+    before = (values.unsqueeze(-1) < values.unsqueeze(-2)) | (
+        (values.unsqueeze(-1) == values.unsqueeze(-2)) & (position.unsqueeze(-1) < position))
+    rank = before.to(torch.int32).sum(-2).to(torch.int64)  # how many come before each value
+    return torch.zeros_like(rank).scatter(1, rank, position.expand_as(rank))
+
+
+def _jacobi_eigh(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(b, n, n)`` symmetric -> ascending eigenvalues (b, n) and eigenvectors (columns)."""
+    b, n, _ = S.shape
+    eye = torch.eye(n, dtype=S.dtype, device=S.device).expand(b, n, n)
+    rows = torch.arange(n, device=S.device).unsqueeze(-1)
+    columns = torch.arange(n, device=S.device)
+    off_diagonal = rows != columns
+    V = eye
+    tolerance = float((S * S).sum()) * torch.finfo(S.dtype).eps ** 2
+    for _ in range(_MAX_SWEEPS):
+        if float(torch.where(off_diagonal, S * S, torch.zeros_like(S)).sum()) <= tolerance:
+            break
+        for p in range(n - 1):
+            for q in range(p + 1, n):
+                S, V = _rotate(S, V, p, q, eye, rows, columns)
+    values = S.diagonal(dim1=-2, dim2=-1)
+    order = _ascending(values)
+    return values.gather(1, order), V.gather(2, order.unsqueeze(1).expand(b, n, n))
+
+
+def _linalg_eigh(A, UPLO="L", compute_v=True):
+    _cpu_checks(aten._linalg_eigh.default, A, UPLO, compute_v)
+    if not _computed_here(A):
+        return NotImplemented
+    a = _flat(A, 2)
+    triangle = a.tril() if UPLO.upper() == "L" else a.triu()
+    symmetric = triangle + triangle.transpose(1, 2) - triangle * torch.eye(a.shape[-1], dtype=a.dtype,
+                                                                             device=a.device)
+    values, vectors = _jacobi_eigh(symmetric)
+    values = values.reshape(A.shape[:-1])
+    return values, (vectors.reshape(A.shape) if compute_v else A.new_empty(0))
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload (their ``out=`` forms follow)."""
     return {
@@ -132,4 +203,5 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         aten.linalg_householder_product.default: _householder_product,
         aten.ormqr.default: _ormqr,
         aten.linalg_qr.default: _linalg_qr,
+        aten._linalg_eigh.default: _linalg_eigh,
     }
