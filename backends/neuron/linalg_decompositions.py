@@ -13,7 +13,12 @@ arithmetic, ``argmax``, ``gather``, ``where``), the exact algorithms LAPACK runs
   ``_linalg_det``, ``_linalg_slogdet``): the pivot of column ``k`` is the first largest ``|a|``
   at or below the diagonal (``argmax`` on the device, no host round trip), rows swapped by a
   gather; pivots are 1-based int32 row swaps as ``getrf``'s, ``info`` the first zero pivot's
-  order; a zero pivot's column is left unscaled, as ``getf2`` leaves it.
+  order; a zero pivot's column is left unscaled, as ``getf2`` leaves it;
+* ``linalg_matrix_exp``: scaling and squaring as the CPU's: the matrices are scaled by ``2^-s``
+  until their 1-norm is within the float32 bound of the CPU's degree-18 approximation, the
+  exponential's Taylor polynomial of degree 18 is evaluated (Horner, 18 matmuls), then squared
+  ``s`` times; ``s`` comes from the batch's largest norm (one host read). The CPU picks a lower
+  degree for small norms, where degree 18 is only more accurate.
 
 Each step is a few device ops over the whole (batched) matrix, and a Python loop runs the ``n``
 steps: ``O(n)`` ops per call, fine for the sizes PyTorch's tests and small solves use; a large
@@ -31,6 +36,7 @@ the reduced floats for most of these ops; other dtypes, and empty inputs, return
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -396,6 +402,28 @@ def _linalg_slogdet(A):
     return sign, diagonal.abs().log().sum(-1), LU, pivots
 
 
+#: The 1-norm up to which the CPU's degree-18 approximation is accurate in float32 (its thetas).
+_TAYLOR_18_BOUND = 3.010066362817634
+_TAYLOR_DEGREE = 18
+
+
+def _linalg_matrix_exp(self):
+    _cpu_checks(aten.linalg_matrix_exp.default, self)
+    if not _computed_here(self):
+        return NotImplemented
+    a = self.reshape(-1, *self.shape[-2:])
+    norm = float(a.abs().sum(-2).amax())  # the largest column sum of any matrix
+    squarings = max(0, math.ceil(math.log2(norm / _TAYLOR_18_BOUND))) if norm > _TAYLOR_18_BOUND else 0
+    a = a / 2 ** squarings
+    identity = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand(a.shape)
+    result = identity
+    for k in range(_TAYLOR_DEGREE, 0, -1):
+        result = identity + torch.bmm(a, result) / k
+    for _ in range(squarings):
+        result = torch.bmm(result, result)
+    return result.reshape(self.shape)
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload (their ``out=`` forms follow)."""
     return {
@@ -413,4 +441,5 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         aten.linalg_inv_ex.default: _linalg_inv_ex,
         aten._linalg_det.default: _linalg_det,
         aten._linalg_slogdet.default: _linalg_slogdet,
+        aten.linalg_matrix_exp.default: _linalg_matrix_exp,
     }
