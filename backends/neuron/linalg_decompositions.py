@@ -27,11 +27,12 @@ broadcast as the CPU broadcasts them. The CPU's argument checks (shapes, dtypes,
 run first on meta copies of the arguments; an invalid call runs on host copies, so it raises
 the CPU's own exception.
 
-Only float32 is computed here: the NeuronCore has no float64 or complex engines (complex64 is
-float32 pairs, and these factorisations need complex arithmetic throughout), and the CPU refuses
-the reduced floats for most of these ops; other dtypes, and empty inputs, return
-``NotImplemented`` and take the CPU fallback. Results match the CPU's within float32 rounding
-(LAPACK's blocked kernels sum in another order).
+Only float32 is computed here: the NeuronCore has no float64 engines (float64 is refused before
+it gets here), the CPU refuses the reduced floats for most of these ops, and complex inputs
+would need these algorithms in complex arithmetic built from float32 pairs, which is not
+written: other dtypes return ``NotImplemented`` and take the CPU fallback (counted, and denied
+under ``fallback_policy("deny")``). Empty matrices and batches give the CPU's shapes and values.
+Results match the CPU's within float32 rounding (LAPACK's blocked kernels sum in another order).
 """
 
 from __future__ import annotations
@@ -68,13 +69,20 @@ def _cpu_checks(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
 
 
 def _computed_here(*tensors: torch.Tensor) -> bool:
-    """float32 and non-empty: what these decompositions compute (the rest goes to the CPU)."""
-    return all(t.dtype == torch.float32 and t.numel() > 0 for t in tensors)
+    """float32: what these decompositions compute (the rest goes to the CPU)."""
+    return all(t.dtype == torch.float32 for t in tensors)
+
+
+def _flat(t: torch.Tensor, trailing: int) -> torch.Tensor:
+    """``t`` with its leading (batch) dims flattened into one, before its ``trailing`` dims (an
+    explicit count: ``-1`` cannot be inferred for an empty tensor)."""
+    split = t.dim() - trailing
+    return t.reshape(math.prod(t.shape[:split]), *t.shape[split:])
 
 
 def _batched(t: torch.Tensor, batch: torch.Size) -> torch.Tensor:
     """``t`` broadcast to the batch dims ``batch`` and flattened to ``(b, rows, cols)``."""
-    return t.expand(*batch, *t.shape[-2:]).reshape(-1, *t.shape[-2:])
+    return _flat(t.expand(*batch, *t.shape[-2:]), 2)
 
 
 def _first_failure(failed: torch.Tensor) -> torch.Tensor:
@@ -94,6 +102,8 @@ def _substitute(A: torch.Tensor, B: torch.Tensor, upper: bool, unitriangular: bo
     """Solve ``A X = B`` for ``(b, n, n)`` triangular ``A`` and ``(b, n, k)`` ``B``, a row at a time
     (the other triangle of ``A`` is never read)."""
     n = A.shape[-1]
+    if n == 0:
+        return B.clone()
     order = range(n - 1, -1, -1) if upper else range(n)
     solved: list[torch.Tensor] = []  # rows in solving order
     for i in order:
@@ -143,6 +153,8 @@ def _cholesky_lower(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(b, n, n)`` -> the lower factor ``L`` (``L L^T = A``, from ``A``'s lower triangle) and
     int32 ``info`` (b,)."""
     b, n, _ = A.shape
+    if n == 0:
+        return A.clone(), torch.zeros(b, dtype=torch.int32, device=A.device)
     rows = torch.arange(n, device=A.device).unsqueeze(0)
     columns: list[torch.Tensor] = []
     failed: list[torch.Tensor] = []
@@ -160,7 +172,7 @@ def _cholesky_lower(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _cholesky_ex(A: torch.Tensor, upper: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    a = A.reshape(-1, *A.shape[-2:])
+    a = _flat(A, 2)
     L, info = _cholesky_lower(_transposed(a) if upper else a)
     factor = _transposed(L) if upper else L
     return factor.reshape(A.shape), info.reshape(A.shape[:-2])
@@ -253,8 +265,9 @@ def _lu_factor(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 def _lu_factor_batched(A: torch.Tensor):
     """``_lu_factor`` over any leading batch dims (reshaped back)."""
     batch = A.shape[:-2]
-    LU, pivots, info, perm = _lu_factor(A.reshape(-1, *A.shape[-2:]))
-    return (LU.reshape(A.shape), pivots.reshape(*batch, -1), info.reshape(batch), perm.reshape(*batch, -1))
+    LU, pivots, info, perm = _lu_factor(_flat(A, 2))
+    return (LU.reshape(A.shape), pivots.reshape(*batch, pivots.shape[-1]), info.reshape(batch),
+            perm.reshape(*batch, perm.shape[-1]))
 
 
 def _permutation(pivots: torch.Tensor, m: int) -> torch.Tensor:
@@ -313,7 +326,7 @@ def _lu_unpack(LU_data, LU_pivots, unpack_data=True, unpack_pivots=True):
     if unpack_pivots:
         m = LU_data.shape[-2]
         batch = LU_data.shape[:-2]
-        perm = _permutation(LU_pivots.reshape(-1, LU_pivots.shape[-1]), m)
+        perm = _permutation(_flat(LU_pivots, 1), m)
         P = _permutation_matrix(perm, LU_data.dtype).reshape(*batch, m, m)
     else:
         P = LU_data.new_empty(0)
@@ -328,7 +341,7 @@ def _lu_solve(LU: torch.Tensor, perm: torch.Tensor, B: torch.Tensor, left: bool,
         return _transposed(_lu_solve(LU, perm, _transposed(B), True, not adjoint, batch))
     n = LU.shape[-1]
     lu = _batched(LU, batch)
-    order = perm.expand(*batch, n).reshape(-1, n)
+    order = _flat(perm.expand(*batch, n), 1)
     b = _batched(B, batch)
     if not adjoint:  # L U X = B[perm]
         rows = order.unsqueeze(-1).expand(b.shape)
@@ -348,7 +361,7 @@ def _linalg_lu_solve(LU, pivots, B, *, left=True, adjoint=False):
     if not _computed_here(LU, B):
         return NotImplemented
     n = LU.shape[-1]
-    perm = _permutation(pivots.reshape(-1, pivots.shape[-1]), n).reshape(*pivots.shape[:-1], n)
+    perm = _permutation(_flat(pivots, 1), n).reshape(*pivots.shape[:-1], n)
     return _lu_solve(LU, perm, B, left, adjoint, result.shape[:-2])
 
 
@@ -411,8 +424,8 @@ def _linalg_matrix_exp(self):
     _cpu_checks(aten.linalg_matrix_exp.default, self)
     if not _computed_here(self):
         return NotImplemented
-    a = self.reshape(-1, *self.shape[-2:])
-    norm = float(a.abs().sum(-2).amax())  # the largest column sum of any matrix
+    a = _flat(self, 2)
+    norm = float(a.abs().sum(-2).amax()) if a.numel() else 0.0  # the largest column sum of any matrix
     squarings = max(0, math.ceil(math.log2(norm / _TAYLOR_18_BOUND))) if norm > _TAYLOR_18_BOUND else 0
     a = a / 2 ** squarings
     identity = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand(a.shape)

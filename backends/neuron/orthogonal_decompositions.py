@@ -17,8 +17,8 @@ runs on the CPU (the rest of the linear-algebra family is ``linalg_decomposition
 
 Each reflector is a few device ops over the whole (batched) matrix; a Python loop runs the
 ``min(m, n)`` steps (``dlarfg``'s rescaling of tiny columns is not done: float32 columns whose
-norm underflows lose precision here). float32 only, as in ``linalg_decompositions``; complex
-inputs (the reflectors' conjugates) and empty ones take the CPU fallback.
+norm underflows lose precision here). float32 only, as in ``linalg_decompositions``: complex
+inputs (conjugated reflectors, Hermitian rotations: not written) take the CPU fallback.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch._ops import OpOverload
 
-from accelkit_backends.neuron.linalg_decompositions import _computed_here, _cpu_checks
+from accelkit_backends.neuron.linalg_decompositions import _computed_here, _cpu_checks, _flat
 
 aten = torch.ops.aten
 
@@ -84,17 +84,13 @@ def _apply_reflectors(reflectors: torch.Tensor, tau: torch.Tensor, C: torch.Tens
     return C
 
 
-def _flat(t: torch.Tensor, trailing: int) -> torch.Tensor:
-    return t.reshape(-1, *t.shape[t.dim() - trailing:])
-
-
 def _geqrf_op(self):
     if self.dim() < 2:
         aten.geqrf.default(self.cpu())  # the CPU's own error for a vector
     if not _computed_here(self):
         return NotImplemented
     R, tau = _geqrf(_flat(self, 2))
-    return R.reshape(self.shape), tau.reshape(*self.shape[:-2], -1)
+    return R.reshape(self.shape), tau.reshape(*self.shape[:-2], tau.shape[-1])
 
 
 def _householder_product(input, tau):

@@ -79,6 +79,12 @@ CASES = {
     "householder_product": (
         lambda d: torch.linalg.householder_product(*_on(d, *torch.geqrf(_random(2, 5, 3)))),
         "aten.linalg_householder_product.default"),
+    "eigvalsh upper, batched": (lambda d: torch.linalg.eigvalsh(*_on(d, _random(2, 5, 5)), UPLO="U"),
+                                "aten._linalg_eigh.eigenvalues"),
+    "matrix_exp small": (lambda d: torch.linalg.matrix_exp(*_on(d, _random(2, 4, 4) * 0.01)),
+                         "aten.linalg_matrix_exp.default"),
+    "matrix_exp scaled and squared": (lambda d: torch.linalg.matrix_exp(*_on(d, _random(3, 3) * 4)),
+                                      "aten.linalg_matrix_exp.default"),
     "ormqr right transpose": (
         lambda d: torch.ormqr(*_on(d, *torch.geqrf(_random(4, 3)), _random(2, 4)), left=False, transpose=True),
         "aten.ormqr.default"),
@@ -97,6 +103,21 @@ def test_matches_the_cpu_on_the_device(dev, name):
         # float32, summed in another order than LAPACK's blocked kernels
         torch.testing.assert_close(actual.cpu(), expected, rtol=1e-4, atol=1e-4)
     assert accelkit.stats()["ops"][op]["decomposed"] >= 1
+
+
+@pytest.mark.parametrize("UPLO", ["L", "U"])
+def test_eigh_gives_the_cpus_eigenvalues_and_an_eigenbasis_of_the_named_triangle(dev, UPLO):
+    a = _random(2, 6, 6, seed=5)
+    a[..., 0, 1] = a[..., 1, 0] = 0  # an already zero rotation pair
+    want_values, want_vectors = torch.linalg.eigh(a, UPLO=UPLO)
+    with accelkit.fallback_policy("deny"):
+        values, vectors = (t.cpu() for t in torch.linalg.eigh(a.to(dev), UPLO=UPLO))
+    torch.testing.assert_close(values, want_values, rtol=1e-4, atol=1e-4)
+    symmetric = a.tril() + a.tril(-1).mT if UPLO == "L" else a.triu() + a.triu(1).mT
+    torch.testing.assert_close(vectors @ torch.diag_embed(values) @ vectors.mT, symmetric, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(vectors.mT @ vectors, torch.eye(6).expand(2, 6, 6), rtol=1e-4, atol=1e-4)
+    # distinct eigenvalues: each eigenvector is the CPU's up to its sign
+    torch.testing.assert_close(vectors.abs(), want_vectors.abs(), rtol=1e-3, atol=1e-3)
 
 
 SINGULAR = torch.tensor([[[1.0, 2.0], [2.0, 4.0]], [[0.0, 0.0], [0.0, 0.0]], [[2.0, 1.0], [1.0, 3.0]]])
@@ -136,6 +157,24 @@ def test_errors_are_the_cpus(dev, compute, A):
     else:
         with accelkit.fallback_policy("deny"):
             compute(A.to(dev))  # the CPU accepts it (a triangular solve of a singular matrix): so does neuron
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (2, 0, 0), (0, 3, 3)], ids=["0x0", "batch of 0x0", "empty batch"])
+@pytest.mark.parametrize("compute", [
+    torch.linalg.det, torch.linalg.slogdet, torch.linalg.inv_ex, torch.linalg.lu_factor_ex, torch.linalg.lu,
+    torch.linalg.cholesky_ex, torch.linalg.qr, torch.geqrf, torch.linalg.eigh, torch.linalg.matrix_exp,
+    lambda A: torch.linalg.solve(A, A), lambda A: torch.linalg.solve_triangular(A, A, upper=False),
+], ids=["det", "slogdet", "inv_ex", "lu_factor_ex", "lu", "cholesky_ex", "qr", "geqrf", "eigh", "matrix_exp",
+        "solve", "solve_triangular"])
+def test_empty_matrices_and_batches_give_the_cpus_results(dev, shape, compute):
+    A = torch.zeros(shape)
+    want = compute(A)
+    with accelkit.fallback_policy("deny"):
+        got = compute(A.to(dev))
+    want, got = ([want], [got]) if isinstance(want, torch.Tensor) else (list(want), list(got))
+    for actual, expected in zip(got, want):
+        assert (actual.dtype, actual.shape) == (expected.dtype, expected.shape)
+        torch.testing.assert_close(actual.cpu(), expected)
 
 
 def test_complex_inputs_take_the_cpu_fallback(dev):
