@@ -17,8 +17,8 @@ arithmetic, ``argmax``, ``gather``, ``where``), the exact algorithms LAPACK runs
 * ``linalg_matrix_exp``: scaling and squaring as the CPU's: the matrices are scaled by ``2^-s``
   until their 1-norm is within the float32 bound of the CPU's degree-18 approximation, the
   exponential's Taylor polynomial of degree 18 is evaluated (Horner, 18 matmuls), then squared
-  ``s`` times; ``s`` comes from the batch's largest norm (one host read). The CPU picks a lower
-  degree for small norms, where degree 18 is only more accurate.
+  ``s`` times; ``s`` is each matrix's own, from its norm (one host read of the norms). The CPU
+  picks a lower degree for small norms, where degree 18 is only more accurate.
 
 Each step is a few device ops over the whole (batched) matrix, and a Python loop runs the ``n``
 steps: ``O(n)`` ops per call, fine for the sizes PyTorch's tests and small solves use; a large
@@ -425,15 +425,20 @@ def _linalg_matrix_exp(self):
     if not _computed_here(self):
         return NotImplemented
     a = _flat(self, 2)
-    norm = float(a.abs().sum(-2).amax()) if a.numel() else 0.0  # the largest column sum of any matrix
-    squarings = max(0, math.ceil(math.log2(norm / _TAYLOR_18_BOUND))) if norm > _TAYLOR_18_BOUND else 0
-    a = a / 2 ** squarings
+    if a.numel() == 0:
+        return self.clone()
+    norms = a.abs().sum(-2).amax(-1).cpu().tolist()  # each matrix's 1-norm (largest column sum)
+    squarings = [max(0, math.ceil(math.log2(norm / _TAYLOR_18_BOUND))) if norm > _TAYLOR_18_BOUND else 0
+                 for norm in norms]
+    scale = torch.tensor([2.0 ** -s for s in squarings], dtype=a.dtype).to(a.device)
+    a = a * scale.view(-1, 1, 1)
     identity = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device).expand(a.shape)
     result = identity
     for k in range(_TAYLOR_DEGREE, 0, -1):
         result = identity + torch.bmm(a, result) / k
-    for _ in range(squarings):
-        result = torch.bmm(result, result)
+    remaining = torch.tensor(squarings, dtype=torch.int32).to(a.device).view(-1, 1, 1)
+    for step in range(max(squarings)):  # each matrix squared as often as it was halved
+        result = torch.where(remaining > step, torch.bmm(result, result), result)
     return result.reshape(self.shape)
 
 

@@ -120,6 +120,18 @@ def test_eigh_gives_the_cpus_eigenvalues_and_an_eigenbasis_of_the_named_triangle
     torch.testing.assert_close(vectors.abs(), want_vectors.abs(), rtol=1e-3, atol=1e-3)
 
 
+def test_matrix_exp_scales_each_matrix_of_a_batch_by_its_own_norm(dev):
+    a = torch.stack([_random(4, 4, seed=6) * 0.01, _random(4, 4, seed=7) * 6])  # 0 and several squarings
+    with accelkit.fallback_policy("deny"):
+        got = torch.linalg.matrix_exp(a.to(dev)).cpu().double()
+    exact = torch.linalg.matrix_exp(a.double())
+    cpu = torch.linalg.matrix_exp(a).double()
+    # float32 rounding of each matrix's largest entries, as the CPU's own distance from float64
+    scale = exact.abs().amax((-2, -1), keepdim=True)
+    error, cpu_error = ((got - exact).abs() / scale).amax(), ((cpu - exact).abs() / scale).amax()
+    assert error < max(4 * cpu_error, 1e-6), (error, cpu_error)
+
+
 SINGULAR = torch.tensor([[[1.0, 2.0], [2.0, 4.0]], [[0.0, 0.0], [0.0, 0.0]], [[2.0, 1.0], [1.0, 3.0]]])
 
 
