@@ -14,6 +14,13 @@ runs on the CPU (the rest of the linear-algebra family is ``linalg_decomposition
   most ``_MAX_SWEEPS``); eigenvalues ascending as LAPACK's, eigenvectors the accumulated
   rotations' columns in the same order. An eigenvector's sign (and a repeated eigenvalue's
   basis) is not unique: LAPACK's choice is its algorithm's, Jacobi's is another.
+* ``_linalg_svd``: one-sided (Hestenes) Jacobi on the columns of the tall orientation of ``A``
+  (``A^T`` when it is wide): plane rotations ``(p, q)`` until every pair of columns is
+  orthogonal to float32 rounding (one host read per sweep), ``S`` the column norms in
+  descending order, ``V`` the accumulated rotations, ``U`` the normalised columns. ``U`` is
+  completed to an orthonormal basis (``full_matrices``, or columns of zero singular values) by
+  Householder QR of its columns, signs kept. Singular vectors are unique only up to sign (and
+  within repeated singular values): PyTorch's tests compare ``|U|``, ``|V|`` and ``U Vh``.
 
 Each reflector is a few device ops over the whole (batched) matrix; a Python loop runs the
 ``min(m, n)`` steps (``dlarfg``'s rescaling of tiny columns is not done: float32 columns whose
@@ -192,6 +199,90 @@ def _linalg_eigh(A, UPLO="L", compute_v=True):
     return values, (vectors.reshape(A.shape) if compute_v else A.new_empty(0))
 
 
+def _orthogonalise_columns(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hestenes: ``(b, m, n)`` -> ``A V`` with mutually orthogonal columns, and ``V`` (b, n, n)."""
+    b, m, n = A.shape
+    V = torch.eye(n, dtype=A.dtype, device=A.device).expand(b, n, n)
+    columns = torch.arange(n, device=A.device)
+    off_diagonal = columns.unsqueeze(-1) != columns
+    tolerance = n * torch.finfo(A.dtype).eps
+    for _ in range(_MAX_SWEEPS):
+        gram = torch.bmm(A.transpose(1, 2), A)
+        norms = gram.diagonal(dim1=-2, dim2=-1).sqrt()
+        scale = norms.unsqueeze(-1) * norms.unsqueeze(-2)
+        cosines = torch.where(off_diagonal & (scale > 0), gram.abs() / torch.where(scale > 0, scale, 1), 0)
+        if float(cosines.amax()) <= tolerance:
+            break
+        for p in range(n - 1):
+            for q in range(p + 1, n):
+                a_p, a_q = A[:, :, p:p + 1], A[:, :, q:q + 1]
+                alpha, beta = (a_p * a_p).sum(1, keepdim=True), (a_q * a_q).sum(1, keepdim=True)
+                gamma = (a_p * a_q).sum(1, keepdim=True)
+                zero = gamma == 0
+                zeta = (beta - alpha) / (2 * torch.where(zero, torch.ones_like(gamma), gamma))
+                t = torch.where(zeta >= 0, 1.0, -1.0) / (zeta.abs() + (zeta * zeta + 1).sqrt())
+                t = torch.where(zero, torch.zeros_like(t), t)
+                c = 1 / (t * t + 1).sqrt()
+                sn = t * c
+                on_p, on_q = columns == p, columns == q
+                v_p, v_q = V[:, :, p:p + 1], V[:, :, q:q + 1]
+                A = torch.where(on_p, c * a_p - sn * a_q, torch.where(on_q, sn * a_p + c * a_q, A))
+                V = torch.where(on_p, c * v_p - sn * v_q, torch.where(on_q, sn * v_p + c * v_q, V))
+    return A, V
+
+
+def _completed(U: torch.Tensor, columns: int) -> torch.Tensor:
+    """``(b, m, k)`` with orthonormal (or zero, trailing) columns -> ``columns`` orthonormal
+    columns whose first ones are ``U``'s nonzero columns: Householder QR, R's signs undone."""
+    b, m, k = U.shape
+    packed, tau = _geqrf(U)
+    identity = torch.eye(m, columns, dtype=U.dtype, device=U.device).expand(b, m, columns)
+    Q = _apply_reflectors(packed, tau, identity, True, False)
+    signs = packed.diagonal(dim1=-2, dim2=-1).sign()
+    signs = torch.cat([torch.where(signs == 0, 1.0, signs), signs.new_ones(b, columns - k)], dim=-1)
+    return Q * signs.unsqueeze(1)
+
+
+def _tall_svd(A: torch.Tensor, full: bool, compute_uv: bool):
+    """``(b, m, n)``, ``m >= n`` -> ``U`` (b, m, m or n), ``S`` (b, n) descending, ``V`` (b, n, n)."""
+    rotated, V = _orthogonalise_columns(A)
+    S = (rotated * rotated).sum(1).sqrt()
+    order = _ascending(-S)
+    S = S.gather(1, order)
+    if not compute_uv:
+        return None, S, None
+    b, m, n = A.shape
+    rotated = rotated.gather(2, order.unsqueeze(1).expand(b, m, n))
+    V = V.gather(2, order.unsqueeze(1).expand(b, n, n))
+    nonzero = S.unsqueeze(1) > 0
+    U = torch.where(nonzero, rotated / torch.where(nonzero, S.unsqueeze(1), 1), 0)
+    if full or not bool(nonzero.all()):
+        U = _completed(U, m if full else n)
+    return U, S, V
+
+
+def _linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
+    U_meta, S_meta, Vh_meta = _cpu_checks(aten._linalg_svd.default, A, full_matrices, compute_uv, driver=driver)
+    if not _computed_here(A):
+        return NotImplemented
+    if A.numel() == 0:  # no rotations: the identity's columns complete the bases
+        eye = lambda shape: torch.eye(shape[-2], shape[-1], dtype=A.dtype, device=A.device).expand(shape)
+        S = A.new_zeros(S_meta.shape)
+        return (eye(U_meta.shape), S, eye(Vh_meta.shape)) if compute_uv else (A.new_empty(0), S, A.new_empty(0))
+    m, n = A.shape[-2:]
+    wide = m < n
+    a = _flat(A.transpose(-2, -1) if wide else A, 2)
+    U, S, V = _tall_svd(a, full_matrices, compute_uv)
+    S = S.reshape(S_meta.shape)
+    if not compute_uv:
+        return A.new_empty(0), S, A.new_empty(0)
+    if wide:  # A^T = U S V^T: A = V S U^T
+        U, Vh = V, U.transpose(1, 2)
+    else:
+        Vh = V.transpose(1, 2)
+    return U.reshape(U_meta.shape), S, Vh.reshape(Vh_meta.shape)
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload (their ``out=`` forms follow)."""
     return {
@@ -200,4 +291,5 @@ def decompositions() -> Mapping[OpOverload, Callable]:
         aten.ormqr.default: _ormqr,
         aten.linalg_qr.default: _linalg_qr,
         aten._linalg_eigh.default: _linalg_eigh,
+        aten._linalg_svd.default: _linalg_svd,
     }

@@ -2,7 +2,8 @@
 orthogonal_decompositions.py) against the CPU with the fallback denied: float32 within the
 rounding of LAPACK's differently ordered sums, batched and broadcast inputs, the CPU's
 info/sign conventions for singular and non-positive-definite inputs, its exceptions for
-invalid ones; what neuron does not compute (complex) stays on the CPU fallback."""
+invalid ones; eigenvectors and singular vectors, unique up to sign, by their invariants; what
+neuron does not compute (complex) stays on the CPU fallback; the work shows in the estimate."""
 
 from __future__ import annotations
 
@@ -132,6 +133,34 @@ def test_matrix_exp_scales_each_matrix_of_a_batch_by_its_own_norm(dev):
     assert error < max(4 * cpu_error, 1e-6), (error, cpu_error)
 
 
+@pytest.mark.parametrize("shape", [(5, 3), (2, 3, 5), (4, 4), (2, 0, 3)])
+@pytest.mark.parametrize("full_matrices", [True, False])
+def test_svd_gives_the_cpus_singular_values_and_orthonormal_vectors(dev, shape, full_matrices):
+    a = _random(*shape, seed=8)
+    want_u, want_s, want_vh = torch.linalg.svd(a, full_matrices=full_matrices)
+    with accelkit.fallback_policy("deny"):
+        u, s, vh = (t.cpu() for t in torch.linalg.svd(a.to(dev), full_matrices=full_matrices))
+    assert (u.shape, s.shape, vh.shape) == (want_u.shape, want_s.shape, want_vh.shape)
+    k = s.shape[-1]
+    torch.testing.assert_close(s, want_s, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(u.mT @ u, torch.eye(u.shape[-1]).expand(*shape[:-2], -1, -1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(vh @ vh.mT, torch.eye(vh.shape[-2]).expand(*shape[:-2], -1, -1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(u[..., :k] @ torch.diag_embed(s) @ vh[..., :k, :], a, rtol=1e-4, atol=1e-4)
+    # distinct singular values: each singular vector is the CPU's up to its sign
+    torch.testing.assert_close(u[..., :k].abs(), want_u[..., :k].abs(), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(vh[..., :k, :].abs(), want_vh[..., :k, :].abs(), rtol=1e-3, atol=1e-3)
+
+
+def test_svd_of_a_rank_deficient_matrix_completes_u_orthonormally(dev):
+    a = _random(4, 3, seed=9)
+    a[:, 2] = 0
+    with accelkit.fallback_policy("deny"):
+        u, s, vh = (t.cpu() for t in torch.linalg.svd(a.to(dev), full_matrices=False))
+    torch.testing.assert_close(s, torch.linalg.svdvals(a), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(u.mT @ u, torch.eye(3), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(u @ torch.diag(s) @ vh, a, rtol=1e-4, atol=1e-4)
+
+
 SINGULAR = torch.tensor([[[1.0, 2.0], [2.0, 4.0]], [[0.0, 0.0], [0.0, 0.0]], [[2.0, 1.0], [1.0, 3.0]]])
 
 
@@ -194,3 +223,11 @@ def test_complex_inputs_take_the_cpu_fallback(dev):
     with accelkit.fallback_policy("deny"), pytest.raises(Exception):
         torch.linalg.inv(a.to(dev))
     torch.testing.assert_close(torch.linalg.inv(a.to(dev)).cpu(), torch.linalg.inv(a), rtol=1e-5, atol=1e-5)
+
+
+def test_the_decomposed_work_shows_in_the_estimate(dev):
+    with accelkit.fallback_policy("deny"):
+        torch.linalg.solve(_well_conditioned(3, 3).to(dev), _random(3, 2).to(dev)).cpu()
+    estimate = accelkit.stats()["neuron"]["estimate"]
+    assert estimate["device_seconds"] > 0 and estimate["flops"] > 0
+    assert {"bmm.default", "argmax.default", "gather.default"} <= set(estimate["per_op"])  # substitution, pivots, swaps
