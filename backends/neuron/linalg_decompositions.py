@@ -43,6 +43,8 @@ from typing import Any
 
 import torch
 from torch._ops import OpOverload
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import _disable_current_modes
 
 aten = torch.ops.aten
 
@@ -50,22 +52,34 @@ aten = torch.ops.aten
 # -- shared -------------------------------------------------------------------------------------
 
 def _on_meta(value: Any) -> Any:
-    return value.to("meta") if isinstance(value, torch.Tensor) else value
+    if not isinstance(value, torch.Tensor):
+        return value
+    return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
 
 
 def _on_host(value: Any) -> Any:
     return value.cpu() if isinstance(value, torch.Tensor) else value
 
 
+def _traced(*values: Any) -> bool:
+    """Whether the arguments are a graph's fake tensors (torch.compile tracing the decomposition)."""
+    return any(isinstance(v, FakeTensor) for v in values)
+
+
 def _cpu_checks(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
     """Run ``op``'s meta kernel (the CPU's argument checks) and return its meta results. Where
     the meta kernel refuses the arguments, ``op`` runs on host copies of them, so the CPU raises
-    its own exception (the meta kernels raise AssertionError for some of its RuntimeErrors)."""
-    try:
-        return op(*[_on_meta(a) for a in args], **{k: _on_meta(v) for k, v in kwargs.items()})
-    except Exception:
-        op(*[_on_host(a) for a in args], **{k: _on_host(v) for k, v in kwargs.items()})
-        raise
+    its own exception (the meta kernels raise AssertionError for some of its RuntimeErrors).
+
+    The meta tensors are made afresh with any tracing mode off: inside torch.compile's tracing,
+    ``op`` on the graph's tensors would be decomposed again, here."""
+    with _disable_current_modes():
+        try:
+            return op(*[_on_meta(a) for a in args], **{k: _on_meta(v) for k, v in kwargs.items()})
+        except Exception:
+            if not _traced(*args, *kwargs.values()):
+                op(*[_on_host(a) for a in args], **{k: _on_host(v) for k, v in kwargs.items()})
+            raise
 
 
 def _computed_here(*tensors: torch.Tensor) -> bool:
@@ -422,8 +436,8 @@ _TAYLOR_DEGREE = 18
 
 def _linalg_matrix_exp(self):
     _cpu_checks(aten.linalg_matrix_exp.default, self)
-    if not _computed_here(self):
-        return NotImplemented
+    if not _computed_here(self) or _traced(self):
+        return NotImplemented  # (in a graph: the squarings depend on the values, read on the host)
     a = _flat(self, 2)
     if a.numel() == 0:
         return self.clone()

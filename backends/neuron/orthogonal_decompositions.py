@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch._ops import OpOverload
 
-from accelkit_backends.neuron.linalg_decompositions import _computed_here, _cpu_checks, _flat
+from accelkit_backends.neuron.linalg_decompositions import _computed_here, _cpu_checks, _flat, _traced
 
 aten = torch.ops.aten
 
@@ -188,8 +188,8 @@ def _jacobi_eigh(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _linalg_eigh(A, UPLO="L", compute_v=True):
     _cpu_checks(aten._linalg_eigh.default, A, UPLO, compute_v)
-    if not _computed_here(A):
-        return NotImplemented
+    if not _computed_here(A) or _traced(A):
+        return NotImplemented  # (in a graph: the sweeps stop on a value read on the host)
     a = _flat(A, 2)
     triangle = a.tril() if UPLO.upper() == "L" else a.triu()
     symmetric = triangle + triangle.transpose(1, 2) - triangle * torch.eye(a.shape[-1], dtype=a.dtype,
@@ -263,8 +263,8 @@ def _tall_svd(A: torch.Tensor, full: bool, compute_uv: bool):
 
 def _linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
     U_meta, S_meta, Vh_meta = _cpu_checks(aten._linalg_svd.default, A, full_matrices, compute_uv, driver=driver)
-    if not _computed_here(A):
-        return NotImplemented
+    if not _computed_here(A) or _traced(A):
+        return NotImplemented  # (in a graph: the sweeps stop on a value read on the host)
     if A.numel() == 0:  # no rotations: the identity's columns complete the bases
         eye = lambda shape: torch.eye(shape[-2], shape[-1], dtype=A.dtype, device=A.device).expand(shape)
         S = A.new_zeros(S_meta.shape)

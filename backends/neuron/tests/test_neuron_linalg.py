@@ -231,3 +231,18 @@ def test_the_decomposed_work_shows_in_the_estimate(dev):
     estimate = accelkit.stats()["neuron"]["estimate"]
     assert estimate["device_seconds"] > 0 and estimate["flops"] > 0
     assert {"bmm.default", "argmax.default", "gather.default"} <= set(estimate["per_op"])  # substitution, pivots, swaps
+
+
+def test_compiled_factorisations_lower_into_the_graph_and_host_read_ones_stay_whole(dev):
+    """torch.compile traces the decompositions on fake tensors: their meta checks must not
+    re-enter them, and the ones that read values on the host (Jacobi's sweeps) stay ops."""
+    torch._dynamo.reset()
+    a = _positive_definite(4, 4)
+    with accelkit.fallback_policy("deny"):
+        # cholesky_ex: linalg.cholesky's own error check is an effectful graph node neuron does not lower
+        factor = torch.compile(lambda x: torch.linalg.cholesky_ex(x).L + 1, backend="neuron")(a.to(dev)).cpu()
+    torch.testing.assert_close(factor, torch.linalg.cholesky(a) + 1, rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()
+    with accelkit.fallback_policy("allow"):
+        values = torch.compile(lambda x: torch.linalg.eigvalsh(x) * 2, backend="neuron")(a.to(dev)).cpu()
+    torch.testing.assert_close(values, torch.linalg.eigvalsh(a) * 2, rtol=1e-4, atol=1e-4)
