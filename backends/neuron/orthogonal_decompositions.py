@@ -266,7 +266,8 @@ def _linalg_svd(A, full_matrices=False, compute_uv=True, *, driver=None):
     if not _computed_here(A) or _traced(A):
         return NotImplemented  # (in a graph: the sweeps stop on a value read on the host)
     if A.numel() == 0:  # no rotations: the identity's columns complete the bases
-        eye = lambda shape: torch.eye(shape[-2], shape[-1], dtype=A.dtype, device=A.device).expand(shape)
+        def eye(shape):
+            return torch.eye(shape[-2], shape[-1], dtype=A.dtype, device=A.device).expand(shape)
         S = A.new_zeros(S_meta.shape)
         return (eye(U_meta.shape), S, eye(Vh_meta.shape)) if compute_uv else (A.new_empty(0), S, A.new_empty(0))
     m, n = A.shape[-2:]

@@ -41,8 +41,8 @@ CASES = {
         lambda d: torch.linalg.solve_triangular(*_on(d, _random(4, 4).tril(), _random(3, 2, 4)), upper=False,
                                                 left=False, unitriangular=True), "aten.linalg_solve_triangular.default"),
     "triangular_solve transpose": (
-        lambda d: torch.triangular_solve(*_on(d, _random(2, 4, 3), _well_conditioned(4, 4, upper=False)), upper=False,
-                                         transpose=True), "aten.triangular_solve.X"),
+        lambda d: torch.triangular_solve(*_on(d, _random(2, 4, 3), _well_conditioned(4, 4, upper=False)),
+                                         upper=False, transpose=True), "aten.triangular_solve.X"),
     "cholesky_ex lower, batched": (
         lambda d: torch.linalg.cholesky_ex(*_on(d, _positive_definite(2, 3, 5, 5))), "aten.linalg_cholesky_ex.L"),
     "cholesky upper": (
