@@ -28,7 +28,8 @@ run first on meta copies of the arguments; an invalid call runs on host copies, 
 the CPU's own exception.
 
 Only float32 is computed here: the NeuronCore has no float64 engines (float64 is refused before
-it gets here), the CPU refuses the reduced floats for most of these ops, and complex inputs
+it gets here, or computed in float32 under ``ACCELKIT_NEURON_FLOAT64=downcast``, as every op
+then is), the CPU refuses the reduced floats for most of these ops, and complex inputs
 would need these algorithms in complex arithmetic built from float32 pairs, which is not
 written: other dtypes return ``NotImplemented`` and take the CPU fallback (counted, and denied
 under ``fallback_policy("deny")``). Empty matrices and batches give the CPU's shapes and values.
@@ -83,8 +84,10 @@ def _cpu_checks(op: OpOverload, *args: Any, **kwargs: Any) -> Any:
 
 
 def _computed_here(*tensors: torch.Tensor) -> bool:
-    """float32: what these decompositions compute (the rest goes to the CPU)."""
-    return all(t.dtype == torch.float32 for t in tensors)
+    """float32 (and float64, which reaches a decomposition only as ``ACCELKIT_NEURON_FLOAT64=downcast``
+    allows it: computed in float32 as every op is then): what these decompositions compute (the
+    rest goes to the CPU)."""
+    return all(t.dtype in (torch.float32, torch.float64) for t in tensors)
 
 
 def _flat(t: torch.Tensor, trailing: int) -> torch.Tensor:

@@ -136,6 +136,8 @@ def _linalg_qr(A, mode="reduced"):
 
 #: Jacobi sweeps before giving up on convergence (it is quadratic: float32 needs a handful).
 _MAX_SWEEPS = 30
+#: The engines' rounding (float64 is computed in float32 too, under downcast).
+_EPS = torch.finfo(torch.float32).eps
 
 
 def _rotate(S: torch.Tensor, V: torch.Tensor, p: int, q: int, eye: torch.Tensor, rows: torch.Tensor,
@@ -174,7 +176,7 @@ def _jacobi_eigh(S: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     columns = torch.arange(n, device=S.device)
     off_diagonal = rows != columns
     V = eye
-    tolerance = float((S * S).sum()) * torch.finfo(S.dtype).eps ** 2
+    tolerance = float((S * S).sum()) * _EPS ** 2
     for _ in range(_MAX_SWEEPS):
         if float(torch.where(off_diagonal, S * S, torch.zeros_like(S)).sum()) <= tolerance:
             break
@@ -205,7 +207,7 @@ def _orthogonalise_columns(A: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     V = torch.eye(n, dtype=A.dtype, device=A.device).expand(b, n, n)
     columns = torch.arange(n, device=A.device)
     off_diagonal = columns.unsqueeze(-1) != columns
-    tolerance = n * torch.finfo(A.dtype).eps
+    tolerance = n * _EPS
     for _ in range(_MAX_SWEEPS):
         gram = torch.bmm(A.transpose(1, 2), A)
         norms = gram.diagonal(dim1=-2, dim2=-1).sqrt()

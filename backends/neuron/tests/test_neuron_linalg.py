@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import accelkit
+from conftest import run_python
 
 aten = torch.ops.aten
 
@@ -246,3 +247,18 @@ def test_compiled_factorisations_lower_into_the_graph_and_host_read_ones_stay_wh
     with accelkit.fallback_policy("allow"):
         values = torch.compile(lambda x: torch.linalg.eigvalsh(x) * 2, backend="neuron")(a.to(dev)).cpu()
     torch.testing.assert_close(values, torch.linalg.eigvalsh(a) * 2, rtol=1e-4, atol=1e-4)
+
+
+def test_float64_downcast_runs_the_decompositions_in_float32():
+    result = run_python("""
+        import torch, accelkit
+        dev = accelkit.select_device("neuron")
+        a = torch.randn(2, 4, 4, dtype=torch.float64) + 4 * torch.eye(4, dtype=torch.float64)
+        with accelkit.fallback_policy("deny"):
+            inverse = torch.linalg.inv(a.to(dev)).cpu()
+        assert inverse.dtype == torch.float64
+        error = (inverse - torch.linalg.inv(a)).abs().max().item()
+        assert 0 < error < 1e-5, error  # float32's rounding, not float64's
+        print("ok")
+    """, env={"ACCELKIT_NEURON_FLOAT64": "downcast"})
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
