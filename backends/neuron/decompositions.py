@@ -245,13 +245,15 @@ def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, ``VETTED``, and each family's own module's (``*_decompositions.py``:
     pooling, the small exact arithmetic, counting and selection families, embedding bags,
     sorting, convolution's slow paths, mixed precision's loss scaling, activations, normalisation,
-    distances, antialiased resampling, margin losses, random sampling, special functions and
-    segment reductions), keyed by aten overload (their ``out=`` forms follow)."""
+    distances, antialiased resampling, margin losses, random sampling, special functions,
+    segment reductions, and linear algebra: triangular, Cholesky and LU in ``linalg_``, QR, eigh
+    and SVD in ``orthogonal_``), keyed by aten overload (their ``out=`` forms follow)."""
     from accelkit_backends.neuron import (
         activation_decompositions, amp_decompositions, antialias_decompositions, arith_decompositions,
         conv_decompositions, count_decompositions, distance_decompositions, embedding_decompositions,
-        margin_loss_decompositions, norm_decompositions, pool_decompositions, random_decompositions,
-        segment_decompositions, select_decompositions, sort_decompositions, special_decompositions,
+        linalg_decompositions, margin_loss_decompositions, norm_decompositions, orthogonal_decompositions,
+        pool_decompositions, random_decompositions, segment_decompositions, select_decompositions,
+        sort_decompositions, special_decompositions,
     )
 
     from torch._decomp import decomposition_table
@@ -261,7 +263,8 @@ def decompositions() -> Mapping[OpOverload, Callable]:
                    embedding_decompositions, sort_decompositions, conv_decompositions, amp_decompositions,
                    activation_decompositions, norm_decompositions, distance_decompositions,
                    antialias_decompositions, margin_loss_decompositions, random_decompositions,
-                   special_decompositions, segment_decompositions):
+                   special_decompositions, segment_decompositions, linalg_decompositions,
+                   orthogonal_decompositions):
         table.update(family.decompositions())
     for rank in (1, 2, 3):
         table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)
