@@ -11,7 +11,9 @@ Ops whose distributions accelkit does not define (``poisson``, ``_standard_gamma
 ``_sample_dirichlet``, ``rrelu_with_noise``) keep the CPU kernel's values, drawn from a CPU
 generator seeded from their draw (:func:`~._random.host_generator`): they follow the seed and the
 offset, but an element's value is not a function of its counter, so a sharded draw of them does
-not equal the whole one.
+not equal the whole one. Their values are therefore not the same across paths: a backend that
+samples them on the device from the stream (neuron does) gives other values than this fallback,
+equally distributed and as reproducible.
 """
 
 from __future__ import annotations
