@@ -76,7 +76,7 @@ def accelkit_make_allocator(device_model: DeviceModel, index: int) -> Any:
 
 @hookimpl
 def accelkit_decompositions() -> Any:
-    """PyTorch's core-ATen table plus neuron's own (``decompositions.py``)."""
+    """PyTorch's core-ATen table plus neuron's own (the ``decompositions`` package)."""
     from accelkit.sdk import default_decompositions
     from accelkit_backends.neuron.decompositions import decompositions
 

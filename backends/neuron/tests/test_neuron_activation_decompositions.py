@@ -1,4 +1,4 @@
-"""GLU's forward-mode derivatives and the masked softmax (``activation_decompositions.py``)
+"""GLU's forward-mode derivatives and the masked softmax (``decompositions/activation.py``)
 against the CPU, the fallback denied, float32 and bfloat16 (within float rounding)."""
 
 from __future__ import annotations

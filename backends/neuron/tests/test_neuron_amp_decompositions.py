@@ -1,4 +1,4 @@
-"""GradScaler's ops on neuron (``amp_decompositions.py``) against the CPU, the fallback denied:
+"""GradScaler's ops on neuron (``decompositions/amp.py``) against the CPU, the fallback denied:
 unscaling (float32 and bfloat16 gradients, with and without infs and NaNs), the scale update's
 every branch, and a whole scaled training loop that never leaves the device."""
 

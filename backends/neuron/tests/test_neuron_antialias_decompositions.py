@@ -1,4 +1,4 @@
-"""Antialiased resampling (``antialias_decompositions.py``) against the CPU, the fallback
+"""Antialiased resampling (``decompositions/antialias.py``) against the CPU, the fallback
 denied: bilinear, bicubic and Lanczos, down and up, align_corners and explicit scales, forward
 and backward, float32 and bfloat16 (within float rounding: the taps are summed in another order)."""
 

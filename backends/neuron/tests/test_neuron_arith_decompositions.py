@@ -1,4 +1,4 @@
-"""The small exact families neuron decomposes (``arith_decompositions.py``, and PyTorch's
+"""The small exact families neuron decomposes (``decompositions/arith.py``, and PyTorch's
 ``_addmm_activation``/``grid_sampler_2d`` in ``decompositions.VETTED``) vs CPU
 PyTorch, fallback denied: bit for bit where the CPU's arithmetic is followed step for step,
 within float rounding where a sum is grouped differently."""

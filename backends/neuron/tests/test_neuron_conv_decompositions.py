@@ -1,4 +1,4 @@
-"""Convolution's slow paths (``conv_decompositions.py``) against the CPU's own slow kernels, the
+"""Convolution's slow paths (``decompositions/conv.py``) against the CPU's own slow kernels, the
 fallback denied: 2-d forward/backward, dilated and transposed 2-d and 3-d, float32 and bfloat16
 (within float rounding: the products are summed in another order)."""
 

@@ -1,4 +1,4 @@
-"""``_pdist_forward``/``_pdist_backward`` and ``_cdist_backward`` (``distance_decompositions.py``)
+"""``_pdist_forward``/``_pdist_backward`` and ``_cdist_backward`` (``decompositions/distance.py``)
 against the CPU for each kind of p (incl. zero distances and zero differences), the fallback
 denied, in float32 (the CPU's pdist and cdist kernels take no bfloat16)."""
 

@@ -1,4 +1,4 @@
-"""``embedding_bag``'s forward on neuron (``embedding_decompositions.py``) vs CPU PyTorch,
+"""``embedding_bag``'s forward on neuron (``decompositions/embedding.py``) vs CPU PyTorch,
 fallback denied: the output within float rounding (sums grouped otherwise), the auxiliary
 results the backward reads (offset2bag, bag_size, max_indices) exactly."""
 

@@ -1,4 +1,4 @@
-"""``embedding_renorm_`` (``embedding_decompositions.py``) against the CPU, the fallback denied:
+"""``embedding_renorm_`` (``decompositions/embedding.py``) against the CPU, the fallback denied:
 rows over and under ``max_norm``, repeated indices, p 1, 2, 3 and inf, float32 and bfloat16,
 and ``F.embedding(max_norm=...)`` that calls it."""
 

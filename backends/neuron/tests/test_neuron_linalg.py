@@ -1,5 +1,5 @@
-"""neuron's linear algebra (decompositions into native ops: linalg_decompositions.py,
-orthogonal_decompositions.py) against the CPU with the fallback denied: float32 within the
+"""neuron's linear algebra (decompositions into native ops: decompositions/linalg.py,
+decompositions/orthogonal.py) against the CPU with the fallback denied: float32 within the
 rounding of LAPACK's differently ordered sums, batched and broadcast inputs, the CPU's
 info/sign conventions for singular and non-positive-definite inputs, its exceptions for
 invalid ones; eigenvectors and singular vectors, unique up to sign, by their invariants; what

@@ -1,4 +1,4 @@
-"""The margin losses' backwards (``margin_loss_decompositions.py``) against the CPU, the fallback
+"""The margin losses' backwards (``decompositions/margin_loss.py``) against the CPU, the fallback
 denied: every reduction, p 1 and 2, class weights, repeated and -1-terminated multilabel targets,
 in float32 (the CPU's kernels take no bfloat16; within float rounding)."""
 

@@ -1,4 +1,4 @@
-"""``batch_norm_update_stats`` and ``_weight_norm_interface_backward`` (``norm_decompositions.py``)
+"""``batch_norm_update_stats`` and ``_weight_norm_interface_backward`` (``decompositions/norm.py``)
 against the CPU, the fallback denied, float32 and bfloat16 (within float rounding)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``multinomial`` (``random_decompositions.py``) on the device stream, the fallback denied:
+"""``multinomial`` (``decompositions/random.py``) on the device stream, the fallback denied:
 frequencies within about six standard errors of the weights, distinct categories without
 replacement (zero weights drawn last), reproducible under ``manual_seed``, the CPU's errors."""
 

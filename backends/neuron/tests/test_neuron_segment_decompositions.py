@@ -1,4 +1,4 @@
-"""``segment_reduce`` (``segment_decompositions.py``) against the CPU, the fallback denied: every
+"""``segment_reduce`` (``decompositions/segment.py``) against the CPU, the fallback denied: every
 reduction, empty segments, ``initial``, lengths and offsets, rows of several columns, float32
 and bfloat16."""
 

@@ -1,5 +1,5 @@
 """``nonzero``, ``nonzero_static``, ``masked_select`` and ``masked_scatter_`` on neuron
-(``select_decompositions.py``) vs CPU PyTorch, fallback denied: exact (values are only moved)."""
+(``decompositions/select.py``) vs CPU PyTorch, fallback denied: exact (values are only moved)."""
 
 from __future__ import annotations
 

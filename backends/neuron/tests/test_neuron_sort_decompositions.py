@@ -1,4 +1,4 @@
-"""Sorting and its relatives (``sort_decompositions.py``) against the CPU, the fallback denied:
+"""Sorting and its relatives (``decompositions/sort.py``) against the CPU, the fallback denied:
 stable sort's values and indices exactly (ties, NaN, -0.0), ``topk``/``kthvalue`` values (and
 indices where no ties make them unambiguous), medians with their indices, ``cummax``/``cummin``
 and ``logcumsumexp``, in float32, bfloat16 and integers."""
@@ -151,9 +151,9 @@ def test_mode_values_and_short_rows_indices(dev, dtype):
 def test_rows_longer_than_the_ranking_bound_go_to_the_cpu(dev, monkeypatch):
     """A row past ``MAX_RANKED`` is the CPU's (O(n^2) ranks would stall the simulator): still
     the right result, counted as a fallback."""
-    from accelkit_backends.neuron import sort_decompositions
+    from accelkit_backends.neuron.decompositions import sort
 
-    monkeypatch.setattr(sort_decompositions, "MAX_RANKED", 8)
+    monkeypatch.setattr(sort, "MAX_RANKED", 8)
     x = torch.randn(3, 12, generator=torch.Generator().manual_seed(8))
     with accelkit.fallback_policy("allow"):
         got = torch.sort(x.to(dev), dim=1, stable=True)

@@ -1,4 +1,4 @@
-"""``polygamma`` orders 0 and 1 (``special_decompositions.py``) against the CPU, the fallback
+"""``polygamma`` orders 0 and 1 (``decompositions/special.py``) against the CPU, the fallback
 denied: the reflection branch, poles, large arguments, inf and NaN, float32 and bfloat16."""
 
 from __future__ import annotations

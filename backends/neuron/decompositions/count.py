@@ -9,7 +9,7 @@ the CPU's kernel finds it (``HistogramKernel.cpp``), then the bins are counted w
   (bins + 1 numbers from two host numbers, made on the host as the CPU makes them and uploaded);
   with a tensor of edges, those. The CPU places an element by the last edge not above it (its
   interpolation's local search lands there too), so here that is the sequence search of
-  ``arith_decompositions`` (``right=True``), an element at the last edge in the last bin.
+  ``decompositions.arith`` (``right=True``), an element at the last edge in the last bin.
   ``weight`` adds weights instead of ones; ``density`` divides by the total, then by the bin
   widths, as the CPU does.
 
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch._ops import OpOverload
 
-from accelkit_backends.neuron.arith_decompositions import _search
+from accelkit_backends.neuron.decompositions.arith import _search
 
 aten = torch.ops.aten
 

@@ -107,7 +107,7 @@ def _unique_consecutive(self, return_inverse=False, return_counts=False, dim=Non
 
 
 def _repeat_interleave(repeats, *, output_size=None):
-    from accelkit_backends.neuron.arith_decompositions import _search
+    from accelkit_backends.neuron.decompositions.arith import _search
 
     ends = torch.cumsum(repeats.to(torch.int64), 0)
     total = int(ends[-1].item()) if output_size is None and repeats.numel() else (output_size or 0)

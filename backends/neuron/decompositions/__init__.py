@@ -1,5 +1,6 @@
-"""neuron's decompositions: backward ops PyTorch has no decomposition for, written exactly in
-ops neuron runs natively.
+"""neuron's decompositions: ops without a tile program of their own, written exactly in ops
+neuron runs natively. One module per op family (``pool``, ``arith``, ``sort``, ``linalg``, ...:
+see :func:`decompositions`); this one has the backward ops PyTorch has no decomposition for.
 
 Each op here maps every output-gradient element to input positions along each spatial dim
 independently (a gather's reverse), so its backward is a chain of ``index_add`` folds, one per
@@ -242,29 +243,22 @@ VETTED = (
 
 
 def decompositions() -> Mapping[OpOverload, Callable]:
-    """The decompositions above, ``VETTED``, and each family's own module's (``*_decompositions.py``:
+    """The decompositions above, ``VETTED``, and each family's own module's in this package:
     pooling, the small exact arithmetic, counting and selection families, embedding bags,
     sorting, convolution's slow paths, mixed precision's loss scaling, activations, normalisation,
     distances, antialiased resampling, margin losses, random sampling, special functions,
-    segment reductions, and linear algebra: triangular, Cholesky and LU in ``linalg_``, QR, eigh
-    and SVD in ``orthogonal_``), keyed by aten overload (their ``out=`` forms follow)."""
-    from accelkit_backends.neuron import (
-        activation_decompositions, amp_decompositions, antialias_decompositions, arith_decompositions,
-        conv_decompositions, count_decompositions, distance_decompositions, embedding_decompositions,
-        linalg_decompositions, margin_loss_decompositions, norm_decompositions, orthogonal_decompositions,
-        pool_decompositions, random_decompositions, segment_decompositions, select_decompositions,
-        sort_decompositions, special_decompositions,
+    segment reductions, and linear algebra (triangular, Cholesky and LU in ``linalg``; QR, eigh
+    and SVD in ``orthogonal``), keyed by aten overload (their ``out=`` forms follow)."""
+    from accelkit_backends.neuron.decompositions import (
+        activation, amp, antialias, arith, conv, count, distance, embedding, linalg, margin_loss, norm,
+        orthogonal, pool, random, segment, select, sort, special,
     )
 
     from torch._decomp import decomposition_table
 
     table: dict[OpOverload, Callable] = {op: decomposition_table[op] for op in VETTED}
-    for family in (pool_decompositions, arith_decompositions, count_decompositions, select_decompositions,
-                   embedding_decompositions, sort_decompositions, conv_decompositions, amp_decompositions,
-                   activation_decompositions, norm_decompositions, distance_decompositions,
-                   antialias_decompositions, margin_loss_decompositions, random_decompositions,
-                   special_decompositions, segment_decompositions, linalg_decompositions,
-                   orthogonal_decompositions):
+    for family in (pool, arith, count, select, embedding, sort, conv, amp, activation, norm, distance, antialias,
+                   margin_loss, random, special, segment, linalg, orthogonal):
         table.update(family.decompositions())
     for rank in (1, 2, 3):
         table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)

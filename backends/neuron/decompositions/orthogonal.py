@@ -1,5 +1,5 @@
 """Orthogonal factorisations as decompositions into neuron's native ops, the algorithms LAPACK
-runs on the CPU (the rest of the linear-algebra family is ``linalg_decompositions.py``):
+runs on the CPU (the rest of the linear-algebra family is ``decompositions/linalg.py``):
 
 * Householder QR (``geqrf``, ``linalg_householder_product``, ``ormqr``, ``linalg_qr`` in its
   ``reduced``/``complete``/``r`` modes): column ``k``'s reflector ``H = I - tau v v^T`` is
@@ -24,7 +24,7 @@ runs on the CPU (the rest of the linear-algebra family is ``linalg_decomposition
 
 Each reflector is a few device ops over the whole (batched) matrix; a Python loop runs the
 ``min(m, n)`` steps (``dlarfg``'s rescaling of tiny columns is not done: float32 columns whose
-norm underflows lose precision here). float32 only, as in ``linalg_decompositions``: complex
+norm underflows lose precision here). float32 only, as in ``decompositions.linalg``: complex
 inputs (conjugated reflectors, Hermitian rotations: not written) take the CPU fallback.
 """
 
@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch._ops import OpOverload
 
-from accelkit_backends.neuron.linalg_decompositions import _computed_here, _cpu_checks, _flat, _traced
+from accelkit_backends.neuron.decompositions.linalg import _computed_here, _cpu_checks, _flat, _traced
 
 aten = torch.ops.aten
 

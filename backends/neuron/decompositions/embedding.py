@@ -2,7 +2,7 @@
 backwards) as decompositions into neuron's native ops. Forward: the bags' rows are gathered (``index_select``), scaled by
 the per-sample weights, and reduced per bag (``index_add`` for sum and mean, ``scatter_reduce``
 for max); each index's bag is the last offset at or before its position (the sequence search of
-``arith_decompositions``).
+``decompositions.arith``).
 
 The auxiliary results are the CPU's, as its backward reads them: ``offset2bag`` (each index's
 bag; empty on the CPU's sum fast path: a contiguous floating weight and no padding index),
@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch._ops import OpOverload
 
-from accelkit_backends.neuron.arith_decompositions import _search
+from accelkit_backends.neuron.decompositions.arith import _search
 
 aten = torch.ops.aten
 

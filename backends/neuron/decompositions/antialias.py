@@ -17,7 +17,6 @@ call) and uploaded: ``[out, in]`` numbers, no data. Within float rounding of the
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 
 import numpy as np
