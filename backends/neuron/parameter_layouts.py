@@ -1,0 +1,180 @@
+"""Parameters prepared once: a compiled graph's casts and layouts of its weights, reused.
+
+A graph whose parameter reaches the kernels only through a cast or a view (``F.linear``
+multiplies by ``W.t()``, a column-major view; autocast converts ``W`` to bf16 first) would
+redo that work at every call: on NeuronCore-v2 a column-major operand is transposed on the
+Tensor engine each time, and the cast is one more kernel per weight. neuronx-cc prepares a
+compiled program's weights once, when it loads them. This module does the equivalent:
+
+- At lowering, a graph is split in two: its **prologue**, the nodes computed from parameters
+  alone by casts and views (:data:`PREPARING_OPS`), and the rest. The prologue's values the
+  rest uses (its *frontier*) become extra inputs of a second program of the rest, the **warm**
+  program; a **layout** program computes them from the parameters, in row-major order.
+- At a call, the runtime says which inputs are parameters and stamps their state
+  (:class:`accelkit.sdk.ParameterStamp`: owner, address, version). While every stamp matches
+  the one the prepared copies were made from, the call runs only the warm program on them;
+  otherwise the layout program runs first (in that call, so its cost is in that call's
+  estimate) and its results replace the kept copies. An optimizer step or any in-place write
+  to a parameter bumps its version, so the next call prepares it again.
+- The kept copies count as device memory (``ParameterInputs.hold``) until the next
+  preparation replaces them or the graph's program is gone.
+
+Calls without parameters (or whose parameters feed no prologue) run the graph as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from accelkit.sdk import ParameterInputs
+from accelkit_backends.neuron.graph_lowering import GraphProgram
+
+aten = torch.ops.aten
+
+#: Ops that only prepare a parameter: a cast and views that neither grow nor reorder it beyond
+#: a transpose (an ``expand`` would make the kept copy larger than the parameter).
+PREPARING_OPS = frozenset({
+    aten._to_copy.default, aten.clone.default, aten.t.default, aten.transpose.int, aten.permute.default,
+    aten.view.default, aten._unsafe_view.default, aten.unsqueeze.default, aten.squeeze.dim,
+})
+
+
+class WarmProgram(GraphProgram):
+    """The graph without its prologue: the prepared parameters are its trailing inputs.
+    Counted as the graph's program (one per input structure)."""
+
+    compiled_total = 0
+    built = 0
+
+
+class LayoutProgram(GraphProgram):
+    """The prologue: the parameters' prepared copies, row-major. Not counted as a compiled
+    graph (neuronx-cc's weight layout is part of compiling one)."""
+
+    compiled_total = 0
+    built = 0
+
+
+class _Split:
+    """The two programs of one graph for one set of parameter inputs."""
+
+    def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node],
+                 prologue: list[torch.fx.Node], frontier: list[torch.fx.Node], label: str):
+        placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
+        #: Per frontier node, the input position of the parameter it is prepared from.
+        self.roots = [placeholders.index(_root(node)) for node in frontier]
+        self.layout = LayoutProgram(_layout_graph(graph, placeholders, prologue, frontier), [])
+        self.layout.label = f"{label}: parameter layout"
+        warm, warm_random = _warm_graph(graph, placeholders, set(prologue), frontier, random_nodes)
+        self.warm = WarmProgram(warm, warm_random)
+        self.warm.label = label
+        #: The prepared copies (with the handles that count their memory) and the stamps they
+        #: were made from; None until the first preparation.
+        self.prepared: list[Any] | None = None
+        self.handles: list[Any] = []
+        self.stamps: list[Any] = []
+
+
+class ParameterReusingProgram:
+    """A graph's program (``lower``'s result) that prepares its parameters once (see the module).
+
+    Called ``program(inputs, draws)`` it runs the whole graph; ``program(inputs, draws,
+    parameters)`` reuses prepared parameters while their stamps are unchanged."""
+
+    def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]):
+        self._graph = graph
+        self._random_nodes = list(random_nodes)
+        self.whole = GraphProgram(graph, random_nodes)
+        self.label = self.whole.label
+        #: Per set of parameter positions: its split, or None when no prologue starts there.
+        self._splits: dict[frozenset[int], _Split | None] = {}
+
+    def __call__(self, inputs: list, draws: Sequence[Any], parameters: ParameterInputs | None = None) -> list:
+        if parameters is None:
+            return self.whole(inputs, draws)
+        positions = frozenset(i for i, stamp in enumerate(parameters.stamps) if stamp is not None)
+        if positions not in self._splits:
+            self._splits[positions] = self._split(positions)
+        split = self._splits[positions]
+        if split is None:
+            return self.whole(inputs, draws)
+        stamps = [parameters.stamps[i] for i in split.roots]
+        if split.prepared is None or not all(s.same_as(old) for s, old in zip(stamps, split.stamps)):
+            split.prepared = split.handles = None  # the stale copies' memory is free for the new ones
+            prepared = split.layout(list(inputs), [])
+            split.handles = [parameters.hold(array) for array in prepared]
+            split.prepared, split.stamps = list(prepared), stamps
+        return split.warm([*inputs, *split.prepared], draws)
+
+    def _split(self, positions: frozenset[int]) -> _Split | None:
+        placeholders = [n for n in self._graph.graph.nodes if n.op == "placeholder"]
+        prologue = prologue_of(self._graph, {placeholders[i] for i in positions})
+        if not prologue:
+            return None
+        members = set(prologue)
+        frontier = [n for n in prologue if any(user not in members for user in n.users)]
+        return _Split(self._graph, self._random_nodes, prologue, frontier, self.label)
+
+
+def prologue_of(graph: torch.fx.GraphModule, parameters: set[torch.fx.Node]) -> list[torch.fx.Node]:
+    """The nodes (in graph order) computed from ``parameters`` alone by :data:`PREPARING_OPS`."""
+    derived: set[torch.fx.Node] = set()
+    prologue = []
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or node.target not in PREPARING_OPS:
+            continue
+        inputs = node.all_input_nodes
+        if inputs and all(n in parameters or n in derived for n in inputs) and _on_device(node):
+            derived.add(node)
+            prologue.append(node)
+    return prologue
+
+
+def _on_device(node: torch.fx.Node) -> bool:
+    """A cast that stays on the device (``_to_copy`` may also move to the host)."""
+    val = node.meta.get("val")
+    source = node.all_input_nodes[0].meta.get("val")
+    return isinstance(val, torch.Tensor) and isinstance(source, torch.Tensor) and val.device == source.device
+
+
+def _root(node: torch.fx.Node) -> torch.fx.Node:
+    while node.op != "placeholder":
+        node = node.all_input_nodes[0]
+    return node
+
+
+def _layout_graph(graph: torch.fx.GraphModule, placeholders: list[torch.fx.Node], prologue: list[torch.fx.Node],
+                  frontier: list[torch.fx.Node]) -> torch.fx.GraphModule:
+    """The prologue as a graph of the same inputs, returning each frontier value row-major."""
+    layout = torch.fx.Graph()
+    env = {p: layout.node_copy(p) for p in placeholders}
+    for node in prologue:
+        env[node] = layout.node_copy(node, env.__getitem__)
+    results = []
+    for node in frontier:
+        value = env[node]
+        if not node.meta["val"].is_contiguous():
+            value = layout.call_function(aten.clone.default, (value,), {"memory_format": torch.contiguous_format})
+            value.meta["val"] = node.meta["val"]
+        results.append(value)
+    layout.output(tuple(results))
+    return torch.fx.GraphModule(graph, layout)
+
+
+def _warm_graph(graph: torch.fx.GraphModule, placeholders: list[torch.fx.Node], prologue: set[torch.fx.Node],
+                frontier: list[torch.fx.Node], random_nodes: Sequence[torch.fx.Node]
+                ) -> tuple[torch.fx.GraphModule, list[torch.fx.Node]]:
+    """The graph without the prologue, each frontier value a trailing input."""
+    warm = torch.fx.Graph()
+    env = {p: warm.node_copy(p) for p in placeholders}
+    for i, node in enumerate(frontier):
+        env[node] = warm.placeholder(f"prepared_{i}")
+        env[node].meta.update(node.meta)
+    for node in graph.graph.nodes:
+        if node.op == "placeholder" or node in prologue:
+            continue
+        env[node] = warm.node_copy(node, env.__getitem__)
+    return torch.fx.GraphModule(graph, warm), [env[n] for n in random_nodes]
