@@ -79,9 +79,9 @@ class NeuronGraphLowering(GraphLowering):
         return ParameterReusingProgram(graph, random_nodes)
 
     def programs_compiled(self) -> int:
-        from accelkit_backends.neuron.parameter_layouts import WarmProgram
+        from accelkit_backends.neuron.parameter_layouts import ColdProgram
 
-        return GraphProgram.compiled_total + WarmProgram.compiled_total
+        return GraphProgram.compiled_total + ColdProgram.compiled_total
 
 
 def _refuse_requested_dynamic_shapes(graph: torch.fx.GraphModule) -> None:

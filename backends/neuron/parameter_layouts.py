@@ -42,17 +42,17 @@ PREPARING_OPS = frozenset({
 })
 
 
-class WarmProgram(GraphProgram):
-    """The graph without its prologue: the prepared parameters are its trailing inputs.
-    Counted as the graph's program (one per input structure)."""
+class ColdProgram(GraphProgram):
+    """The whole graph, its matmuls fed the prepared parameters, which it also returns (after
+    the graph's outputs): one program, as the graph was. Counted as the graph's program."""
 
     compiled_total = 0
     built = 0
 
 
-class LayoutProgram(GraphProgram):
-    """The prologue: the parameters' prepared copies, row-major. Not counted as a compiled
-    graph (neuronx-cc's weight layout is part of compiling one)."""
+class WarmProgram(GraphProgram):
+    """The graph without its prologue: the prepared parameters are its trailing inputs. Not
+    counted apart: it is the cold program less the preparation."""
 
     compiled_total = 0
     built = 0
@@ -62,19 +62,23 @@ class _Split:
     """The two programs of one graph for one set of parameter inputs."""
 
     def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node],
-                 prologue: list[torch.fx.Node], frontier: list[torch.fx.Node], label: str):
+                 prologue: list[torch.fx.Node], kept: list[torch.fx.Node], label: str):
         placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
-        #: Per frontier node, the input position of the parameter it is prepared from.
-        self.roots = [placeholders.index(_root(node)) for node in frontier]
-        self.layout = LayoutProgram(_layout_graph(graph, placeholders, prologue, frontier), [])
-        self.layout.label = f"{label}: parameter layout"
-        warm, warm_random = _warm_graph(graph, placeholders, set(prologue), frontier, random_nodes)
+        #: Per kept node, the input position of the parameter it is prepared from.
+        self.roots = [placeholders.index(_root(node)) for node in kept]
+        results = graph.graph.output_node().args[0]
+        #: How many outputs the graph has (the cold program's prepared values follow them).
+        self.outputs = len(results) if isinstance(results, tuple | list) else 1
+        cold, cold_random = _cold_graph(graph, kept, random_nodes)
+        self.cold = ColdProgram(cold, cold_random)
+        self.cold.label = label
+        warm, warm_random = _warm_graph(graph, placeholders, prologue, kept, random_nodes)
         self.warm = WarmProgram(warm, warm_random)
         self.warm.label = label
         #: The prepared copies (with the handles that count their memory) and the stamps they
         #: were made from; None until the first preparation.
         self.prepared: list[Any] | None = None
-        self.handles: list[Any] = []
+        self.handles: list[Any] | None = None
         self.stamps: list[Any] = []
 
 
@@ -89,7 +93,7 @@ class ParameterReusingProgram:
         self._random_nodes = list(random_nodes)
         self.whole = GraphProgram(graph, random_nodes)
         self.label = self.whole.label
-        #: Per set of parameter positions: its split, or None when no prologue starts there.
+        #: Per set of parameter positions: its split, or None when nothing is worth preparing.
         self._splits: dict[frozenset[int], _Split | None] = {}
 
     def __call__(self, inputs: list, draws: Sequence[Any], parameters: ParameterInputs | None = None) -> list:
@@ -102,21 +106,25 @@ class ParameterReusingProgram:
         if split is None:
             return self.whole(inputs, draws)
         stamps = [parameters.stamps[i] for i in split.roots]
-        if split.prepared is None or not all(s.same_as(old) for s, old in zip(stamps, split.stamps)):
-            split.prepared = split.handles = None  # the stale copies' memory is free for the new ones
-            prepared = split.layout(list(inputs), [])
-            split.handles = [parameters.hold(array) for array in prepared]
-            split.prepared, split.stamps = list(prepared), stamps
-        return split.warm([*inputs, *split.prepared], draws)
+        if split.prepared is not None and all(s.same_as(old) for s, old in zip(stamps, split.stamps)):
+            return split.warm([*inputs, *split.prepared], draws)
+        split.prepared = split.handles = None  # the stale copies' memory is free for the new ones
+        results = split.cold(inputs, draws)
+        outputs, prepared = list(results[:split.outputs]), list(results[split.outputs:])
+        split.handles = [parameters.hold(array) for array in prepared]
+        split.prepared, split.stamps = prepared, stamps
+        return outputs
 
     def _split(self, positions: frozenset[int]) -> _Split | None:
         placeholders = [n for n in self._graph.graph.nodes if n.op == "placeholder"]
         prologue = prologue_of(self._graph, {placeholders[i] for i in positions})
-        if not prologue:
-            return None
         members = set(prologue)
-        frontier = [n for n in prologue if any(user not in members for user in n.users)]
-        return _Split(self._graph, self._random_nodes, prologue, frontier, self.label)
+        # A value the graph returns keeps its own layout (and memory): it is not kept.
+        kept = [n for n in prologue if any(user not in members for user in n.users)
+                and not any(user.op == "output" for user in n.users) and _worth_keeping(n)]
+        if not kept:
+            return None
+        return _Split(self._graph, self._random_nodes, prologue, kept, self.label)
 
 
 def prologue_of(graph: torch.fx.GraphModule, parameters: set[torch.fx.Node]) -> list[torch.fx.Node]:
@@ -146,35 +154,59 @@ def _root(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
-def _layout_graph(graph: torch.fx.GraphModule, placeholders: list[torch.fx.Node], prologue: list[torch.fx.Node],
-                  frontier: list[torch.fx.Node]) -> torch.fx.GraphModule:
-    """The prologue as a graph of the same inputs, returning each frontier value row-major."""
-    layout = torch.fx.Graph()
-    env = {p: layout.node_copy(p) for p in placeholders}
-    for node in prologue:
-        env[node] = layout.node_copy(node, env.__getitem__)
-    results = []
-    for node in frontier:
-        value = env[node]
-        if not node.meta["val"].is_contiguous():
-            value = layout.call_function(aten.clone.default, (value,), {"memory_format": torch.contiguous_format})
-            value.meta["val"] = node.meta["val"]
-        results.append(value)
-    layout.output(tuple(results))
-    return torch.fx.GraphModule(graph, layout)
+def _worth_keeping(node: torch.fx.Node) -> bool:
+    """A prepared value worth a copy: a cast (or copy) of the parameter, or a view that a
+    kernel would read column-major. A contiguous view of the parameter itself is free."""
+    if not node.meta["val"].is_contiguous():
+        return True
+    while node.op != "placeholder":
+        if node.target in (aten._to_copy.default, aten.clone.default):
+            return True
+        node = node.all_input_nodes[0]
+    return False
 
 
-def _warm_graph(graph: torch.fx.GraphModule, placeholders: list[torch.fx.Node], prologue: set[torch.fx.Node],
-                frontier: list[torch.fx.Node], random_nodes: Sequence[torch.fx.Node]
+def _cold_graph(graph: torch.fx.GraphModule, kept: list[torch.fx.Node], random_nodes: Sequence[torch.fx.Node]
                 ) -> tuple[torch.fx.GraphModule, list[torch.fx.Node]]:
-    """The graph without the prologue, each frontier value a trailing input."""
+    """The graph with each kept value made row-major where it is not, used from there on, and
+    returned after the graph's outputs."""
+    cold = torch.fx.Graph()
+    env: dict[torch.fx.Node, Any] = {}
+    laid_out = []
+    for node in graph.graph.nodes:
+        if node.op == "output":
+            continue
+        env[node] = cold.node_copy(node, env.__getitem__)
+        if node in kept:
+            value = env[node]
+            if not node.meta["val"].is_contiguous():
+                value = cold.call_function(aten.clone.default, (value,), {"memory_format": torch.contiguous_format})
+                value.meta["val"] = node.meta["val"]
+                env[node] = value
+            laid_out.append(value)
+    results = graph.graph.output_node().args[0]
+    results = tuple(results) if isinstance(results, tuple | list) else (results,)
+    cold.output(tuple(torch.fx.node.map_arg(results, env.__getitem__)) + tuple(laid_out))
+    return torch.fx.GraphModule(graph, cold), [env[n] for n in random_nodes]
+
+
+def _warm_graph(graph: torch.fx.GraphModule, placeholders: list[torch.fx.Node], prologue: list[torch.fx.Node],
+                kept: list[torch.fx.Node], random_nodes: Sequence[torch.fx.Node]
+                ) -> tuple[torch.fx.GraphModule, list[torch.fx.Node]]:
+    """The graph without the kept values' preparation, each kept value a trailing input. A
+    prologue node something else still uses (through no kept value) stays."""
+    kept_set, members = set(kept), set(prologue)
+    stays: set[torch.fx.Node] = set()
+    for node in reversed(prologue):
+        if node not in kept_set and any(user not in members or user in stays for user in node.users):
+            stays.add(node)
     warm = torch.fx.Graph()
     env = {p: warm.node_copy(p) for p in placeholders}
-    for i, node in enumerate(frontier):
+    for i, node in enumerate(kept):
         env[node] = warm.placeholder(f"prepared_{i}")
         env[node].meta.update(node.meta)
     for node in graph.graph.nodes:
-        if node.op == "placeholder" or node in prologue:
+        if node.op == "placeholder" or node in kept_set or (node in members and node not in stays):
             continue
         env[node] = warm.node_copy(node, env.__getitem__)
     return torch.fx.GraphModule(graph, warm), [env[n] for n in random_nodes]
