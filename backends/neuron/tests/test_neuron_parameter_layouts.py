@@ -1,0 +1,140 @@
+"""A compiled graph's parameters prepared once (:mod:`accelkit_backends.neuron.parameter_layouts`):
+the results are those of the graph run whole, a weight written between calls is seen by the next
+call, and the preparation's cost is in the call that does it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+from torch import nn
+
+import accelkit
+from accelkit_backends.neuron.graph_lowering import NeuronGraphLowering
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    with accelkit.fallback_policy("deny"):
+        yield
+    torch._dynamo.reset()
+
+
+def mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(256, 384), nn.GELU(), nn.Linear(384, 128))
+
+
+def run(model: nn.Module, x: torch.Tensor, calls: int, autocast: bool) -> list[tuple[torch.Tensor, dict]]:
+    """``calls`` inferences of ``model`` compiled for neuron: per call, the result on the host
+    and the call's estimate."""
+    compiled = torch.compile(model, backend="neuron")
+    results = []
+    with torch.no_grad(), torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=autocast):
+        for _ in range(calls):
+            accelkit.reset_stats()
+            y = compiled(x).cpu()
+            results.append((y, accelkit.stats()["estimate"]))
+    return results
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16-autocast"])
+def test_reused_parameters_give_the_bits_of_the_graph_run_whole(dev, autocast, monkeypatch):
+    x = torch.randn(128, 256)
+    reused = run(mlp().to(dev), x.to(dev), 3, autocast)
+    torch._dynamo.reset()
+    monkeypatch.setattr(NeuronGraphLowering, "reuses_parameters", False)
+    whole = run(mlp().to(dev), x.to(dev), 2, autocast)
+    for y, _ in reused:
+        assert torch.equal(y, whole[0][0])
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        expected = mlp()(x)
+    tolerance = dict(atol=3e-2, rtol=3e-2) if autocast else dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(reused[-1][0].float(), expected.float(), **tolerance)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16-autocast"])
+def test_the_preparation_is_paid_once_by_the_call_that_does_it(dev, autocast, monkeypatch):
+    x = torch.randn(128, 256)
+    first, second, third = [e for _, e in run(mlp().to(dev), x.to(dev), 3, autocast)]
+    torch._dynamo.reset()
+    monkeypatch.setattr(NeuronGraphLowering, "reuses_parameters", False)
+    _, whole = [e for _, e in run(mlp().to(dev), x.to(dev), 2, autocast)]
+    assert first["launches"] == second["launches"] == whole["launches"] == 1
+    # Later calls skip the weights' transposes (and casts): cheaper than the graph run whole.
+    assert second["seconds"] == third["seconds"] < whole["seconds"]
+    assert first["seconds"] > second["seconds"]
+    if autocast:  # the weights' casts are gone from later calls: only the input's and GELU's remain
+        assert second["per_op"]["aten.convert"]["calls"] < first["per_op"]["aten.convert"]["calls"]
+
+
+def test_a_weight_written_in_place_between_calls_is_seen_by_the_next_call(dev):
+    model = nn.Linear(256, 128)
+    x = torch.randn(64, 256)
+    compiled = torch.compile(model.to(dev), backend="neuron")
+    xd = x.to(dev)
+    with torch.no_grad():
+        before = compiled(xd).cpu()
+        compiled(xd)  # reuses the prepared weight
+        model.weight.mul_(-2.0)
+        model.bias.add_(1.0)
+        after = compiled(xd).cpu()
+        expected = nn.functional.linear(x, model.weight.cpu(), model.bias.cpu())
+    torch.testing.assert_close(after, expected, atol=1e-4, rtol=1e-5)
+    assert not torch.allclose(after, before)
+
+
+def test_a_weight_replaced_through_load_state_dict_is_seen(dev):
+    model = nn.Linear(64, 32).to(dev)
+    other = nn.Linear(64, 32)
+    x = torch.randn(8, 64)
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        compiled(x.to(dev))
+        compiled(x.to(dev))
+        model.load_state_dict(other.state_dict())
+        after = compiled(x.to(dev)).cpu()
+        expected = other(x)
+    torch.testing.assert_close(after, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_compiled_training_sees_every_optimizer_step(dev):
+    torch.manual_seed(0)
+    cpu_model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4))
+    model.load_state_dict(cpu_model.state_dict())
+    model = model.to(dev)
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    losses = {}
+    for name, net, inputs in (("cpu", cpu_model, (x, y)), ("neuron", model, (x.to(dev), y.to(dev)))):
+        forward = torch.compile(net, backend="neuron") if name == "neuron" else net
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+        losses[name] = []
+        for _ in range(4):
+            optimizer.zero_grad()
+            loss = nn.functional.cross_entropy(forward(inputs[0]), inputs[1])
+            loss.backward()
+            optimizer.step()
+            losses[name].append(loss.item())
+    assert losses["neuron"] == pytest.approx(losses["cpu"], rel=1e-4)
+    assert len(set(losses["neuron"])) == 4  # the steps changed the weights
+
+
+def test_kept_copies_count_as_device_memory(dev):
+    torch.manual_seed(0)
+    model = nn.Linear(512, 512, bias=False).to(dev)
+    x = torch.randn(4, 512).to(dev)
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        compiled(x)  # compiles; the preparation's copy is kept from here on
+        torch.neuron.synchronize()
+        held = torch.neuron.memory_allocated()
+        torch._dynamo.reset()
+        del compiled
+        import gc
+
+        gc.collect()
+        released = torch.neuron.memory_allocated()
+    # the transposed float32 weight (1 MiB) was held by the program, and let go with it
+    assert held - released >= 512 * 512 * 4
