@@ -138,3 +138,31 @@ def test_kept_copies_count_as_device_memory(dev):
         released = torch.neuron.memory_allocated()
     # the transposed float32 weight (1 MiB) was held by the program, and let go with it
     assert held - released >= 512 * 512 * 4
+
+
+def test_a_compiled_bert_encoder_gives_the_bits_of_the_graph_run_whole(dev, monkeypatch):
+    """A small BERT (the shape of the validation table's encoders) under bf16 autocast: the
+    reused weights change no bit of its output, and it matches the CPU's autocast."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=256, vocab_size=1000)
+
+    def encode(calls: int) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = transformers.AutoModel.from_config(config).eval().to(dev)
+        compiled = torch.compile(model, backend="neuron")
+        ids = torch.randint(0, config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(1)).to(dev)
+        with torch.no_grad(), torch.autocast("neuron", dtype=torch.bfloat16):
+            return [compiled(input_ids=ids).last_hidden_state.cpu() for _ in range(calls)]
+
+    reused = encode(2)
+    torch._dynamo.reset()
+    monkeypatch.setattr(NeuronGraphLowering, "reuses_parameters", False)
+    whole = encode(1)
+    assert torch.equal(reused[0], whole[0]) and torch.equal(reused[1], whole[0])
+    torch.manual_seed(0)
+    model = transformers.AutoModel.from_config(config).eval()
+    ids = torch.randint(0, config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(input_ids=ids).last_hidden_state
+    torch.testing.assert_close(reused[1].float(), expected.float(), atol=5e-2, rtol=5e-2)
