@@ -6,16 +6,20 @@ redo that work at every call: on NeuronCore-v2 a column-major operand is transpo
 Tensor engine each time, and the cast is one more kernel per weight. neuronx-cc prepares a
 compiled program's weights once, when it loads them. This module does the equivalent:
 
-- At lowering, a graph is split in two: its **prologue**, the nodes computed from parameters
-  alone by casts and views (:data:`PREPARING_OPS`), and the rest. The prologue's values the
-  rest uses (its *frontier*) become extra inputs of a second program of the rest, the **warm**
-  program; a **layout** program computes them from the parameters, in row-major order.
+- At lowering (per set of parameter inputs, at its first call), the graph's **prologue** is
+  found: the nodes computed from parameters alone by casts and views (:data:`PREPARING_OPS`).
+  Its values the rest of the graph uses are the *kept* values (but a contiguous view of a
+  parameter, which costs nothing, and a value the graph returns). Two programs are made: the
+  **cold** one, the whole graph with each kept value laid out row-major where it is used and
+  returned after the graph's outputs; the **warm** one, the graph without the prologue, the
+  kept values its trailing inputs.
 - At a call, the runtime says which inputs are parameters and stamps their state
   (:class:`accelkit.sdk.ParameterStamp`: owner, address, version). While every stamp matches
-  the one the prepared copies were made from, the call runs only the warm program on them;
-  otherwise the layout program runs first (in that call, so its cost is in that call's
-  estimate) and its results replace the kept copies. An optimizer step or any in-place write
-  to a parameter bumps its version, so the next call prepares it again.
+  the one the kept copies were made from, the call runs the warm program on them; otherwise it
+  runs the cold program, one program as the graph was (so the preparation's cost is in that
+  call's estimate, and a training step still launches once), and keeps what it returned. An
+  optimizer step or any in-place write to a parameter bumps its version, so the next call
+  prepares it again.
 - The kept copies count as device memory (``ParameterInputs.hold``) until the next
   preparation replaces them or the graph's program is gone.
 
