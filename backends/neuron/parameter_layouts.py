@@ -79,11 +79,10 @@ class _Split:
         warm, warm_random = _warm_graph(graph, placeholders, prologue, kept, random_nodes)
         self.warm = WarmProgram(warm, warm_random)
         self.warm.label = label
-        #: The prepared copies (with the handles that count their memory) and the stamps they
-        #: were made from; None until the first preparation.
-        self.prepared: list[Any] | None = None
-        self.handles: list[Any] | None = None
-        self.stamps: list[Any] = []
+        #: The kept copies, the handles that count their memory, and the stamps they were made
+        #: from; None until the first preparation. Replaced as one value, so that a concurrent
+        #: call sees one preparation or the other, never half of each.
+        self.kept: tuple[list[Any], list[Any], list[Any]] | None = None
 
 
 class ParameterReusingProgram:
@@ -110,13 +109,13 @@ class ParameterReusingProgram:
         if split is None:
             return self.whole(inputs, draws)
         stamps = [parameters.stamps[i] for i in split.roots]
-        if split.prepared is not None and all(s.same_as(old) for s, old in zip(stamps, split.stamps)):
-            return split.warm([*inputs, *split.prepared], draws)
-        split.prepared = split.handles = None  # the stale copies' memory is free for the new ones
+        kept = split.kept
+        if kept is not None and all(s.same_as(old) for s, old in zip(stamps, kept[2])):
+            return split.warm([*inputs, *kept[0]], draws)
+        split.kept = kept = None  # the stale copies' memory is free for the new ones
         results = split.cold(inputs, draws)
         outputs, prepared = list(results[:split.outputs]), list(results[split.outputs:])
-        split.handles = [parameters.hold(array) for array in prepared]
-        split.prepared, split.stamps = prepared, stamps
+        split.kept = (prepared, [parameters.hold(array) for array in prepared], stamps)
         return outputs
 
     def _split(self, positions: frozenset[int]) -> _Split | None:
