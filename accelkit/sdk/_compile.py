@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 
 class GraphLowering:
@@ -82,24 +83,28 @@ class GraphLowering:
 
 class ParameterStamp(NamedTuple):
     """The state of one program input that is an ``nn.Parameter``, taken at the call. Two
-    stamps with the same live owner, address and version mean the contents are the same: an
-    in-place write (an optimizer step, ``copy_`` under ``no_grad``) bumps the version, and
-    ``param.data = other`` changes the address. A write through ``param.data`` is not seen
+    stamps of the same live parameter, storage, address and version mean the contents are the
+    same: an in-place write (an optimizer step, ``copy_`` under ``no_grad``) bumps the version,
+    and ``param.data = other`` changes the storage. A write through ``param.data`` is not seen
     (PyTorch gives ``.data`` a version counter of its own)."""
 
     #: The parameter; dead (returns None) once it is gone, so an id is never reused by mistake.
     owner: weakref.ref
+    #: Its storage, weakly: expired once freed, so a new storage at a reused address differs.
+    storage: StorageWeakRef
     #: Its ``data_ptr()``.
     address: int
     #: Its version counter (``_version``).
     version: int
 
-    def same_as(self, other: ParameterStamp | None) -> bool:
-        """Whether ``other`` stamps the same, unchanged contents."""
-        if other is None or self.address != other.address or self.version != other.version:
+    def same_as(self, earlier: ParameterStamp | None) -> bool:
+        """Whether ``earlier`` (a stamp taken before this one) stamps the same contents."""
+        if earlier is None or self.address != earlier.address or self.version != earlier.version:
+            return False
+        if earlier.storage.expired() or self.storage != earlier.storage:
             return False
         owner = self.owner()
-        return owner is not None and owner is other.owner()
+        return owner is not None and owner is earlier.owner()
 
 
 class ParameterInputs(NamedTuple):
@@ -116,7 +121,8 @@ def parameter_stamp(tensor: Any) -> ParameterStamp | None:
     """The stamp of ``tensor`` if it is an ``nn.Parameter``, else None."""
     if not isinstance(tensor, torch.nn.Parameter):
         return None
-    return ParameterStamp(weakref.ref(tensor), tensor.data_ptr(), tensor._version)
+    return ParameterStamp(weakref.ref(tensor), StorageWeakRef(tensor.untyped_storage()), tensor.data_ptr(),
+                          tensor._version)
 
 
 class GraphParts(NamedTuple):

@@ -166,3 +166,18 @@ def test_a_compiled_bert_encoder_gives_the_bits_of_the_graph_run_whole(dev, monk
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         expected = model(input_ids=ids).last_hidden_state
     torch.testing.assert_close(reused[1].float(), expected.float(), atol=5e-2, rtol=5e-2)
+
+
+def test_a_weight_given_new_memory_through_data_is_seen(dev):
+    """``param.data = other`` keeps the parameter and its version: the new storage tells."""
+    model = nn.Linear(64, 32).to(dev)
+    x = torch.randn(8, 64)
+    compiled = torch.compile(model, backend="neuron")
+    replacement = torch.randn(32, 64)
+    with torch.no_grad():
+        compiled(x.to(dev))
+        compiled(x.to(dev))
+        model.weight.data = replacement.to(dev)
+        after = compiled(x.to(dev)).cpu()
+        expected = nn.functional.linear(x, replacement, model.bias.cpu())
+    torch.testing.assert_close(after, expected, atol=1e-5, rtol=1e-5)
