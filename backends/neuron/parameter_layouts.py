@@ -17,9 +17,10 @@ compiled program's weights once, when it loads them. This module does the equiva
   (:class:`accelkit.sdk.ParameterStamp`: owner, address, version). While every stamp matches
   the one the kept copies were made from, the call runs the warm program on them; otherwise it
   runs the cold program, one program as the graph was (so the preparation's cost is in that
-  call's estimate, and a training step still launches once), and keeps what it returned. An
-  optimizer step or any in-place write to a parameter bumps its version, so the next call
-  prepares it again.
+  call's estimate), and keeps what it returned. An optimizer step or any in-place write to a
+  parameter bumps its version, so the next call prepares it again; but when the copies went
+  stale before any call reused them (training: the weights change at every step), calls run
+  the graph whole, as before, until the parameters are unchanged from one call to the next.
 - The kept copies count as device memory (``ParameterInputs.hold``) until the next
   preparation replaces them or the graph's program is gone.
 
@@ -33,8 +34,13 @@ from typing import Any
 
 import torch
 
+import numpy as np
+
 from accelkit.sdk import ParameterInputs
+from accelkit_backends.neuron import launch, runtime
 from accelkit_backends.neuron.graph_lowering import GraphProgram
+from accelkit_backends.neuron.kernels.matmul import row_major_copy
+from accelkit_backends.neuron.sim import numerics as nx
 
 aten = torch.ops.aten
 
@@ -66,23 +72,36 @@ class _Split:
     """The two programs of one graph for one set of parameter inputs."""
 
     def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node],
-                 prologue: list[torch.fx.Node], kept: list[torch.fx.Node], label: str):
+                 prologue: list[torch.fx.Node], kept: list[torch.fx.Node], label: str, relayout: bool):
         placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
         #: Per kept node, the input position of the parameter it is prepared from.
         self.roots = [placeholders.index(_root(node)) for node in kept]
         results = graph.graph.output_node().args[0]
         #: How many outputs the graph has (the cold program's prepared values follow them).
         self.outputs = len(results) if isinstance(results, tuple | list) else 1
-        cold, cold_random = _cold_graph(graph, kept, random_nodes)
+        cold, cold_random = _cold_graph(graph, kept, random_nodes, relayout)
         self.cold = ColdProgram(cold, cold_random)
         self.cold.label = label
         warm, warm_random = _warm_graph(graph, placeholders, prologue, kept, random_nodes)
         self.warm = WarmProgram(warm, warm_random)
         self.warm.label = label
-        #: The kept copies, the handles that count their memory, and the stamps they were made
-        #: from; None until the first preparation. Replaced as one value, so that a concurrent
-        #: call sees one preparation or the other, never half of each.
-        self.kept: tuple[list[Any], list[Any], list[Any]] | None = None
+        #: The kept copies; None until the first preparation. Replaced as one value, so that a
+        #: concurrent call sees one preparation or the other, never half of each.
+        self.kept: _Kept | None = None
+        #: The stamps of the last call run whole (parameters that change at every call).
+        self.seen: list[Any] | None = None
+
+
+class _Kept:
+    """Prepared copies, the handles that count their memory, the stamps they were made from,
+    and whether a call has reused them yet."""
+
+    def __init__(self, arrays: list[Any], handles: list[Any], stamps: list[Any]):
+        self.arrays, self.handles, self.stamps = arrays, handles, stamps
+        self.reused = False
+
+    def current(self, stamps: list[Any]) -> bool:
+        return all(s.same_as(old) for s, old in zip(stamps, self.stamps))
 
 
 class ParameterReusingProgram:
@@ -110,24 +129,36 @@ class ParameterReusingProgram:
             return self.whole(inputs, draws)
         stamps = [parameters.stamps[i] for i in split.roots]
         kept = split.kept
-        if kept is not None and all(s.same_as(old) for s, old in zip(stamps, kept[2])):
-            return split.warm([*inputs, *kept[0]], draws)
-        split.kept = kept = None  # the stale copies' memory is free for the new ones
+        if kept is not None and kept.current(stamps):
+            kept.reused = True
+            return split.warm([*inputs, *kept.arrays], draws)
+        split.kept = None  # the stale copies' memory is free for the new ones
+        changing = (kept is not None and not kept.reused
+                    or kept is None and split.seen is not None
+                    and not all(s.same_as(old) for s, old in zip(stamps, split.seen)))
+        if changing:
+            # The parameters change at every call (training): preparing would cost each call
+            # more than it saves, so the graph runs whole until they hold still for a call.
+            split.seen = stamps
+            return self.whole(inputs, draws)
         results = split.cold(inputs, draws)
         outputs, prepared = list(results[:split.outputs]), list(results[split.outputs:])
-        split.kept = (prepared, [parameters.hold(array) for array in prepared], stamps)
+        split.kept = _Kept(prepared, [parameters.hold(array) for array in prepared], stamps)
         return outputs
 
     def _split(self, positions: frozenset[int]) -> _Split | None:
         placeholders = [n for n in self._graph.graph.nodes if n.op == "placeholder"]
         prologue = prologue_of(self._graph, {placeholders[i] for i in positions})
         members = set(prologue)
+        # Where a DMA can transpose (NeuronCore-v3+), a matmul reads a column-major weight at
+        # no extra cost: only casts are worth keeping. On v2 the transposes are too.
+        relayout = not runtime.core().spec.transpose_in_dma
         # A value the graph returns keeps its own layout (and memory): it is not kept.
         kept = [n for n in prologue if any(user not in members for user in n.users)
-                and not any(user.op == "output" for user in n.users) and _worth_keeping(n)]
+                and not any(user.op == "output" for user in n.users) and _worth_keeping(n, relayout)]
         if not kept:
             return None
-        return _Split(self._graph, self._random_nodes, prologue, kept, self.label)
+        return _Split(self._graph, self._random_nodes, prologue, kept, self.label, relayout)
 
 
 def prologue_of(graph: torch.fx.GraphModule, parameters: set[torch.fx.Node]) -> list[torch.fx.Node]:
@@ -157,10 +188,10 @@ def _root(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
-def _worth_keeping(node: torch.fx.Node) -> bool:
-    """A prepared value worth a copy: a cast (or copy) of the parameter, or a view that a
-    kernel would read column-major. A contiguous view of the parameter itself is free."""
-    if not node.meta["val"].is_contiguous():
+def _worth_keeping(node: torch.fx.Node, relayout: bool) -> bool:
+    """A prepared value worth a copy: a cast (or copy) of the parameter, or, when ``relayout``,
+    a view that a kernel would read column-major. A view of the parameter itself is free."""
+    if relayout and not node.meta["val"].is_contiguous():
         return True
     while node.op != "placeholder":
         if node.target in (aten._to_copy.default, aten.clone.default):
@@ -169,27 +200,31 @@ def _worth_keeping(node: torch.fx.Node) -> bool:
     return False
 
 
-def _cold_graph(graph: torch.fx.GraphModule, kept: list[torch.fx.Node], random_nodes: Sequence[torch.fx.Node]
-                ) -> tuple[torch.fx.GraphModule, list[torch.fx.Node]]:
-    """The graph with each kept value made row-major where it is not, used from there on, and
-    returned after the graph's outputs."""
+def _cold_graph(graph: torch.fx.GraphModule, kept: list[torch.fx.Node], random_nodes: Sequence[torch.fx.Node],
+                relayout: bool) -> tuple[torch.fx.GraphModule, list[torch.fx.Node]]:
+    """The graph with each kept value returned after the graph's outputs; with ``relayout``,
+    made row-major first where it is not, and used in that layout from there on."""
     cold = torch.fx.Graph()
     env: dict[torch.fx.Node, Any] = {}
-    laid_out = []
+    returned = []
     for node in graph.graph.nodes:
         if node.op == "output":
             continue
         env[node] = cold.node_copy(node, env.__getitem__)
         if node in kept:
             value = env[node]
-            if not node.meta["val"].is_contiguous():
-                value = cold.call_function(aten.clone.default, (value,), {"memory_format": torch.contiguous_format})
-                value.meta["val"] = node.meta["val"]
+            val = node.meta["val"]
+            if relayout and not val.is_contiguous():
+                if val.dim() == 2 and val.stride(0) == 1:  # a transposed matrix: F.linear's W.t()
+                    value = cold.call_function(laid_out, (value,))
+                else:
+                    value = cold.call_function(aten.clone.default, (value,), {"memory_format": torch.contiguous_format})
+                value.meta["val"] = val
                 env[node] = value
-            laid_out.append(value)
+            returned.append(value)
     results = graph.graph.output_node().args[0]
     results = tuple(results) if isinstance(results, tuple | list) else (results,)
-    cold.output(tuple(torch.fx.node.map_arg(results, env.__getitem__)) + tuple(laid_out))
+    cold.output(tuple(torch.fx.node.map_arg(results, env.__getitem__)) + tuple(returned))
     return torch.fx.GraphModule(graph, cold), [env[n] for n in random_nodes]
 
 
@@ -213,3 +248,15 @@ def _warm_graph(graph: torch.fx.GraphModule, placeholders: list[torch.fx.Node], 
             continue
         env[node] = warm.node_copy(node, env.__getitem__)
     return torch.fx.GraphModule(graph, warm), [env[n] for n in random_nodes]
+
+
+def laid_out(matrix: np.ndarray) -> np.ndarray:
+    """A column-major ``matrix`` copied row-major by the Tensor engine's transposes, the way
+    the matmul kernel transposes an operand on NeuronCore-v2 (a strided copy would move one
+    element per DMA descriptor); a static kernel, so a program holding it replays."""
+
+    def body(k: Any, arrays: list[np.ndarray]) -> np.ndarray:
+        return row_major_copy(k, arrays[0], launch.hbm_empty(matrix.shape, nx.torch_dtype(matrix.dtype)))
+
+    instance = ("weight_layout", (("array", matrix.shape, matrix.dtype.str, matrix.strides),), ())
+    return launch.run_static("weight_layout", instance, [matrix], (), body)
