@@ -46,7 +46,14 @@ from accelkit.sdk._active import (
     register_kernel,
 )
 from accelkit.sdk._collectives import host_staged_process_group
-from accelkit.sdk._compile import GraphLowering, GraphParts, graph_compiler, graph_parts
+from accelkit.sdk._compile import (
+    GraphLowering,
+    GraphParts,
+    ParameterInputs,
+    ParameterStamp,
+    graph_compiler,
+    graph_parts,
+)
 from accelkit.sdk._allocator import Buffer, DeviceAllocator, ViewSpec, format_bytes, size_class
 from accelkit.sdk._kernels import (
     CUDA_LIKE_AUTOCAST,
@@ -103,6 +110,8 @@ __all__ = [
     "KernelEntry",
     "KernelTable",
     "LaunchLedger",
+    "ParameterInputs",
+    "ParameterStamp",
     "TargetComparison",
     "RandomDraw",
     "ShardWindow",

@@ -334,6 +334,23 @@ class DeviceAllocator:
                     self._peak_segments = live + self._cached_blocks
         return Buffer(self, block, nbytes, nbytes, False, address)
 
+    def hold(self, array: Any) -> Buffer:
+        """Count ``array``, which a backend keeps across calls outside any tensor (a compiled
+        program's prepared copy of a parameter), as device memory until the returned buffer is
+        dropped: adopted without a copy where the backend can, else as an allocation of its
+        size (the backend keeps using ``array`` itself).
+
+        :raises torch.OutOfMemoryError: when it does not fit, as for any allocation.
+        """
+        buffer = self.adopt(array)
+        if buffer is not None:
+            return buffer
+        shape, dtype = self.array_meta(array)
+        numel = 1
+        for size in shape:
+            numel *= size
+        return self.allocate(numel * dtype.itemsize)
+
     def _block_from_array(self, array: Any) -> tuple[Any, int] | None:
         """Backend hook for :meth:`adopt`: ``(block, nbytes)`` viewing ``array``, or None."""
         return None

@@ -11,10 +11,12 @@ the compile statistics and bucketing. A backend supplies a :class:`GraphLowering
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 
 class GraphLowering:
@@ -30,6 +32,11 @@ class GraphLowering:
 
     #: Named in errors and statistics.
     name: str = "backend"
+    #: When True, programs are called ``program(inputs, draws, parameters)`` with a
+    #: :class:`ParameterInputs`: which inputs are ``nn.Parameter`` tensors and whether they
+    #: changed since a previous call, so that a program may prepare a parameter once (lay it
+    #: out, cast it) and reuse the prepared copy, as an ahead-of-time compiler treats weights.
+    reuses_parameters: bool = False
 
     def lowers(self, op: torch._ops.OpOverload) -> bool:
         """Whether :meth:`lower` can compile a node calling ``op``. A False node is split out
@@ -72,6 +79,50 @@ class GraphLowering:
         """Counters of the persistent cache since :meth:`use_cache_directory` (e.g. ``hits``,
         ``misses``); reported in ``stats()["compile"]["persistent_cache"]``."""
         return {}
+
+
+class ParameterStamp(NamedTuple):
+    """The state of one program input that is an ``nn.Parameter``, taken at the call. Two
+    stamps of the same live parameter, storage, address and version mean the contents are the
+    same: an in-place write (an optimizer step, ``copy_`` under ``no_grad``) bumps the version,
+    and ``param.data = other`` changes the storage. A write through ``param.data`` is not seen
+    (PyTorch gives ``.data`` a version counter of its own)."""
+
+    #: The parameter; dead (returns None) once it is gone, so an id is never reused by mistake.
+    owner: weakref.ref
+    #: Its storage, weakly: expired once freed, so a new storage at a reused address differs.
+    storage: StorageWeakRef
+    #: Its ``data_ptr()``.
+    address: int
+    #: Its version counter (``_version``).
+    version: int
+
+    def same_as(self, earlier: ParameterStamp | None) -> bool:
+        """Whether ``earlier`` (a stamp taken before this one) stamps the same contents."""
+        if earlier is None or self.address != earlier.address or self.version != earlier.version:
+            return False
+        if earlier.storage.expired() or self.storage != earlier.storage:
+            return False
+        owner = self.owner()
+        return owner is not None and owner is earlier.owner()
+
+
+class ParameterInputs(NamedTuple):
+    """What a program of a lowering with ``reuses_parameters`` gets besides its inputs."""
+
+    #: Per input: its :class:`ParameterStamp` if it is an ``nn.Parameter`` of the device, else None.
+    stamps: list
+    #: ``hold(array) -> handle``: counts a backend array the program keeps across calls (a
+    #: prepared parameter) as device memory until the handle is dropped.
+    hold: Callable[[Any], Any]
+
+
+def parameter_stamp(tensor: Any) -> ParameterStamp | None:
+    """The stamp of ``tensor`` if it is an ``nn.Parameter``, else None."""
+    if not isinstance(tensor, torch.nn.Parameter):
+        return None
+    return ParameterStamp(weakref.ref(tensor), StorageWeakRef(tensor.untyped_storage()), tensor.data_ptr(),
+                          tensor._version)
 
 
 class GraphParts(NamedTuple):

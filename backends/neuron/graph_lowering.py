@@ -48,6 +48,8 @@ class NeuronStaticShapeError(RuntimeError):
 
 class NeuronGraphLowering(GraphLowering):
     name = "neuron"
+    #: A program prepares its parameters' casts and layouts once (:mod:`.parameter_layouts`).
+    reuses_parameters = True
 
     def lowers(self, op: torch._ops.OpOverload) -> bool:
         if op in _SIZE_QUERIES or op in _GRAPH_OPS or kernels.get(op) is not None or _is_constant_factory(op):
@@ -70,12 +72,16 @@ class NeuronGraphLowering(GraphLowering):
         return (op in _SIZE_QUERIES or op in _COMPLEX_GRAPH_OPS or launch.computes_complex(op)
                 or _is_view(op) and op not in _NOT_COMPLEX_VIEWS)
 
-    def lower(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]) -> GraphProgram:
+    def lower(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]) -> Any:
+        from accelkit_backends.neuron.parameter_layouts import ParameterReusingProgram
+
         _refuse_requested_dynamic_shapes(graph)
-        return GraphProgram(graph, random_nodes)
+        return ParameterReusingProgram(graph, random_nodes)
 
     def programs_compiled(self) -> int:
-        return GraphProgram.compiled_total
+        from accelkit_backends.neuron.parameter_layouts import ColdProgram
+
+        return GraphProgram.compiled_total + ColdProgram.compiled_total
 
 
 def _refuse_requested_dynamic_shapes(graph: torch.fx.GraphModule) -> None:

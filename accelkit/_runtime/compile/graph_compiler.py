@@ -37,6 +37,7 @@ import torch
 from accelkit._errors import FallbackDeniedError
 from accelkit._runtime.device import tensors as T
 from accelkit._runtime.compile.stats import STATS
+from accelkit.sdk._compile import ParameterInputs, parameter_stamp
 from accelkit._runtime.dispatch.decomp_guards import replacements_while_tracing
 from accelkit._runtime.compile.flex_attention import inline_flex_attention
 from accelkit._runtime.device.random import reserve
@@ -239,6 +240,7 @@ class Segment:
         self._device_inputs = [_on_this_device(_val(p), ctx.name) for p in placeholders]
         self._draws = RandomNodes(random_nodes, placeholders) if random_nodes else None
         self._program = lowering.lower(gm, random_nodes)
+        self._reuses_parameters = getattr(lowering, "reuses_parameters", False)
         self._tensor_outputs = [isinstance(_val(a), torch.Tensor) for a in outputs[: len(outputs) - stored]]
         self._tensor_outputs += [False] * stored
         self.__name__ = f"{lowering.name}_segment"
@@ -257,12 +259,16 @@ class Segment:
         inputs = [read(ctx, a) if device else _array_of(ctx, a) if isinstance(a, torch.Tensor) else a
                   for a, device in zip(args, on_device)]
         kept = {p: args[p] for p in self._passthrough if p is not None}
+        parameters = None
+        if self._reuses_parameters:
+            stamps = [parameter_stamp(a) if device else None for a, device in zip(args, on_device)]
+            parameters = ParameterInputs(stamps, ctx.allocator.hold) if any(stamps) else None
         args.clear()
         draws = self._draws.reserve(ctx, inputs) if self._draws is not None else []
         lowering = self._lowering
         before = lowering.programs_compiled()
         started = time.perf_counter()
-        outputs = self._program(inputs, draws)
+        outputs = self._program(inputs, draws) if parameters is None else self._program(inputs, draws, parameters)
         after = lowering.programs_compiled()
         if after != before:
             STATS.add(compile_seconds=time.perf_counter() - started, calls=1, programs=after - before)

@@ -87,7 +87,7 @@ def matmul_2d(k: Kernel, a: np.ndarray, b: np.ndarray, out: np.ndarray,
     rows_per_block = max(1, min(ROW_TILES_PER_BLOCK, banks, PANEL_BUDGET // max(panel_bytes, 1))) * p
     resident = panel_bytes <= PANEL_BUDGET
     if m > rows_per_block and _column_major(b) and not spec.transpose_in_dma:
-        b = _row_major_copy(k, b)  # transpose once instead of once per row block
+        b = row_major_copy(k, b)  # transpose once instead of once per row block
     moving_pool = k.pool(MOVING_BUFFERS)
     streamed_pool = k.pool(MOVING_BUFFERS)
     pending: list[tuple] = []  # stores waiting for the next block's loads to be issued
@@ -150,11 +150,13 @@ def _column_major(view: np.ndarray) -> bool:
         and view.strides[1] != view.dtype.itemsize
 
 
-def _row_major_copy(k: Kernel, view: np.ndarray) -> np.ndarray:
+def row_major_copy(k: Kernel, view: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """A row-major HBM copy of a column-major ``view``, made by Tensor-engine transposes (the
-    way NeuronCore-v2 transposes). The scratch is kernel-internal, like the compiler's."""
+    way NeuronCore-v2 transposes). Inside a matmul the copy is kernel-internal scratch, like the
+    compiler's; the graph compiler also lays a kept weight out with it, into ``out``
+    (:mod:`..parameter_layouts`)."""
     rows, cols = view.shape
-    scratch = np.empty((rows, cols), view.dtype)
+    scratch = np.empty((rows, cols), view.dtype) if out is None else out
     sources, accumulators, results = k.pool(6), k.pool(2, "psum"), k.pool(6)
     p = k.spec.partitions
     for (r0, r1), (c0, c1) in ((r, c) for r in _tiles(rows, p) for c in _tiles(cols, p)):
