@@ -351,6 +351,13 @@ class DeviceAllocator:
             numel *= size
         return self.allocate(numel * dtype.itemsize)
 
+    def block_writes(self, block: Any) -> Any:
+        """Backend hook: a value that changes whenever ``block`` is written in place (through
+        :meth:`write` or :meth:`write_bytes`, whichever tensor the write came through), for
+        compiled programs that keep prepared copies of parameters; None (the default): the
+        backend does not count, and a write through ``param.data`` goes unseen by them."""
+        return None
+
     def _block_from_array(self, array: Any) -> tuple[Any, int] | None:
         """Backend hook for :meth:`adopt`: ``(block, nbytes)`` viewing ``array``, or None."""
         return None

@@ -83,10 +83,12 @@ class GraphLowering:
 
 class ParameterStamp(NamedTuple):
     """The state of one program input that is an ``nn.Parameter``, taken at the call. Two
-    stamps of the same live parameter, storage, address and version mean the contents are the
-    same: an in-place write (an optimizer step, ``copy_`` under ``no_grad``) bumps the version,
-    and ``param.data = other`` changes the storage. A write through ``param.data`` is not seen
-    (PyTorch gives ``.data`` a version counter of its own)."""
+    stamps of the same live parameter, storage, address, version and block writes mean the
+    contents are the same: an in-place write (an optimizer step, ``copy_`` under ``no_grad``)
+    bumps the version, and ``param.data = other`` changes the storage. A write through
+    ``param.data`` leaves the version alone (PyTorch gives ``.data`` a version counter of its
+    own); the backend's count of writes to the block sees it, where the backend keeps one
+    (:meth:`DeviceAllocator.block_writes`)."""
 
     #: The parameter; dead (returns None) once it is gone, so an id is never reused by mistake.
     owner: weakref.ref
@@ -96,10 +98,14 @@ class ParameterStamp(NamedTuple):
     address: int
     #: Its version counter (``_version``).
     version: int
+    #: The backend's count of writes to the storage's block (:meth:`DeviceAllocator.block_writes`),
+    #: which also sees writes through ``param.data``; None where the backend does not count.
+    writes: Any = None
 
     def same_as(self, earlier: ParameterStamp | None) -> bool:
         """Whether ``earlier`` (a stamp taken before this one) stamps the same contents."""
-        if earlier is None or self.address != earlier.address or self.version != earlier.version:
+        if (earlier is None or self.address != earlier.address or self.version != earlier.version
+                or self.writes != earlier.writes):
             return False
         if earlier.storage.expired() or self.storage != earlier.storage:
             return False
@@ -117,12 +123,13 @@ class ParameterInputs(NamedTuple):
     hold: Callable[[Any], Any]
 
 
-def parameter_stamp(tensor: Any) -> ParameterStamp | None:
-    """The stamp of ``tensor`` if it is an ``nn.Parameter``, else None."""
+def parameter_stamp(tensor: Any, writes: Any = None) -> ParameterStamp | None:
+    """The stamp of ``tensor`` if it is an ``nn.Parameter``, else None; ``writes`` is the
+    backend's count of writes to its storage's block."""
     if not isinstance(tensor, torch.nn.Parameter):
         return None
     return ParameterStamp(weakref.ref(tensor), StorageWeakRef(tensor.untyped_storage()), tensor.data_ptr(),
-                          tensor._version)
+                          tensor._version, writes)
 
 
 class GraphParts(NamedTuple):

@@ -28,8 +28,15 @@ from accelkit_backends.neuron.sim import numerics as nx
 class NeuronAllocator(DeviceAllocator):
     """Blocks are numpy ``uint8`` arrays; arrays are numpy views (bf16/fp8 via ``ml_dtypes``)."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._writes: dict[int, int] = {}  # id of a live block -> in-place writes to it
+
     def _alloc_block(self, nbytes: int) -> np.ndarray:
         return np.empty(nbytes, dtype=np.uint8)
+
+    def block_writes(self, block: Any) -> tuple[int, int]:
+        return id(block), self._writes.get(id(block), 0)
 
     def adopt(self, array: Any) -> Any:
         buffer = super().adopt(array)  # may raise torch.OutOfMemoryError: nothing adopted then
@@ -45,6 +52,7 @@ class NeuronAllocator(DeviceAllocator):
         return array.reshape(-1).view(np.uint8), array.nbytes
 
     def _free_block(self, block: Any) -> None:
+        self._writes.pop(id(block), None)
         if type(block) is Deferred:
             block.freed = True  # a flush need not store it
 
@@ -56,6 +64,7 @@ class NeuronAllocator(DeviceAllocator):
         return adaptive.read_block(block, view)
 
     def write(self, block: Any, view: ViewSpec, array: Any) -> None:
+        self._writes[id(block)] = self._writes.get(id(block), 0) + 1
         if adaptive.store(block, view, array):
             return
         array = adaptive.for_host_read(array)
@@ -96,4 +105,5 @@ class NeuronAllocator(DeviceAllocator):
         return host
 
     def write_bytes(self, block: Any, data: torch.Tensor) -> None:
+        self._writes[id(block)] = self._writes.get(id(block), 0) + 1
         adaptive.block_array(block, write=True)[: data.numel()] = data.numpy()

@@ -261,7 +261,9 @@ class Segment:
         kept = {p: args[p] for p in self._passthrough if p is not None}
         parameters = None
         if self._reuses_parameters:
-            stamps = [parameter_stamp(a) if device else None for a, device in zip(args, on_device)]
+            writes = ctx.allocator.block_writes
+            stamps = [parameter_stamp(a, writes(T.buffer_of(a).block)) if device and isinstance(a, torch.nn.Parameter)
+                      else None for a, device in zip(args, on_device)]
             parameters = ParameterInputs(stamps, ctx.allocator.hold) if any(stamps) else None
         args.clear()
         draws = self._draws.reserve(ctx, inputs) if self._draws is not None else []

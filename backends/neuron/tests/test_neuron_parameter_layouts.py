@@ -127,6 +127,33 @@ def test_a_weight_written_in_place_between_calls_is_seen_by_the_next_call(dev):
     assert not torch.allclose(after, before)
 
 
+@pytest.mark.parametrize("write", ["in place", "through .data"])
+def test_a_kept_bf16_weight_is_refreshed_after_a_write(dev, write):
+    """Under autocast the program keeps each weight's bf16 copy; a write to the weight between
+    calls must reach the next call. ``param.data`` has a version counter of its own: there the
+    allocator's count of writes to the block is what shows the change (EMA updates and older
+    init code write this way)."""
+    model = nn.Linear(256, 128)
+    x = torch.randn(64, 256)
+    compiled = torch.compile(model.to(dev), backend="neuron")
+    xd = x.to(dev)
+    version = model.weight._version
+    with torch.no_grad(), torch.autocast(dev.type, dtype=torch.bfloat16):
+        before = compiled(xd).cpu()
+        compiled(xd)  # reuses the kept copy
+        if write == "in place":
+            model.weight.mul_(-2.0)
+        else:
+            model.weight.data.mul_(-2.0)
+            model.weight.data[:5].copy_(torch.ones(5, 256))
+            assert model.weight._version == version  # the parameter's own counter did not move
+        after = compiled(xd).cpu()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = nn.functional.linear(x, model.weight.cpu(), model.bias.cpu())
+    torch.testing.assert_close(after.float(), expected.float(), atol=3e-2, rtol=3e-2)
+    assert not torch.allclose(after.float(), before.float(), atol=1e-1)
+
+
 def test_a_weight_replaced_through_load_state_dict_is_seen(dev):
     model = nn.Linear(64, 32).to(dev)
     other = nn.Linear(64, 32)
