@@ -35,6 +35,25 @@ def assert_native(*names):
         assert counts.get("fallback", 0) == 0, f"{name} fell back to the CPU: {counts}"
 
 
+def assert_decomposed(*names):
+    """Each named op ran as its decomposition at least once and never on the CPU fallback. A
+    name is an overload (``"aten.mode.default"``) or an op (``"aten.mode"``: any of its
+    overloads, since a functional form may run as its ``out=`` one)."""
+    ops = accelkit.stats()["ops"]
+    for name in names:
+        whole_op = name.count(".") == 1
+        counts = {op: c for op, c in ops.items() if (op.startswith(name + ".") if whole_op else op == name)}
+        assert sum(c.get("decomposed", 0) for c in counts.values()) > 0, f"{name} was not decomposed: {counts}"
+        assert not any(c.get("fallback") for c in counts.values()), f"{name} fell back to the CPU: {counts}"
+
+
+@pytest.fixture
+def deny_fallback():
+    """A CPU fallback raises for the test (use: ``pytestmark = pytest.mark.usefixtures("deny_fallback")``)."""
+    with accelkit.fallback_policy("deny"):
+        yield
+
+
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (no backend active) and return the finished process."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELKIT_")}

@@ -6,21 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import accelkit
+from conftest import assert_decomposed
 
 aten = torch.ops.aten
 DTYPES = [torch.float32, torch.bfloat16]
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    with accelkit.fallback_policy("deny"):
-        yield
-
-
-def _decomposed(name: str) -> None:
-    counts = accelkit.stats()["ops"].get(name, {})
-    assert counts.get("decomposed", 0) > 0 and not counts.get("fallback"), f"{name}: {counts}"
+pytestmark = pytest.mark.usefixtures("deny_fallback")
 
 
 def _random(*shape, dtype, seed=0):
@@ -43,7 +35,7 @@ def test_glu_jvp(dev, dtype, dim):
     glu = torch.nn.functional.glu(x, dim)
     expected = aten.glu_jvp(glu, x, dx, dim)
     _close(aten.glu_jvp(glu.to(dev), x.to(dev), dx.to(dev), dim), expected)
-    _decomposed("aten.glu_jvp.default")
+    assert_decomposed("aten.glu_jvp.default")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -57,7 +49,7 @@ def test_glu_backward_jvp(dev, dtype, dim):
     tensors = (grad_x, grad_glu, x, dgrad_glu, dx)
     expected = aten.glu_backward_jvp(*tensors, dim)
     _close(aten.glu_backward_jvp(*(t.to(dev) for t in tensors), dim), expected)
-    _decomposed("aten.glu_backward_jvp.default")
+    assert_decomposed("aten.glu_backward_jvp.default")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -74,9 +66,9 @@ def test_masked_softmax_and_its_backward(dev, dtype, mask_type):
     expected = aten._masked_softmax(x, mask, 3, mask_type)
     got = aten._masked_softmax(x.to(dev), mask.to(dev), 3, mask_type)
     _close(got, expected)
-    _decomposed("aten._masked_softmax.default")
+    assert_decomposed("aten._masked_softmax.default")
     if mask_type != 1:  # the backward takes a mask of the output's shape
         grad = _random(2, 3, 5, 5, dtype=dtype, seed=6)
         expected_grad = aten._masked_softmax_backward(grad, expected, mask, 3)
         _close(aten._masked_softmax_backward(grad.to(dev), expected.to(dev), mask.to(dev), 3), expected_grad)
-        _decomposed("aten._masked_softmax_backward.default")
+        assert_decomposed("aten._masked_softmax_backward.default")

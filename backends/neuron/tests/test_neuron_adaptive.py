@@ -3,7 +3,6 @@ strict eager's values, views, in-place writes, memory accounting and errors."""
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 import torch

@@ -7,20 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import accelkit
+from conftest import assert_decomposed
 
 aten = torch.ops.aten
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    with accelkit.fallback_policy("deny"):
-        yield
-
-
-def _decomposed(name: str) -> None:
-    counts = accelkit.stats()["ops"].get(name, {})
-    assert counts.get("decomposed", 0) > 0 and not counts.get("fallback"), f"{name}: {counts}"
+pytestmark = pytest.mark.usefixtures("deny_fallback")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -40,7 +32,7 @@ def test_unscale_and_check(dev, dtype, poison, found_before):
     assert torch.equal(found, found_device.cpu())
     for expected, got in zip(grads, on_device):
         assert torch.equal(expected.nan_to_num(nan=7.0), got.cpu().nan_to_num(nan=7.0))
-    _decomposed("aten._amp_foreach_non_finite_check_and_unscale_.default")
+    assert_decomposed("aten._amp_foreach_non_finite_check_and_unscale_.default")
 
 
 @pytest.mark.parametrize("found_inf", [0.0, 1.0])
@@ -54,7 +46,7 @@ def test_update_scale_every_branch(dev, found_inf, tracker, scale):
     returned = aten._amp_update_scale_(scale_device, tracker_device, args[0].to(dev), *args[1:])
     assert torch.equal(cpu_scale, scale_device.cpu()) and torch.equal(returned.cpu(), cpu_scale)
     assert torch.equal(cpu_tracker, tracker_device.cpu())
-    _decomposed("aten._amp_update_scale_.default")
+    assert_decomposed("aten._amp_update_scale_.default")
 
 
 def test_grad_scaler_training_loop_stays_on_the_device(dev):
@@ -72,4 +64,4 @@ def test_grad_scaler_training_loop_stays_on_the_device(dev):
         scaler.update()
         scales.append(scaler.get_scale())
     assert scales == [2.0**16, 2.0**15, 2.0**15, 2.0**16]
-    _decomposed("aten._amp_update_scale_.default")
+    assert_decomposed("aten._amp_update_scale_.default")

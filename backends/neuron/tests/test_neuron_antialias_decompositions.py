@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import accelkit
+from conftest import assert_decomposed
 
 aten = torch.ops.aten
 KINDS = ["bilinear", "bicubic", "lanczos"]
@@ -15,16 +15,7 @@ GEOMETRIES = [((11, 9), (5, 13), False, None), ((8, 8), (3, 4), True, None), ((1
               ((4, 5), (9, 11), False, None)]
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    with accelkit.fallback_policy("deny"):
-        yield
-
-
-def _decomposed(packet: str) -> None:
-    counts = {name: c for name, c in accelkit.stats()["ops"].items() if name.startswith(packet + ".")}
-    assert sum(c.get("decomposed", 0) for c in counts.values()) > 0, f"{packet}: {counts}"
-    assert not any(c.get("fallback") for c in counts.values()), f"{packet}: {counts}"
+pytestmark = pytest.mark.usefixtures("deny_fallback")
 
 
 def _close(got, expected):
@@ -48,8 +39,8 @@ def test_antialiased_resampling_and_its_backward(dev, kind, geometry, dtype):
     grad = torch.randn(expected.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
     expected_grad = backward(grad, output_size, list(x.shape), align_corners, *scales)
     _close(backward(grad.to(dev), output_size, list(x.shape), align_corners, *scales), expected_grad)
-    _decomposed(f"aten._upsample_{kind}2d_aa")
-    _decomposed(f"aten._upsample_{kind}2d_aa_backward")
+    assert_decomposed(f"aten._upsample_{kind}2d_aa")
+    assert_decomposed(f"aten._upsample_{kind}2d_aa_backward")
 
 
 def test_interpolate_with_antialias_stays_on_the_device(dev):

@@ -7,25 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import accelkit
+from conftest import assert_decomposed
 
 aten = torch.ops.aten
 GEN = torch.Generator().manual_seed(0)
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    """Every op below runs on the device: a CPU fallback raises."""
-    with accelkit.fallback_policy("deny"):
-        yield
-
-
-def _decomposed(packet: str) -> None:
-    """The op (any overload: a functional form may run as its ``out=`` one) ran as its
-    decomposition and never on the CPU fallback."""
-    counts = {name: c for name, c in accelkit.stats()["ops"].items() if name.startswith(packet + ".")}
-    assert sum(c.get("decomposed", 0) for c in counts.values()) > 0, f"{packet}: {counts}"
-    assert not any(c.get("fallback") for c in counts.values()), f"{packet}: {counts}"
+pytestmark = pytest.mark.usefixtures("deny_fallback")
 
 
 def _random(*shape, dtype):
@@ -57,7 +45,7 @@ def test_slow_conv2d_forward(dev, dtype, with_bias):
     device_bias = None if bias is None else bias.to(dev)
     got = aten._slow_conv2d_forward(x.to(dev), w.to(dev), [3, 2], device_bias, [2, 1], [1, 0])
     _close(got, expected)
-    _decomposed("aten._slow_conv2d_forward")
+    assert_decomposed("aten._slow_conv2d_forward")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -71,7 +59,7 @@ def test_slow_conv2d_backward(dev, dtype, mask):
     for e, g, wanted in zip(expected, got, mask):
         if wanted:
             _close(g, e)
-    _decomposed("aten._slow_conv2d_backward")
+    assert_decomposed("aten._slow_conv2d_backward")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -86,7 +74,7 @@ def test_slow_conv2d_backward_into_given_tensors(dev, dtype):
     for e, out, r in zip(expected, outs, returned):
         _close(out, e)
         assert r is out
-    _decomposed("aten._slow_conv2d_backward")
+    assert_decomposed("aten._slow_conv2d_backward")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -96,7 +84,7 @@ def test_slow_conv_dilated2d(dev, dtype):
     _close(got, expected)
     expected, got = _both(aten.slow_conv_dilated2d, (x, w, [3, 3], b), [1, 1], [0, 0], [1, 1], dev=dev)
     _close(got, expected)
-    _decomposed("aten.slow_conv_dilated2d")
+    assert_decomposed("aten.slow_conv_dilated2d")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -104,7 +92,7 @@ def test_slow_conv_transpose2d(dev, dtype):
     x, w, b = _random(2, 3, 5, 6, dtype=dtype), _random(3, 4, 3, 2, dtype=dtype), _random(4, dtype=dtype)
     expected, got = _both(aten.slow_conv_transpose2d, (x, w, [3, 2], b), [2, 2], [1, 0], [1, 1], [1, 2], dev=dev)
     _close(got, expected)
-    _decomposed("aten.slow_conv_transpose2d")
+    assert_decomposed("aten.slow_conv_transpose2d")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -114,7 +102,7 @@ def test_slow_conv3d_forward(dev, dtype, geometry):
     x, w, b = _random(2, 3, 6, 5, 7, dtype=dtype), _random(4, 3, 3, 2, 3, dtype=dtype), _random(4, dtype=dtype)
     expected, got = _both(aten.slow_conv3d_forward, (x, w, [3, 2, 3], b), stride, padding, dev=dev)
     _close(got, expected)
-    _decomposed("aten.slow_conv3d_forward")
+    assert_decomposed("aten.slow_conv3d_forward")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -122,7 +110,7 @@ def test_slow_conv_dilated3d(dev, dtype):
     x, w = _random(1, 2, 8, 7, 7, dtype=dtype), _random(3, 2, 2, 3, 2, dtype=dtype)
     expected, got = _both(aten.slow_conv_dilated3d, (x, w, [2, 3, 2]), None, [1, 2, 1], [1, 1, 0], [3, 1, 2], dev=dev)
     _close(got, expected)
-    _decomposed("aten.slow_conv_dilated3d")
+    assert_decomposed("aten.slow_conv_dilated3d")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -134,4 +122,4 @@ def test_slow_conv_transpose3d(dev, dtype, geometry):
     expected, got = _both(aten.slow_conv_transpose3d, (x, w, [3, 2, 2], b), stride, padding, output_padding,
                           dilation, dev=dev)
     _close(got, expected)
-    _decomposed("aten.slow_conv_transpose3d")
+    assert_decomposed("aten.slow_conv_transpose3d")

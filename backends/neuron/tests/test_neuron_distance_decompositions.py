@@ -9,21 +9,13 @@ import math
 import pytest
 import torch
 
-import accelkit
+from conftest import assert_decomposed
 
 aten = torch.ops.aten
 NORMS = [0.0, 1.0, 2.0, 3.0, 0.5, math.inf]
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    with accelkit.fallback_policy("deny"):
-        yield
-
-
-def _decomposed(name: str) -> None:
-    counts = accelkit.stats()["ops"].get(name, {})
-    assert counts.get("decomposed", 0) > 0 and not counts.get("fallback"), f"{name}: {counts}"
+pytestmark = pytest.mark.usefixtures("deny_fallback")
 
 
 def _points(*shape, seed=0):
@@ -43,9 +35,9 @@ def test_pdist_forward_and_backward(dev, p):
     expected_grad = aten._pdist_backward(grad, x, p, expected)
     got_grad = aten._pdist_backward(grad.to(dev), x.to(dev), p, expected.to(dev))
     torch.testing.assert_close(got_grad.cpu(), expected_grad, atol=1e-4, rtol=1e-4)
-    _decomposed("aten._pdist_forward.default")
+    assert_decomposed("aten._pdist_forward.default")
     if p != 0:
-        _decomposed("aten._pdist_backward.default")
+        assert_decomposed("aten._pdist_backward.default")
 
 
 @pytest.mark.parametrize("p", NORMS)
@@ -60,4 +52,4 @@ def test_cdist_backward(dev, p, batched):
     expected = aten._cdist_backward(grad, x1, x2, p, distances)
     got = aten._cdist_backward(grad.to(dev), x1.to(dev), x2.to(dev), p, distances.to(dev))
     torch.testing.assert_close(got.cpu(), expected, atol=1e-4, rtol=1e-4)
-    _decomposed("aten._cdist_backward.default")
+    assert_decomposed("aten._cdist_backward.default")

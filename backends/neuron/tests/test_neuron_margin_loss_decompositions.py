@@ -8,21 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import accelkit
+from conftest import assert_decomposed
 
 aten = torch.ops.aten
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    with accelkit.fallback_policy("deny"):
-        yield
-
-
-def _decomposed(packet: str) -> None:
-    counts = {name: c for name, c in accelkit.stats()["ops"].items() if name.startswith(packet + ".")}
-    assert sum(c.get("decomposed", 0) for c in counts.values()) > 0, f"{packet}: {counts}"
-    assert not any(c.get("fallback") for c in counts.values()), f"{packet}: {counts}"
+pytestmark = pytest.mark.usefixtures("deny_fallback")
 
 
 def _gradient(loss_fn, x, *args, dev=None, **kwargs):
@@ -52,7 +43,7 @@ def test_multi_margin_loss_backward(dev, dtype, reduction, p, weighted):
     kwargs = dict(p=p, margin=0.7, weight=weight, reduction=reduction)
     expected = _gradient(F.multi_margin_loss, x, target, **kwargs)
     _close(_gradient(F.multi_margin_loss, x, target, dev=dev, **kwargs), expected)
-    _decomposed("aten.multi_margin_loss_backward")
+    assert_decomposed("aten.multi_margin_loss_backward")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32])  # the CPU has no bfloat16 kernels
@@ -64,4 +55,4 @@ def test_multilabel_margin_loss_backward(dev, dtype, reduction):
     kwargs = dict(reduction=reduction)
     expected = _gradient(F.multilabel_margin_loss, x, target, **kwargs)
     _close(_gradient(F.multilabel_margin_loss, x, target, dev=dev, **kwargs), expected)
-    _decomposed("aten.multilabel_margin_loss_backward")
+    assert_decomposed("aten.multilabel_margin_loss_backward")

@@ -6,20 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-import accelkit
+from conftest import assert_decomposed
 
 aten = torch.ops.aten
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    with accelkit.fallback_policy("deny"):
-        yield
-
-
-def _decomposed(name: str) -> None:
-    counts = accelkit.stats()["ops"].get(name, {})
-    assert counts.get("decomposed", 0) > 0 and not counts.get("fallback"), f"{name}: {counts}"
+pytestmark = pytest.mark.usefixtures("deny_fallback")
 
 
 def _close(got, expected):
@@ -42,7 +34,7 @@ def test_batch_norm_update_stats(dev, dtype, running):
     for e, g in zip(stats, device_stats):
         if e is not None:
             _close(g, e)
-    _decomposed("aten.batch_norm_update_stats.default")
+    assert_decomposed("aten.batch_norm_update_stats.default")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -59,4 +51,4 @@ def test_weight_norm_interface_backward(dev, dtype, dim):
     got = aten._weight_norm_interface_backward(grad_w.to(dev), v.to(dev), g.to(dev), norms.to(dev), dim)
     for e, o in zip(expected, got):
         _close(o, e)
-    _decomposed("aten._weight_norm_interface_backward.default")
+    assert_decomposed("aten._weight_norm_interface_backward.default")

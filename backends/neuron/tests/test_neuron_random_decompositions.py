@@ -9,21 +9,12 @@ import math
 import pytest
 import torch
 
-import accelkit
+from conftest import assert_decomposed
 
 N = 20_000
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    with accelkit.fallback_policy("deny"):
-        yield
-
-
-def _decomposed(packet: str) -> None:
-    counts = {name: c for name, c in accelkit.stats()["ops"].items() if name.startswith(packet + ".")}
-    assert sum(c.get("decomposed", 0) for c in counts.values()) > 0, f"{packet}: {counts}"
-    assert not any(c.get("fallback") for c in counts.values()), f"{packet}: {counts}"
+pytestmark = pytest.mark.usefixtures("deny_fallback")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -36,7 +27,7 @@ def test_with_replacement_frequencies_follow_the_weights(dev, dtype):
         share = (drawn[0] == c).double().mean().item()
         assert abs(share - p[c].item()) < 6 * math.sqrt(p[c].item() * (1 - p[c].item()) / N) + 1e-12, (c, share)
     assert torch.equal(drawn[1], torch.full((N,), 2))
-    _decomposed("aten.multinomial")
+    assert_decomposed("aten.multinomial")
 
 
 def test_without_replacement_distinct_and_first_draw_by_weight(dev):
@@ -50,7 +41,7 @@ def test_without_replacement_distinct_and_first_draw_by_weight(dev):
     for c in (0, 2, 3, 4):
         share = (drawn[:, 0] == c).double().mean().item()
         assert abs(share - p[c].item()) < 6 * math.sqrt(p[c].item() * (1 - p[c].item()) / n), (c, share)
-    _decomposed("aten.multinomial")
+    assert_decomposed("aten.multinomial")
 
 
 def test_fewer_positive_weights_than_samples_take_zero_weights_last(dev):
@@ -97,7 +88,7 @@ def test_rrelu_training_draws_slopes_in_range(dev, dtype):
     assert torch.equal(y[~negative], x[~negative])
     torch.testing.assert_close(y[negative], (x[negative].float() * slopes).to(dtype),
                                **(dict(atol=1e-2, rtol=1e-2) if dtype == torch.bfloat16 else {}))
-    _decomposed("aten.rrelu_with_noise")
+    assert_decomposed("aten.rrelu_with_noise")
 
 
 def test_rrelu_not_training_is_the_cpus(dev):
@@ -129,7 +120,7 @@ def test_standard_gamma_moments(dev, alpha, dtype):
     x = x.double()
     assert abs(x.mean().item() - alpha) < 6 * math.sqrt(alpha / N) + 0.01 * alpha
     assert abs(x.var().item() - alpha) < 6 * math.sqrt((6 * alpha + 2 * alpha**2) / N) + 0.02 * alpha
-    _decomposed("aten._standard_gamma")
+    assert_decomposed("aten._standard_gamma")
 
 
 def test_gamma_distribution_and_dirichlet(dev):
@@ -142,7 +133,7 @@ def test_gamma_distribution_and_dirichlet(dev):
         p = expected[k].item()
         sd = math.sqrt(p * (1 - p) / (concentration.sum().item() + 1))
         assert abs(samples[:, k].double().mean().item() - p) < 6 * sd / math.sqrt(N)
-    _decomposed("aten._sample_dirichlet")
+    assert_decomposed("aten._sample_dirichlet")
     rate = torch.distributions.Gamma(torch.tensor(3.0).to(dev), torch.tensor(2.0).to(dev)).sample((N,)).cpu()
     assert abs(rate.double().mean().item() - 1.5) < 6 * math.sqrt(3.0 / 4 / N)
 
@@ -166,7 +157,7 @@ def test_poisson_moments(dev, rate):
     if rate < 10:
         p0 = math.exp(-rate)
         assert abs((x == 0).double().mean().item() - p0) <= 6 * math.sqrt(p0 * (1 - p0) / N) + 1e-12
-    _decomposed("aten.poisson")
+    assert_decomposed("aten.poisson")
 
 
 def test_poisson_of_mixed_rates_keeps_each_rate(dev):
@@ -186,4 +177,4 @@ def test_binomial_moments(dev, count, p):
     assert abs(x.mean().item() - mean) <= 6 * math.sqrt(var / N) + 1e-9
     fourth = var * (1 + 3 * (count - 2) * p * (1 - p))  # the central fourth moment
     assert abs(x.var().item() - var) <= 6 * math.sqrt(max(fourth - var**2, 0) / N) + 1e-9
-    _decomposed("aten.binomial")
+    assert_decomposed("aten.binomial")

@@ -9,23 +9,10 @@ import pytest
 import torch
 
 import accelkit
+from conftest import assert_decomposed
 
 
-@pytest.fixture(autouse=True)
-def _no_fallback():
-    """Every op below runs on the device: a CPU fallback raises."""
-    with accelkit.fallback_policy("deny"):
-        yield
-
-
-def assert_decomposed(*packets):
-    """Each named op (any overload: the functional form runs as its ``out=`` one) ran as its
-    decomposition and never on the CPU fallback."""
-    ops = accelkit.stats()["ops"]
-    for packet in packets:
-        counts = {name: c for name, c in ops.items() if name.startswith(packet + ".")}
-        assert sum(c.get("decomposed", 0) for c in counts.values()) > 0, f"{packet}: {counts}"
-        assert not any(c.get("fallback") for c in counts.values()), f"{packet}: {counts}"
+pytestmark = pytest.mark.usefixtures("deny_fallback")
 
 DTYPES = [torch.float32, torch.bfloat16, torch.int32, torch.int64]
 
