@@ -160,6 +160,7 @@ def test_print_options_apply_as_on_cpu(dev, restore_print_options, options):
 def test_printing_works_under_deny_and_counts_no_op(dev):
     tensors = [t for t in (make() for make in CASES.values()) if holds(t.dtype)]
     on_device = [t.to(dev) for t in tensors]
+    square = torch.eye(3).to(dev)
     accelkit.reset_stats()
     with accelkit.fallback_policy("deny"):
         for d, c in zip(on_device, tensors):
@@ -169,10 +170,10 @@ def test_printing_works_under_deny_and_counts_no_op(dev):
         assert after_printing["totals"] == {"native": 0, "decomposed": 0, "fallback": 0}
         assert after_printing["ops"] == {}
         # The exemption ends with the print: a real fallback is still denied.
-        # rrelu in training (rrelu_with_noise): an op no in-tree backend implements (ref, tpu
-        # and neuron checked), so it can only take the fallback.
-        with pytest.raises(accelkit.FallbackDeniedError):
-            torch.nn.functional.rrelu(on_device[0], training=True)
+        # An LDL factorisation: an op no in-tree backend implements (ref, tpu and neuron
+        # checked with `accelkit conformance coverage`), so it can only take the fallback.
+        with pytest.raises(accelkit.FallbackDeniedError, match="ldl_factor"):
+            torch.linalg.ldl_factor(square)
 
 
 def test_printing_under_warn_policy_emits_no_fallback_warning(dev):
