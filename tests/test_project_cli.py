@@ -98,7 +98,7 @@ def test_a_target_its_backend_does_not_know_is_named(report, tmp_path):
 
 def test_missing_report_is_refused(tmp_path):
     done = _accelkit("project", str(tmp_path / "none"), "--plan", "fsdp=4", "--parameter-bytes", "1M", cwd=tmp_path)
-    assert done.returncode == 2 and "no report at" in done.stderr
+    assert done.returncode == 2 and "accelkit project: no report at" in done.stderr
 
 
 def test_neuron_describes_its_generations_by_name_without_activation():

@@ -16,25 +16,25 @@ from accelkit._errors import AccelkitError
 from accelkit._run.report import format_seconds
 
 
-def load_report(path: Path) -> dict[str, Any]:
+def load_report(path: Path, command: str = "accelkit compare") -> dict[str, Any]:
     """The report at ``path``: a JSON file, or a ``--report`` directory's ``report.json`` (rank
-    0's ``report-rank0.json`` for a distributed run).
+    0's ``report-rank0.json`` for a distributed run); ``command`` names the asker in errors.
 
     :raises AccelkitError: no report there, or not an ``accelkit run`` report.
     """
     if not path.exists():
-        raise AccelkitError(f"accelkit compare: no report at {path} (write one with accelkit run --report DIR)")
+        raise AccelkitError(f"{command}: no report at {path} (write one with accelkit run --report DIR)")
     if path.is_dir():
         found = [path / name for name in ("report.json", "report-rank0.json") if (path / name).is_file()]
         if not found:
-            raise AccelkitError(f"accelkit compare: {path} holds no report.json (write one with accelkit run --report {path})")
+            raise AccelkitError(f"{command}: {path} holds no report.json (write one with accelkit run --report {path})")
         path = found[0]
     try:
         report = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise AccelkitError(f"accelkit compare: {path} cannot be read as a report: {exc}") from exc
+        raise AccelkitError(f"{command}: {path} cannot be read as a report: {exc}") from exc
     if not isinstance(report, dict) or "estimate" not in report or "device" not in report:
-        raise AccelkitError(f"accelkit compare: {path} is not an accelkit run report")
+        raise AccelkitError(f"{command}: {path} is not an accelkit run report")
     return report
 
 

@@ -50,7 +50,7 @@ def project_report(path: Path, plan: ScalingPlan, *, parameter_bytes: float, gra
     from accelkit._plugins import registry
     from accelkit.sdk import DeviceModel
 
-    report = load_report(path)
+    report = load_report(path, "accelkit project")
     estimate = report["estimate"]
     if not estimate:
         raise AccelkitError(f"accelkit project: {path} has no estimate (the run's backend estimates nothing)")

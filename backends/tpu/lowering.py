@@ -250,7 +250,8 @@ class Lowering:
         signature = self._signature((tuple(positional), tuple(keywords)))
         run, read, to_scalar = self._run, allocator.read, _device_scalar
         # What :meth:`_run` and :func:`modes.run_program` do for a strict-mode call, inline: a
-        # small op's Python overhead is mostly calls (other modes take :meth:`_run`).
+        # small op's Python overhead is mostly calls; a fused-mode record is inlined the same way
+        # (debug mode, and fused mode outside recording, take :meth:`_run`).
         jitted, name, tally_of = signature.jitted, self.name, self._tally
         stamp, record, defer, refused_error = next_use, COSTS.record, checks.defer, checks.Refused
         record_program, recording = fused.record_program, fused.recording
