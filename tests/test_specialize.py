@@ -8,13 +8,15 @@ registered).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import accelkit
 from accelkit import _runtime
 from accelkit._runtime.dispatch.pipeline import Pipeline
-from accelkit.sdk import CallLayout, KernelDeclined, ViewSpec
+from accelkit.sdk import CallLayout, KernelDeclined, KernelTable, ViewSpec
 
 aten = torch.ops.aten
 
@@ -173,6 +175,65 @@ def test_a_plan_declining_a_call_hands_it_to_the_cpu_fallback(dev, add_with):
     torch.testing.assert_close(out.cpu(), x * 2)
     assert len(kernel.plan_calls) == 1 and kernel.general_calls == 0
     assert accelkit.stats()["ops"]["aten.add.Tensor"]["fallback"] == before + 1
+
+
+@pytest.fixture
+def add_declining_to(dev):
+    """``make(kernel, decomposition)``: add.Tensor's wrapper of ``kernel`` in a pipeline whose
+    backend sends the calls it declines to ``decomposition`` (KernelTable.decompose_declined)."""
+    def make(kernel, decomposition):
+        table = KernelTable("test")
+        table.add(aten.add.Tensor, kernel)
+        table.decompose_declined(aten.add.Tensor, decomposition)
+        pipeline = Pipeline(dataclasses.replace(_runtime.active(), kernels=table))
+        return pipeline.native(aten.add.Tensor, kernel)
+
+    return make
+
+
+def _add_by_subtracting(x, y, alpha=1):
+    return torch.sub(x, y, alpha=-alpha)
+
+
+@pytest.mark.parametrize("declining", ["plan", "kernel"])
+def test_a_declined_call_runs_the_decomposition_its_backend_named(dev, add_declining_to, declining):
+    kernel = RecordingAdd(decline_calls=True) if declining == "plan" else _declining_add
+    run = add_declining_to(kernel, _add_by_subtracting)
+    x = torch.randn(4)
+    before = accelkit.stats()["ops"].get("aten.add.Tensor", {})
+    with accelkit.fallback_policy("deny"):
+        out = run(x.to(dev), x.to(dev))
+    torch.testing.assert_close(out.cpu(), x * 2)
+    counts = accelkit.stats()["ops"]["aten.add.Tensor"]
+    assert counts["decomposed"] == before.get("decomposed", 0) + 1
+    assert counts.get("fallback", 0) == before.get("fallback", 0)
+
+
+def _declining_add(x, y, alpha=1):
+    raise KernelDeclined("this test's kernel declines every call")
+
+
+def test_a_decomposition_that_returns_not_implemented_leaves_the_call_to_the_cpu(dev, add_declining_to):
+    run = add_declining_to(_declining_add, lambda x, y, alpha=1: NotImplemented)
+    x = torch.randn(4)
+    before = accelkit.stats()["ops"].get("aten.add.Tensor", {}).get("fallback", 0)
+    with accelkit.fallback_policy("allow"):
+        torch.testing.assert_close(run(x.to(dev), x.to(dev)).cpu(), x * 2)
+    assert accelkit.stats()["ops"]["aten.add.Tensor"]["fallback"] == before + 1
+
+
+def test_decompose_declined_needs_the_kernel_first_and_takes_one_decomposition():
+    table = KernelTable("test")
+    with pytest.raises(ValueError, match="has no kernel to decline"):
+        table.decompose_declined(aten.add.Tensor, _add_by_subtracting)
+    table.add(aten.add.Tensor, _declining_add)
+    table.add(aten.relu, torch.relu)
+    table.decompose_declined(aten.add.Tensor, _add_by_subtracting)
+    table.decompose_declined(aten.relu, torch.nn.functional.relu)  # a packet stands for .default
+    assert dict(table.declined_decompositions) == {
+        aten.add.Tensor: _add_by_subtracting, aten.relu.default: torch.nn.functional.relu}
+    with pytest.raises(ValueError, match="already sends declined calls to _add_by_subtracting"):
+        table.decompose_declined(aten.add.Tensor, _add_by_subtracting)
 
 
 def test_results_through_a_prepared_plan_count_as_native(dev, add_with):

@@ -15,8 +15,10 @@ class KernelDeclined(Exception):
     """Raised by a kernel for arguments it does not handle (a 3-d convolution in a 2-d kernel).
 
     The runtime then runs the op through the CPU fallback, under the fallback policy and counted
-    as a fallback, so a kernel can cover the common case without failing the rest. Raise it
-    before writing anything. The message says what was declined.
+    as a fallback, so a kernel can cover the common case without failing the rest; or through
+    the decomposition the backend gave for declined calls
+    (:meth:`KernelTable.decompose_declined`). Raise it before writing anything. The message says
+    what was declined.
     """
 
 
@@ -84,12 +86,17 @@ class KernelTable:
     still runs on the CPU fallback (under the fallback policy, counted as a fallback), and the
     reason is shown with it (the coverage audit's ``cpu_by_design`` path, ``stats()``'s
     ``cpu_by_design`` section, the fallback policy's warning and refusal).
+
+    A kernel that covers part of an op's arguments (:class:`KernelDeclined` for the rest) can
+    send the rest to a decomposition into the device's other ops instead of the CPU:
+    :meth:`decompose_declined`.
     """
 
     def __init__(self, backend: str):
         self.backend = backend
         self._entries: dict[OpOverload, KernelEntry] = {}
         self._cpu_reasons: dict[OpOverload, str] = {}
+        self._declined: dict[OpOverload, Callable[..., Any]] = {}
 
     def kernel(
         self, *ops: OpOverload | OpOverloadPacket, derive_variants: bool = True
@@ -136,6 +143,31 @@ class KernelTable:
             if op in self._entries or op in self._cpu_reasons:
                 raise ValueError(f"{self.backend}: {op} already has a kernel or a CPU declaration")
             self._cpu_reasons[op] = reason.strip()
+
+    def decompose_declined(self, op: OpOverload | OpOverloadPacket, decomposition: Callable[..., Any]) -> None:
+        """Run the calls of functional ``op`` that its kernel declines as ``decomposition`` (called
+        with the op's arguments, made of device ops: a 3-d convolution as a sum of 2-d ones)
+        rather than on the CPU. Counted as decomposed. A decomposition that returns
+        ``NotImplemented``, or that meets ``op``'s own declined call again, leaves the call to the
+        CPU fallback. The op's in-place and ``out=`` overloads still fall back when declined.
+
+        :raises ValueError: ``op`` has no kernel in this table, or has a declined-call
+            decomposition already.
+        """
+        if isinstance(op, OpOverloadPacket):
+            op = op.default
+        if op not in self._entries:
+            raise ValueError(f"{self.backend}: {op} has no kernel to decline; register it before "
+                             f"decompose_declined()")
+        if op in self._declined:
+            raise ValueError(f"{self.backend}: {op} already sends declined calls to "
+                             f"{self._declined[op].__qualname__}")
+        self._declined[op] = decomposition
+
+    @property
+    def declined_decompositions(self) -> Mapping[OpOverload, Callable[..., Any]]:
+        """The decompositions run for declined calls (:meth:`decompose_declined`), by op."""
+        return MappingProxyType(self._declined)
 
     @property
     def cpu_reasons(self) -> Mapping[OpOverload, str]:

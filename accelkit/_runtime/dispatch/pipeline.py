@@ -219,12 +219,13 @@ class Pipeline:
     def native(self, op: OpOverload, fn: Callable) -> Callable:
         """Wrap a functional backend kernel as a PrivateUse1 kernel for ``op``.
 
-        A kernel that raises :class:`~accelkit.sdk.KernelDeclined` hands these arguments to the
-        CPU fallback (under the fallback policy, counted as a fallback), as do the derived
-        in-place and ``out=`` variants.
+        A kernel that raises :class:`~accelkit.sdk.KernelDeclined` hands these arguments to
+        :meth:`_declined`'s choice: the backend's decomposition for declined calls, or the CPU
+        fallback (under the fallback policy, counted as a fallback). The derived in-place and
+        ``out=`` variants hand them to the CPU fallback.
         """
         ctx, name, call, wrap = self.ctx, str(op), self._call, self._wrap
-        cpu_fallback = self.cpu_fallback
+        declined = self._declined(op)
         gen = generator_slot(op)
         store = _undeclared_writer(ctx, op)  # None for almost every op
 
@@ -232,7 +233,7 @@ class Pipeline:
             try:
                 result = call(op, fn, gen, args, kwargs)
             except KernelDeclined:
-                return cpu_fallback(op, *args, **kwargs)
+                return declined(*args, **kwargs)
             ctx.counters.count(name, "native")
             if store is not None:
                 result = store(args, kwargs, result)
@@ -242,7 +243,16 @@ class Pipeline:
         if lane is None:
             return run
         # ``run`` is the general path: the lane hands it every call it does not cover.
-        return lane.front(name, run, functools.partial(cpu_fallback, op), wrap)
+        return lane.front(name, run, declined, wrap)
+
+    def _declined(self, op: OpOverload) -> Callable[..., Any]:
+        """``declined(*args, **kwargs)``: where functional ``op``'s kernel sends a call it
+        declines — the decomposition the backend named for them
+        (:meth:`~accelkit.sdk.KernelTable.decompose_declined`), or else the CPU fallback."""
+        decomposition = self.ctx.kernels.declined_decompositions.get(op)
+        if decomposition is None:
+            return functools.partial(self.cpu_fallback, op)
+        return functools.partial(self._decomposed(decomposition), op)
 
     def install_native_front(self, native: Any, op: OpOverload, fn: Callable, kernel: Callable) -> bool:
         """Make the native extension's C++ front of ``fn``'s lane (``_native/lane.cpp``) the
@@ -276,7 +286,7 @@ class Pipeline:
         count = functools.partial(self.ctx.counters.count, name, "native")
         native.install_lane_front(
             op._schema.name, op._schema.overload_name, kernel, lane.lookup, count,
-            self.ctx.allocator.adopt, wrap, functools.partial(self.cpu_fallback, op), KernelDeclined,
+            self.ctx.allocator.adopt, wrap, self._declined(op), KernelDeclined,
         )
         return True
 

@@ -17,7 +17,8 @@ bank. The three programs:
 
 Accumulation is fp32 (PSUM, and SBUF for col2im and the weight gradient), rounded once into the
 result's dtype. Supported: 1-d and 2-d, stride, padding, dilation, groups, transposed with
-output_padding. A 3-d convolution is declined (``KernelDeclined``): it takes the CPU fallback. Images are processed in bands
+output_padding. A 3-d convolution is declined (``KernelDeclined``) and runs as sums of these 2-d
+programs over its depth taps (``decompositions/conv.py``). Images are processed in bands
 of rows of at most :data:`BAND_BYTES` per partition (output rows for the forward and the weight
 gradient, input rows for col2im), so a 224×224 image fits even trn1's SBUF.
 """
@@ -30,7 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 from accelkit.sdk import KernelDeclined
-from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, tile_kernel
+from accelkit_backends.neuron.decompositions.conv import convolution_3d, convolution_backward_3d
+from accelkit_backends.neuron.launch import OutSpec, chip_dtype, hbm_empty, kernels, tile_kernel
 from accelkit_backends.neuron.kernels.convert import fill
 from accelkit_backends.neuron.sim.isa import Kernel
 from accelkit_backends.neuron.sim.memory import Tile
@@ -414,3 +416,7 @@ def convolution_backward(k: Kernel, out: list[OutSpec], grad: np.ndarray, x: np.
         else:
             bias_grad(k, g4, grad_bias)
     return tuple(results)
+
+
+kernels.decompose_declined(aten.convolution_overrideable.default, convolution_3d)
+kernels.decompose_declined(aten.convolution_backward_overrideable.default, convolution_backward_3d)

@@ -4,6 +4,7 @@ fallback denied: 2-d forward/backward, dilated and transposed 2-d and 3-d, float
 
 from __future__ import annotations
 
+import accelkit
 import pytest
 import torch
 
@@ -123,3 +124,57 @@ def test_slow_conv_transpose3d(dev, dtype, geometry):
                           dilation, dev=dev)
     _close(got, expected)
     assert_decomposed("aten.slow_conv_transpose3d")
+
+
+# ``F.conv3d`` and ``F.conv_transpose3d`` reach the device as ``convolution_overrideable``, whose
+# kernel is 2-d: it declines 3-d calls, which run as the depth-tap sums (decompose_declined)
+
+
+def _conv3d_with_gradients(x, w, b, geometry, transposed, groups, grad_dtype):
+    stride, padding, output_padding, dilation = geometry
+    x, w, b = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    if transposed:
+        y = torch.nn.functional.conv_transpose3d(x, w, b, stride, padding, output_padding, groups, dilation)
+    else:
+        y = torch.nn.functional.conv3d(x, w, b, stride, padding, dilation, groups)
+    grad = torch.linspace(-1, 1, y.numel(), dtype=torch.float32).reshape(y.shape).to(grad_dtype).to(y.dtype)
+    y.backward(grad.to(y.device))
+    return [t.cpu() for t in (y, x.grad, w.grad, b.grad)]
+
+
+CONV3D_GEOMETRIES = {  # stride, padding, output_padding (transposed only), dilation
+    "plain": ([1, 1, 1], [0, 0, 0], [0, 0, 0], [1, 1, 1]),
+    "strided": ([2, 1, 2], [1, 0, 1], [1, 0, 1], [1, 2, 1]),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("transposed", [False, True], ids=["direct", "transposed"])
+@pytest.mark.parametrize("groups", [1, 2])
+@pytest.mark.parametrize("geometry", list(CONV3D_GEOMETRIES.values()), ids=list(CONV3D_GEOMETRIES))
+def test_conv3d_and_its_gradients_run_on_the_device(dev, dtype, transposed, groups, geometry):
+    if not transposed:
+        geometry = geometry[:2] + ([0, 0, 0],) + geometry[3:]
+    shape = (4, 6 // groups) if transposed else (6, 4 // groups)
+    x, w, b = _random(2, 4, 5, 6, 5, dtype=dtype), _random(*shape, 3, 2, 3, dtype=dtype), _random(6, dtype=dtype)
+    # bfloat16: the CPU's kernels round partial sums to bfloat16 on the way (measured 0.14 off
+    # at a cancelling output of 0.27), the tap sums round float32 sums once: so the reference is
+    # the CPU's float32 result for the same values, rounded once, within one bfloat16 step
+    expected = _conv3d_with_gradients(x.float(), w.float(), b.float(), geometry, transposed, groups, dtype)
+    got = _conv3d_with_gradients(x.to(dev), w.to(dev), b.to(dev), geometry, transposed, groups, dtype)
+    for g, e in zip(got, expected):
+        assert g.dtype == dtype and g.shape == e.shape
+        torch.testing.assert_close(g.float(), e.to(dtype).float(), atol=1e-4, rtol=2 ** -7 if dtype == torch.bfloat16 else 1e-4)
+    assert_decomposed("aten.convolution_overrideable.default", "aten.convolution_backward_overrideable.default")
+
+
+def test_an_integer_3d_convolution_is_left_to_the_cpu(dev):
+    """The depth-tap sums take real floats only: an integer call goes on to the CPU fallback."""
+    x = torch.arange(54, dtype=torch.int32).reshape(1, 2, 3, 3, 3)
+    w = torch.arange(8, dtype=torch.int32).reshape(2, 2, 2, 1, 1)
+    accelkit.reset_stats()
+    with accelkit.fallback_policy("allow"):
+        got = torch.nn.functional.conv3d(x.to(dev), w.to(dev))
+    assert torch.equal(got.cpu(), torch.nn.functional.conv3d(x, w))
+    counts = accelkit.stats()["ops"]["aten.convolution_overrideable.default"]
+    assert counts["fallback"] == 1 and counts["decomposed"] == 0
