@@ -6,6 +6,13 @@ identity (so an empty segment holds 0 for sum, 1 for prod, -inf for max, inf for
 is the sum (from ``initial``) over the length: NaN for an empty segment without ``initial``,
 ``initial`` with it, as on the CPU. Floating data, one dim of lengths or offsets; other forms
 are left to the CPU. Within float rounding (sums in another order); max and min exact.
+
+``_segment_reduce_backward`` gives each row its segment's gradient as the CPU's kernel does:
+sum the gradient, mean the gradient over the length; max and min the rows equal to the result
+(or NaN) get it, shared equally where several do (the CPU divides only the positive shares, and
+so does this); prod the gradient times the result over the row, or, for a zero or NaN row, times
+the product of the segment's other rows and ``initial`` (counted per segment: any other NaN
+makes it NaN, any other zero 0).
 """
 
 from __future__ import annotations
@@ -22,18 +29,37 @@ _REDUCTIONS = {"sum": ("sum", 0.0), "mean": ("sum", 0.0), "prod": ("prod", 1.0),
                "max": ("amax", float("-inf")), "min": ("amin", float("inf"))}
 
 
-def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
-    given = lengths if lengths is not None else offsets
-    if (reduce not in _REDUCTIONS or indices is not None or given is None or given.dim() != 1
-            or axis % max(data.dim(), 1) != 0 or not data.is_floating_point() or data.dim() == 0):
-        return NotImplemented  # the CPU's forms and errors
+def _taken(data, reduce, given, axis) -> bool:
+    """Whether the decompositions take these arguments (else the CPU's forms and errors)."""
+    return (reduce in _REDUCTIONS and given is not None and given.dim() == 1 and data.dim() > 0
+            and axis % data.dim() == 0 and data.is_floating_point())
+
+
+def _segments(data, lengths, offsets) -> tuple[torch.Tensor, torch.Tensor]:
+    """The segments' lengths (int64), and each row's segment."""
     if lengths is None:
         lengths = offsets[1:] - offsets[:-1]
     lengths = lengths.to(torch.int64)
-    segments = lengths.shape[0]
     ends = torch.cumsum(lengths, 0)
     rows = torch.arange(data.shape[0], device=data.device)
-    segment = torch.searchsorted(ends, rows, right=True).clamp(max=max(segments - 1, 0))
+    return lengths, torch.searchsorted(ends, rows, right=True).clamp(max=max(lengths.shape[0] - 1, 0))
+
+
+def _per_row(values: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:
+    """Each row's entry of ``values`` (one per segment): its segment's."""
+    return values.index_select(0, segment)
+
+
+def _per_segment_sum(values: torch.Tensor, segment: torch.Tensor, segments: int) -> torch.Tensor:
+    return values.new_zeros((segments,) + tuple(values.shape[1:])).index_add(0, segment, values)
+
+
+def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
+    given = lengths if lengths is not None else offsets
+    if indices is not None or not _taken(data, reduce, given, axis):
+        return NotImplemented  # the CPU's forms and errors
+    lengths, segment = _segments(data, lengths, offsets)
+    segments = lengths.shape[0]
     name, identity = _REDUCTIONS[reduce]
     start = identity if initial is None else float(initial)
     shape = (segments,) + tuple(data.shape[1:])
@@ -47,6 +73,43 @@ def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, a
     return mean if initial is None else torch.where(count == 0, torch.full_like(mean, start), mean)
 
 
+def _segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    given = lengths if lengths is not None else offsets
+    if not _taken(data, reduce, given, axis) or grad.dtype != data.dtype or output.dtype != data.dtype:
+        return NotImplemented
+    lengths, segment = _segments(data, lengths, offsets)
+    segments = lengths.shape[0]
+    column = (-1,) + (1,) * (data.dim() - 1)
+    row_grad = _per_row(grad, segment)
+    if reduce == "sum":
+        return row_grad.contiguous()
+    if reduce == "mean":
+        return (row_grad / _per_row(lengths, segment).reshape(column).to(data.dtype)).contiguous()
+    row_output = _per_row(output, segment)
+    if reduce in ("max", "min"):
+        chosen = torch.isnan(data) | (data == row_output)
+        shared_by = _per_row(_per_segment_sum(chosen.to(torch.int32), segment, segments), segment)
+        share = torch.where(chosen, row_grad, torch.zeros_like(row_grad))
+        divided = (shared_by >= 2) & (share > 0)
+        return torch.where(divided, share / shared_by.clamp(min=1).to(data.dtype), share).contiguous()
+    # prod
+    is_nan, is_zero = torch.isnan(data), data == 0
+    special = is_nan | is_zero
+    regular_product = torch.ones((segments,) + tuple(data.shape[1:]), dtype=data.dtype, device=data.device)
+    index = segment.reshape(column).expand(data.shape)
+    regular_product = regular_product.scatter_reduce(0, index, torch.where(special, torch.ones_like(data), data),
+                                                     "prod", include_self=True)
+    start = 1.0 if initial is None else float(initial)
+    base = _per_row(regular_product, segment) * start
+    other_nans = _per_row(_per_segment_sum(is_nan.to(torch.int32), segment, segments), segment) - is_nan.to(torch.int32)
+    other_zeros = (_per_row(_per_segment_sum(is_zero.to(torch.int32), segment, segments), segment)
+                   - is_zero.to(torch.int32))
+    exclusive = torch.where(other_nans > 0, torch.full_like(base, float("nan")),
+                            torch.where(other_zeros > 0, base * 0, base))
+    return torch.where(special, row_grad * exclusive, (row_grad * row_output) / data).contiguous()
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
-    """The decomposition above, keyed by aten overload."""
-    return {aten.segment_reduce.default: _segment_reduce}
+    """The decompositions above, keyed by aten overload."""
+    return {aten.segment_reduce.default: _segment_reduce,
+            aten._segment_reduce_backward.default: _segment_reduce_backward}

@@ -27,3 +27,35 @@ def test_segment_reduce_matches_the_cpu(dev, dtype, reduce, initial, columns):
         torch.testing.assert_close(got, expected, equal_nan=True, **tolerance)
     counts = accelkit.stats()["ops"]["aten.segment_reduce.default"]
     assert counts["decomposed"] > 0 and not counts["fallback"]
+
+
+def _special_rows(dtype):
+    """Rows with ties, zeros and a NaN, in segments of 2, 0, 3, 1 and 3 rows."""
+    data = torch.tensor([[1.0, 0.0], [1.0, 2.0], [3.0, -1.0], [0.0, -1.0], [3.0, 0.0], [5.0, 4.0],
+                         [0.0, float("nan")], [2.0, 0.0], [-2.0, 2.0]])
+    return data.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("initial", [None, 2.5])
+@pytest.mark.parametrize("rows", ["random", "special"])
+def test_segment_reduce_backward_matches_the_cpu(dev, dtype, reduce, initial, rows):
+    if rows == "random":
+        data = torch.randn(9, 2, generator=torch.Generator().manual_seed(1)).to(dtype)
+    else:
+        data = _special_rows(dtype)
+    lengths = torch.tensor([2, 0, 3, 1, 3])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)])
+    grad = torch.tensor([[1.0, -2.0], [0.5, 0.5], [-1.5, 3.0], [2.0, -1.0], [0.25, 4.0]]).to(dtype)
+    for form in (dict(lengths=lengths), dict(offsets=offsets)):
+        output = torch.segment_reduce(data, reduce, initial=initial, **form)
+        expected = torch.ops.aten._segment_reduce_backward(grad, output, data, reduce, initial=initial, **form)
+        with accelkit.fallback_policy("deny"):
+            got = torch.ops.aten._segment_reduce_backward(
+                grad.to(dev), output.to(dev), data.to(dev), reduce, initial=initial,
+                **{name: t.to(dev) for name, t in form.items()}).cpu()
+        tolerance = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(got, expected, equal_nan=True, **tolerance)
+    counts = accelkit.stats()["ops"]["aten._segment_reduce_backward.default"]
+    assert counts["decomposed"] > 0 and not counts["fallback"]
