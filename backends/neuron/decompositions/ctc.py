@@ -9,7 +9,8 @@ every term is -inf), then the step's log-probability of ``l'[s]``; the backward 
 for β from each item's last time step down. The gradient collects ``α + β`` per label (a log-sum
 over the positions carrying it) and is ``exp(lp) - exp(collected + nll - lp)`` times the output
 gradient, 0 after an item's input length and, under ``zero_infinity``, for an item whose loss is
-infinite. The lengths are Python ints (the op's ``int[]`` forms), so no step reads the device.
+infinite. The lengths are Python ints (the op's ``int[]`` forms), so no step reads the device;
+the forms taking them as tensors read them once.
 
 The positions an item does not use (after ``2 * target_length``, or after its input length) hold
 -inf in ``log_alpha`` here; the CPU leaves them unwritten, and its loss reads neither. The
@@ -185,6 +186,26 @@ def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, 
     return torch.where(keep, result, torch.zeros_like(result))
 
 
+def _integral(*tensors: torch.Tensor) -> bool:
+    return all(not t.is_floating_point() and not t.is_complex() and t.dtype != torch.bool for t in tensors)
+
+
+def _ctc_loss_tensor(log_probs, targets, input_lengths, target_lengths, blank=0, zero_infinity=False):
+    """The form with lengths as tensors: read once (a synchronisation), then the ``int[]`` form."""
+    if not _integral(input_lengths, target_lengths):
+        return NotImplemented  # the CPU's "must be integral" error
+    return _ctc_loss(log_probs, targets, input_lengths.tolist(), target_lengths.tolist(), blank, zero_infinity)
+
+
+def _ctc_loss_backward_tensor(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha,
+                              blank, zero_infinity=False):
+    if not _integral(input_lengths, target_lengths):
+        return NotImplemented
+    return _ctc_loss_backward(grad, log_probs, targets, input_lengths.tolist(), target_lengths.tolist(),
+                              neg_log_likelihood, log_alpha, blank, zero_infinity)
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload."""
-    return {aten._ctc_loss.default: _ctc_loss, aten._ctc_loss_backward.default: _ctc_loss_backward}
+    return {aten._ctc_loss.default: _ctc_loss, aten._ctc_loss_backward.default: _ctc_loss_backward,
+            aten._ctc_loss.Tensor: _ctc_loss_tensor, aten._ctc_loss_backward.Tensor: _ctc_loss_backward_tensor}

@@ -22,6 +22,14 @@ the sorted row (the first, so the smallest value, of equal runs).
 over (value, index) pairs, a later element winning ties and NaN winning over numbers, as the CPU's
 loop keeps them. ``logcumsumexp`` is the same scan with ``logaddexp`` (its additions grouped
 otherwise than the CPU's left-to-right loop: equal within float rounding).
+
+``_unique``/``_unique2`` (``torch.unique`` of a whole tensor) sort the flattened tensor (stably),
+keep each element that differs from the one before it (``!=``: every NaN is its own value, last,
+as on the CPU; here in the input's order, on the CPU as its unstable sort leaves them, so a NaN's
+inverse may point at another NaN), and number the runs: the inverse is that number
+scattered back to each element's place, the counts the runs' lengths. The output's size depends
+on the values, so it is read once (a synchronisation). The CPU sorts whether or not ``sorted``
+asks it to; so does this.
 """
 
 from __future__ import annotations
@@ -254,9 +262,39 @@ def _logcumsumexp(self, dim):
     return x.movedim(-1, dim).contiguous()
 
 
+def _unique2(self, sorted=True, return_inverse=False, return_counts=False):
+    if self.is_complex() or self.numel() > MAX_RANKED:
+        return NotImplemented  # the CPU's error for complex; long tensors: see MAX_RANKED
+    flat = self.reshape(-1)
+    none = torch.empty(0, dtype=torch.int64, device=self.device)
+    if flat.numel() == 0:
+        return flat.clone(), self.new_empty(self.shape, dtype=torch.int64) if return_inverse else none, none
+    values, order = torch.sort(flat, stable=True)
+    starts_run = torch.ones_like(values, dtype=torch.bool)
+    starts_run[1:] = values[1:] != values[:-1]
+    output = values[starts_run]
+    inverse = none
+    if return_inverse:
+        run = torch.cumsum(starts_run.to(torch.int64), 0) - 1
+        inverse = torch.empty_like(run).scatter(0, order, run).reshape(self.shape)
+    counts = none
+    if return_counts:
+        starts = torch.nonzero(starts_run).reshape(-1)
+        ends = torch.cat([starts[1:], torch.full((1,), flat.numel(), dtype=torch.int64, device=self.device)])
+        counts = ends - starts
+    return output, inverse, counts
+
+
+def _unique(self, sorted=True, return_inverse=False):
+    result = _unique2(self, sorted, return_inverse, False)
+    return result if result is NotImplemented else result[:2]
+
+
 def decompositions() -> Mapping[OpOverload, Callable]:
     """The decompositions above, keyed by aten overload (their ``out=`` forms follow)."""
     return {
+        aten._unique.default: _unique,
+        aten._unique2.default: _unique2,
         aten.sort.stable: _sort,
         aten.topk.default: _topk,
         aten.kthvalue.default: _kthvalue,

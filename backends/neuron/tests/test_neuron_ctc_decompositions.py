@@ -75,3 +75,17 @@ def test_a_call_the_cpu_refuses_raises_its_error(dev):
     with accelkit.fallback_policy("allow"), pytest.raises(RuntimeError) as on_device:
         aten._ctc_loss(log_probs.to(dev), targets.to(dev), too_long, target_lengths)
     assert str(on_device.value).splitlines()[0] == str(on_cpu.value).splitlines()[0]
+
+
+def test_the_forms_taking_lengths_as_tensors_match_the_cpu(dev):
+    log_probs, targets, input_lengths, target_lengths = _case(True, 0, seed=5)
+    lengths = torch.tensor(input_lengths), torch.tensor(target_lengths)
+    nll, log_alpha = aten._ctc_loss.Tensor(log_probs, targets, *lengths)
+    got_nll, got_alpha = aten._ctc_loss.Tensor(log_probs.to(dev), targets.to(dev), *(t.to(dev) for t in lengths))
+    torch.testing.assert_close(got_nll.cpu(), nll, atol=2e-5, rtol=2e-5)
+    grad = torch.linspace(0.5, 2.0, BATCH)
+    expected = aten._ctc_loss_backward.Tensor(grad, log_probs, targets, *lengths, nll, log_alpha, 0)
+    got = aten._ctc_loss_backward.Tensor(grad.to(dev), log_probs.to(dev), targets.to(dev), *(t.to(dev) for t in lengths),
+                                         got_nll, got_alpha, 0)
+    torch.testing.assert_close(got.cpu(), expected, atol=2e-5, rtol=2e-5, equal_nan=True)
+    assert_decomposed("aten._ctc_loss.Tensor", "aten._ctc_loss_backward.Tensor")

@@ -149,3 +149,39 @@ def test_rows_longer_than_the_ranking_bound_go_to_the_cpu(dev, monkeypatch):
     _same(torch.sort(x[:, :8], dim=1, stable=True).indices, short.indices)
     counts = accelkit.stats()["ops"]["aten.sort.values_stable"]
     assert counts["fallback"] == 1 and counts["decomposed"] == 1
+
+
+UNIQUE_CASES = {
+    "ties and NaN": lambda dtype: _with_ties_and_nans(dtype, (4, 18)),
+    "bool": lambda dtype: torch.tensor([[True, False], [True, True]]),
+    "0-d": lambda dtype: torch.tensor(7).to(dtype),
+    "empty": lambda dtype: torch.empty(0, 3).to(dtype),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(UNIQUE_CASES))
+@pytest.mark.parametrize("return_inverse", [True, False])
+@pytest.mark.parametrize("return_counts", [True, False])
+def test_unique_matches_the_cpu(dev, dtype, case, return_inverse, return_counts):
+    """Values (each NaN its own, last), the inverse in the input's shape and the counts, or the
+    CPU's empty tensors for the ones not asked for; ``sorted=False`` sorts, as on the CPU. The
+    CPU orders its NaNs among themselves as its unstable sort leaves them, so a NaN's inverse
+    is checked to point at a NaN of the output, each at its own."""
+    x = UNIQUE_CASES[case](dtype)
+    for sorted_ in (True, False):
+        expected = torch.ops.aten._unique2(x, sorted_, return_inverse, return_counts)
+        got = [t.cpu() for t in torch.ops.aten._unique2(x.to(dev), sorted_, return_inverse, return_counts)]
+        for e, g in zip(expected, got):
+            assert (g.dtype, g.shape) == (e.dtype, e.shape)
+        values, inverse, counts = got
+        assert torch.equal(torch.where(values != values, 0, values), torch.where(expected[0] != expected[0], 0,
+                                                                                expected[0]))
+        assert torch.equal(counts, expected[2])
+        if return_inverse:
+            nan = x != x
+            assert torch.equal(inverse[~nan], expected[1][~nan])
+            assert values[inverse[nan]].isnan().all() and len(set(inverse[nan].tolist())) == int(nan.sum())
+        unique_inverse = torch.ops.aten._unique(x.to(dev), sorted_, return_inverse)[1].cpu()
+        assert torch.equal(unique_inverse, inverse)
+    assert_decomposed("aten._unique2.default", "aten._unique.default")
