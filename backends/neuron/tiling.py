@@ -11,8 +11,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from accelkit_backends.neuron.launch import chip_dtype
-from accelkit_backends.neuron.sim.isa import Kernel, TilePool
-from accelkit_backends.neuron.sim import replay
+from accelkit_backends.neuron.sim.isa import Kernel, TilePool, contiguous_run_bytes
+from accelkit_backends.neuron.sim import cost, replay
 from accelkit_backends.neuron.sim.memory import Tile
 
 #: Free elements per partition in one elementwise tile: 8 KiB of fp32, so a handful of
@@ -43,6 +43,7 @@ class FlatOperand:
         self.scalar = array.size == 1
         view = np.broadcast_to(array, shape)
         self.pattern = view
+        self.memory_order = _memory_order(view)
         if view.flags.c_contiguous:
             self.flat = view.reshape(-1)
         else:  # the values, densely, for the simulator to read (made again at each replay)
@@ -58,6 +59,9 @@ class FlatOperand:
             return tile
         tile = pool.tile((rows, cols), self.tile_dtype, name)
         part = self.flat[start : start + rows * cols].reshape(rows, cols)
+        if self.memory_order is not None:
+            k.dma(tile, part, pattern=self.memory_order, reordered=True)
+            return tile
         contiguous = self.pattern.flags.c_contiguous
         # A strided or broadcast input is costed by the walk over its view (every chunk of it
         # has the same run structure), not by the dense copy the simulator reads values from.
@@ -67,6 +71,20 @@ class FlatOperand:
 
 def _dense(view: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(view).reshape(-1)
+
+
+def _memory_order(view: np.ndarray) -> np.ndarray | None:
+    """For a view whose dims are a permutation of a dense block's (a transposed tensor) and whose
+    walk in its own order has runs too short for a DMA (``cost.DMA_EFFICIENT_RUN_BYTES``), the
+    block in memory order: such a view is loaded in that order and reordered on chip
+    (``Kernel.dma(reordered=True)``), as a compiler loads it. None for any other view."""
+    if view.flags.c_contiguous or any(stride == 0 and size > 1 for size, stride in zip(view.shape, view.strides)):
+        return None
+    if contiguous_run_bytes(view) >= cost.DMA_EFFICIENT_RUN_BYTES:
+        return None
+    order = sorted(range(view.ndim), key=lambda d: -abs(view.strides[d]))
+    block = view.transpose(order)
+    return block if block.flags.c_contiguous else None
 
 
 class FlatMap(NamedTuple):

@@ -260,7 +260,7 @@ class Kernel:
     # -- DMA ------------------------------------------------------------------------------
 
     def dma(self, dst: Tile | np.ndarray, src: Tile | np.ndarray, transpose: bool = False,
-            pattern: np.ndarray | None = None) -> None:
+            pattern: np.ndarray | None = None, reordered: bool = False) -> None:
         """Copy between HBM (numpy arrays) and SBUF tiles, or SBUF to SBUF.
 
         Shapes must match. DMA does not convert dtypes, with two policy exceptions: an int64 HBM
@@ -269,6 +269,11 @@ class Kernel:
         ``transpose=True`` loads ``src.T`` (a DMA transpose, NeuronCore-v3 and later).
         ``pattern`` is the HBM view the transfer walks, when ``src`` holds values already
         gathered from it (a broadcast or strided input): the cost follows the pattern.
+        ``reordered``: ``pattern`` is a dense block walked in memory order, and ``dst`` takes it in
+        another dim order (a transposed view of a tensor), as a compiler loads such a view: a DMA
+        transpose where the DMA engine has one (NeuronCore-v3 and later), else a copy in memory
+        order then a reorder on chip (Tensor-engine transposes through PSUM, copied back by the
+        Vector engine). Costed so; the values are ``src``'s either way.
         """
         if isinstance(dst, Tile) and dst.memory is self.core.psum:
             raise NeuronKernelError(f"{self.name}: DMA cannot write PSUM; matmuls write PSUM")
@@ -302,9 +307,27 @@ class Kernel:
         touches = tuple(t for t in (self._touch(src, write=False) if from_hbm else None,
                                     self._touch(dst, write=True) if to_hbm else None) if t is not None)
         walked = pattern if pattern is not None else hbm_side if hbm_side is not None else values
-        run = _contiguous_run_bytes(walked)
-        self._dma_schedule("dma_transpose" if transpose else "dma", nbytes, run, transpose,
+        run = contiguous_run_bytes(walked)
+        transposing = transpose or (reordered and self.spec.transpose_in_dma)
+        self._dma_schedule("dma_transpose" if transposing else "dma", nbytes, run, transposing,
                            reads=(src,), writes=(dst,), via_hbm=hbm_side is not None, touches=touches)
+        if reordered and not self.spec.transpose_in_dma and isinstance(dst, Tile):
+            self._timed(lambda: self._place_reorder(dst))
+
+    def _place_reorder(self, tile: Tile) -> None:
+        """The cost of putting a tile loaded in memory order into its dims' order on a core
+        without DMA transposes: a Tensor-engine transpose per 128 columns into PSUM, and the
+        Vector engine's copy back to SBUF."""
+        p, f = tile.partitions, tile.free_size
+        dtype = nx.torch_dtype(tile.dtype)
+        for start in range(0, f, self.spec.partitions):
+            columns = min(self.spec.partitions, f - start)
+            idle = not self._tensor_used or self._engine_free["tensor"] < self._ready(tile)
+            self._tensor_used = True
+            self._place("transpose", "tensor", cost.matmul_seconds(self.spec, p, columns, dtype, idle), (tile,), (),
+                        f"[{p}, {columns}] reorder")
+        self._place("tensor_copy", "vector", cost.vector_seconds(self.spec, f, 1, tile.dtype.itemsize == 2),
+                    (tile,), (tile,), "PSUM to SBUF")
 
     def gather_rows(self, dst: Tile, table: np.ndarray, indices: Tile) -> None:
         """Indirect DMA: ``dst[p] = table[indices[p, 0]]`` for each partition (an embedding lookup).
@@ -798,7 +821,7 @@ def _hbm_buckets(low: int, high: int) -> range:
     return range(low >> _HBM_BUCKET_BITS, ((max(high, low + 1) - 1) >> _HBM_BUCKET_BITS) + 1)
 
 
-def _contiguous_run_bytes(array: np.ndarray) -> int:
+def contiguous_run_bytes(array: np.ndarray) -> int:
     """Bytes a DMA reads contiguously per descriptor: the innermost dims that are dense.
 
     Broadcast dims (stride 0) are re-reads of the same bytes and do not break a run.
