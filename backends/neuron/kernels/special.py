@@ -843,3 +843,89 @@ _register_polynomial("special_hermite_polynomial_h", _hermite(physicists=True), 
 _register_polynomial("special_hermite_polynomial_he", _hermite(physicists=False), cap=_HERMITE_LIMIT)
 _register_polynomial("special_laguerre_polynomial_l", _laguerre)
 _register_polynomial("special_legendre_polynomial_p", _legendre)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hurwitz zeta: Euler–Maclaurin summation (the CPU's algorithm), in float32
+# ---------------------------------------------------------------------------------------------
+
+#: The CPU sums its terms directly until the next one is past 9 and at least nine were taken.
+_ZETA_SHIFT = 9
+#: ``A[k]``: the Euler–Maclaurin coefficients ``(2k + 2)! / B_{2k+2}`` of the CPU's tail.
+_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
+           -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
+           1.8152105401943546773e17, -7.1661652561756670113e18)
+#: The most terms summed directly; a negative ``q`` further from 0 would need more (one per unit
+#: of ``-q``), and the program declines it to the CPU.
+MAX_ZETA_TERMS = 256
+
+
+def _zeta_terms(q: Any) -> int:
+    """How many terms ``(q + j)^-x``, j = 0 .. n - 1, precede the tail at ``w = q + n``: the
+    CPU's count for the smallest ``q`` that is summed at all (a non-positive integer ``q`` is a
+    pole and a non-finite one has no sum), the same for every element."""
+    values = np.asarray(q, dtype=np.float64).reshape(-1)
+    summed = values[np.isfinite(values) & ((values > 0) | (values != np.floor(values)))]
+    lowest = float(summed.min()) if summed.size else 1.0
+    terms = max(_ZETA_SHIFT, int(np.floor(_ZETA_SHIFT - lowest)) + 1)
+    if terms > MAX_ZETA_TERMS:
+        raise KernelDeclined(f"neuron special_zeta: q = {lowest} needs {terms} direct terms, above the "
+                             f"{MAX_ZETA_TERMS} the program unrolls")
+    return terms
+
+
+def _zeta(f: _Fp32, x: Tile, q: Tile, terms: int) -> Tile:
+    """``sum_j (q + j)^-x``: ``terms`` terms directly, the rest as the Euler–Maclaurin tail at
+    ``w = q + terms``: ``w^-x (w / (x - 1) + 1/2) + sum_k t_k``, ``t_k = w^-x x (x + 1) ...
+    (x + 2k) / (w^(2k+1) A[k])``.
+
+    Summed smallest first: the tail's series by Horner's rule from its last term (each term is
+    the one before times ``(x + 2k - 1)(x + 2k) A[k-1] / (w^2 A[k])``, so nothing overflows
+    where ``w^-x`` underflows), then the direct terms from the last. Powers are the Vector
+    engine's ``pow``. Where the tail's first term ``w^-x`` is 0 and the direct sum is not, the
+    CPU has stopped before the tail (its next term was negligible): the tail is left out, as an
+    infinite ``x`` would otherwise make it NaN; where both are 0, the tail is kept, NaN or 0 as
+    the CPU's. Then the CPU's domain: x = 1 is a pole (inf), x < 1 NaN, a non-positive integer
+    ``q`` a pole (inf), a negative non-integer ``q`` NaN unless ``x`` is an integer."""
+    minus_x = f.mul(x, -1.0)
+    w = f.add(q, float(terms))
+    b = f.op(w, "pow", minus_x)
+    inverse_w2 = f.div(1.0, f.mul(w, w))
+    series = f.new("series")
+    f.k.memset(series, 1.0)
+    factor = f.new("factor")
+    for k in range(len(_ZETA_A) - 1, 0, -1):
+        f.mul(f.add(x, float(2 * k - 1)), f.add(x, float(2 * k)), into=factor)
+        f.mul(factor, inverse_w2, into=factor)
+        f.mul(factor, _ZETA_A[k - 1] / _ZETA_A[k], into=factor)
+        f.add(f.mul(series, factor, into=series), 1.0, into=series)
+    tail = f.mul(f.div(f.mul(b, x), f.mul(w, _ZETA_A[0])), series)
+    f.add(tail, f.mul(b, 0.5), into=tail)
+    f.add(tail, f.div(f.mul(b, w), f.sub(x, 1.0)), into=tail)
+    direct = f.new("direct")
+    f.k.memset(direct, 0.0)
+    term = f.new("term")
+    for j in range(terms - 1, -1, -1):
+        f.op(f.add(q, float(j), into=term), "pow", minus_x, into=term)
+        f.add(direct, term, into=direct)
+    stopped = f.both(f.test(b, "equal", 0.0), f.test(direct, "not_equal", 0.0))
+    result = f.where(stopped, direct, f.add(direct, tail))
+    # the domain, lowest precedence first
+    fractional_x = f.test(f.act("floor", x), "not_equal", x)
+    f.where(f.both(f.test(q, "less", 0.0), fractional_x), float("nan"), result, into=result)
+    pole_q = f.both(f.test(q, "less_equal", 0.0), f.test(f.act("floor", q), "equal", q))
+    f.where(pole_q, float("inf"), result, into=result)
+    f.where(f.test(x, "less", 1.0), float("nan"), result, into=result)
+    return f.where(f.test(x, "equal", 1.0), float("inf"), result, into=result)
+
+
+def _special_zeta(k: Kernel, out: list[OutSpec], x: Any, q: Any) -> np.ndarray:
+    """``x`` or ``q`` may be a number (the ``self_scalar``/``other_scalar`` forms): it rides
+    along as a one-element operand. The CPU computes float32 and float64 only."""
+    _require(out[0], "special_zeta")
+    terms = _zeta_terms(q)
+    arrays = [v if isinstance(v, np.ndarray) else np.asarray(v, dtype=_F32) for v in (x, q)]
+    return _elementwise(k, out[0], arrays, lambda f, srcs: _zeta(f, f.fp32(srcs[0]), f.fp32(srcs[1]), terms))
+
+
+tile_kernel(aten.special_zeta.default, aten.special_zeta.self_scalar, aten.special_zeta.other_scalar)(_special_zeta)
