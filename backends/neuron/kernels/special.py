@@ -860,10 +860,11 @@ _ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606
 MAX_ZETA_TERMS = 256
 
 
-def _zeta_terms(q: Any) -> int:
-    """How many terms ``(q + j)^-x``, j = 0 .. n - 1, precede the tail at ``w = q + n``: the
-    CPU's count for the smallest ``q`` that is summed at all (a non-positive integer ``q`` is a
-    pole and a non-finite one has no sum), the same for every element."""
+def _zeta_terms(q: Any) -> tuple[int, int]:
+    """``(terms, negatives)``: how many terms ``(q + j)^-x``, j = 0 .. terms - 1, precede the
+    tail at ``w = q + terms``, and how many of them have a negative base at most. ``terms`` is
+    the CPU's count for the smallest ``q`` that is summed at all (a non-positive integer ``q``
+    is a pole and a non-finite one has no sum), the same for every element."""
     values = np.asarray(q, dtype=np.float64).reshape(-1)
     summed = values[np.isfinite(values) & ((values > 0) | (values != np.floor(values)))]
     lowest = float(summed.min()) if summed.size else 1.0
@@ -871,25 +872,53 @@ def _zeta_terms(q: Any) -> int:
     if terms > MAX_ZETA_TERMS:
         raise KernelDeclined(f"neuron special_zeta: q = {lowest} needs {terms} direct terms, above the "
                              f"{MAX_ZETA_TERMS} the program unrolls")
-    return terms
+    return terms, max(0, -int(np.floor(lowest)))
 
 
-def _zeta(f: _Fp32, x: Tile, q: Tile, terms: int) -> Tile:
+def _two_sum(f: _Fp32, a: Any, b: Any) -> tuple[Tile, Tile]:
+    """``a + b`` and its rounding error, exactly (Knuth's TwoSum: no branch on which is larger)."""
+    total = f.add(a, b)
+    b_part = f.sub(total, a)
+    error = f.add(f.sub(a, f.sub(total, b_part)), f.sub(b, b_part))
+    return total, error
+
+
+def _shifted_power(f: _Fp32, q: Tile, shift: Any, power: Tile, power_finite: Tile) -> Tile:
+    """``(q + shift)^p`` for the exact ``q + shift`` = ``hi + lo``: ``hi^p (1 + p lo / hi)``.
+    Rounding ``q + shift`` to float32 alone would cost ``|p| / 2`` ulps of the power. The
+    correction takes ``p`` clamped to a finite value (``power_finite``): an infinite power of
+    ``hi`` is 0, 1 or inf already, and ``0 * inf`` would make it NaN."""
+    hi, lo = _two_sum(f, q, shift)
+    correction = f.add(f.mul(f.div(lo, hi, into=lo), power_finite, into=lo), 1.0, into=lo)
+    return f.mul(f.op(hi, "pow", power), correction)
+
+
+def _zeta(f: _Fp32, x: Tile, q: Tile, terms: int, negatives: int) -> Tile:
     """``sum_j (q + j)^-x``: ``terms`` terms directly, the rest as the Euler–Maclaurin tail at
     ``w = q + terms``: ``w^-x (w / (x - 1) + 1/2) + sum_k t_k``, ``t_k = w^-x x (x + 1) ...
-    (x + 2k) / (w^(2k+1) A[k])``.
+    (x + 2k) / (w^(2k+1) A[k])``. The CPU sums in double precision; here float32 keeps to a few
+    ulps of that by three means:
 
-    Summed smallest first: the tail's series by Horner's rule from its last term (each term is
-    the one before times ``(x + 2k - 1)(x + 2k) A[k-1] / (w^2 A[k])``, so nothing overflows
-    where ``w^-x`` underflows), then the direct terms from the last. Powers are the Vector
-    engine's ``pow``. Where the tail's first term ``w^-x`` is 0 and the direct sum is not, the
-    CPU has stopped before the tail (its next term was negligible): the tail is left out, as an
-    infinite ``x`` would otherwise make it NaN; where both are 0, the tail is kept, NaN or 0 as
-    the CPU's. Then the CPU's domain: x = 1 is a pole (inf), x < 1 NaN, a non-positive integer
-    ``q`` a pole (inf), a negative non-integer ``q`` NaN unless ``x`` is an integer."""
+    * smallest first: the tail's series by Horner's rule from its last term (each term is the
+      one before times ``(x + 2k - 1)(x + 2k) A[k-1] / (w^2 A[k])``, so nothing overflows where
+      ``w^-x`` underflows), then the direct terms from the last;
+    * each power of the exactly shifted ``q + j`` (:func:`_shifted_power`), by the Vector
+      engine's ``pow``;
+    * the direct terms summed with their rounding errors carried (TwoSum): for a negative ``q``
+      the terms of ``-|q + j|`` and ``|q + j|`` cancel, and what is left can be far below them.
+
+    Where the tail's first term ``w^-x`` is 0 and the direct sum is not, the CPU has stopped
+    before the tail (its next term was negligible): the tail is left out, as an infinite ``x``
+    would otherwise make it NaN; where both are 0, the tail is kept, NaN or 0 as the CPU's.
+    Then the CPU's domain: x = 1 is a pole (inf), x < 1 NaN, a non-positive integer ``q`` a
+    pole (inf), a negative non-integer ``q`` NaN unless ``x`` is an integer."""
     minus_x = f.mul(x, -1.0)
+    minus_x_finite = f.op(minus_x, "maximum", -float(np.finfo(_F32).max))
+    one_minus_x = f.add(minus_x, 1.0)
     w = f.add(q, float(terms))
-    b = f.op(w, "pow", minus_x)
+    # w^(1-x) and not w^-x w: for a large q, w^-x underflows long before w^(1-x) / (x - 1) does
+    b_w = _shifted_power(f, q, float(terms), one_minus_x, f.add(minus_x_finite, 1.0))
+    b = f.div(b_w, w)
     inverse_w2 = f.div(1.0, f.mul(w, w))
     series = f.new("series")
     f.k.memset(series, 1.0)
@@ -901,14 +930,28 @@ def _zeta(f: _Fp32, x: Tile, q: Tile, terms: int) -> Tile:
         f.add(f.mul(series, factor, into=series), 1.0, into=series)
     tail = f.mul(f.div(f.mul(b, x), f.mul(w, _ZETA_A[0])), series)
     f.add(tail, f.mul(b, 0.5), into=tail)
-    f.add(tail, f.div(f.mul(b, w), f.sub(x, 1.0)), into=tail)
-    direct = f.new("direct")
+    f.add(tail, f.div(b_w, f.sub(x, 1.0)), into=tail)
+    # a negative q's first m direct terms have negative bases: q + m + i pairs with q + m - 1 - i
+    # (for a half-integer q and an odd x the two cancel exactly, so they are added first)
+    m = f.where(f.test(q, "less", 0.0), f.mul(f.act("floor", q), -1.0), 0.0)
+    shift = f.new("shift")
+    direct, carried = f.new("direct"), f.new("carried")
     f.k.memset(direct, 0.0)
-    term = f.new("term")
-    for j in range(terms - 1, -1, -1):
-        f.op(f.add(q, float(j), into=term), "pow", minus_x, into=term)
-        f.add(direct, term, into=direct)
+    f.k.memset(carried, 0.0)
+    for i in range(terms - 1, -1, -1):
+        with f.k.scope():
+            f.add(m, float(i), into=shift)
+            term = f.where(f.test(shift, "less", float(terms)), _shifted_power(f, q, shift, minus_x, minus_x_finite), 0.0)
+            if i < negatives:
+                f.add(m, float(-1 - i), into=shift)
+                mirror = _shifted_power(f, q, shift, minus_x, minus_x_finite)
+                f.add(term, f.where(f.test(m, "greater", float(i)), mirror, 0.0), into=term)
+            total, error = _two_sum(f, direct, term)
+            f.k.tensor_copy(direct, total)
+            f.add(carried, error, into=carried)
     stopped = f.both(f.test(b, "equal", 0.0), f.test(direct, "not_equal", 0.0))
+    # a non-finite term makes its rounding error NaN: the plain sum is then the result
+    f.where(f.test(f.act("abs", direct), "less", float("inf")), f.add(direct, carried), direct, into=direct)
     result = f.where(stopped, direct, f.add(direct, tail))
     # the domain, lowest precedence first
     fractional_x = f.test(f.act("floor", x), "not_equal", x)
@@ -923,9 +966,10 @@ def _special_zeta(k: Kernel, out: list[OutSpec], x: Any, q: Any) -> np.ndarray:
     """``x`` or ``q`` may be a number (the ``self_scalar``/``other_scalar`` forms): it rides
     along as a one-element operand. The CPU computes float32 and float64 only."""
     _require(out[0], "special_zeta")
-    terms = _zeta_terms(q)
+    terms, negatives = _zeta_terms(q)
     arrays = [v if isinstance(v, np.ndarray) else np.asarray(v, dtype=_F32) for v in (x, q)]
-    return _elementwise(k, out[0], arrays, lambda f, srcs: _zeta(f, f.fp32(srcs[0]), f.fp32(srcs[1]), terms))
+    return _elementwise(k, out[0], arrays,
+                        lambda f, srcs: _zeta(f, f.fp32(srcs[0]), f.fp32(srcs[1]), terms, negatives))
 
 
 tile_kernel(aten.special_zeta.default, aten.special_zeta.self_scalar, aten.special_zeta.other_scalar)(_special_zeta)

@@ -1,5 +1,6 @@
-"""``polygamma`` orders 0 and 1 (``decompositions/special.py``) against the CPU, the fallback
-denied: the reflection branch, poles, large arguments, inf and NaN, float32 and bfloat16."""
+"""``polygamma`` (``decompositions/special.py``) against the CPU, the fallback denied: orders 0
+and 1 (the reflection branch) and the zeta multiples from 2 on; poles, large arguments, inf and
+NaN, float32 and bfloat16."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 import accelkit
+from conftest import assert_decomposed
 
 POINTS = [0.3, -1.5, 4.0, 0.5, 1e-3, -0.7, 10.0, 100.0, 0.0, -2.0, 2.5e3, float("inf"), float("nan")]
 
@@ -28,7 +30,36 @@ def test_polygamma_low_orders_match_the_cpu(dev, dtype, n):
     assert any(name.startswith("aten.polygamma.") and c.get("decomposed") for name, c in counts.items())
 
 
-def test_polygamma_higher_orders_are_the_cpus(dev):
-    """Orders from 2 are zeta multiples: the CPU computes them (the fallback, allowed here)."""
-    x = torch.tensor([0.5, 2.0, 7.5])
-    torch.testing.assert_close(torch.polygamma(3, x.to(dev)).cpu(), torch.polygamma(3, x))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [2, 3, 4, 7, 10])
+def test_polygamma_higher_orders_match_the_cpu(dev, dtype, n):
+    """Orders from 2 are ``(-1)^(n+1) n! zeta(n + 1, x)`` on neuron's zeta program: the poles at
+    0 and the negative integers, the sums for a negative x, large arguments, inf and NaN."""
+    x = torch.cat([torch.tensor(POINTS), torch.linspace(-4.9, 6, 101), torch.linspace(6, 80, 40)]).to(dtype)
+    expected = torch.polygamma(n, x)
+    reference = torch.polygamma(n, x.double())
+    with accelkit.fallback_policy("deny"):
+        got = torch.polygamma(n, x.to(dev)).cpu()
+    assert got.dtype == dtype
+    assert torch.equal(expected.isnan(), got.isnan())
+    assert torch.equal(expected[expected.isinf()], got[expected.isinf()])
+    finite = torch.isfinite(expected)
+    if dtype == torch.float32:
+        # a few float32 ulps beside the CPU's own float32 error (n! and the sum's rounding)
+        allowed = 8 * torch.finfo(dtype).eps * expected.double().abs() + 4 * (expected.double() - reference).abs()
+        assert bool(((got.double() - expected.double()).abs() <= allowed)[finite].all())
+    else:
+        # both round a float32 value a few float32 ulps apart: equal or one bfloat16 step
+        torch.testing.assert_close(got[finite], expected[finite], rtol=torch.finfo(dtype).eps, atol=0)
+    assert_decomposed("aten.polygamma")
+    assert accelkit.stats()["neuron"]["estimate"]["per_op"]["special_zeta.self_scalar"]["seconds"] > 0
+
+
+def test_polygamma_out_form_runs_on_the_device(dev):
+    """The conformance suite calls ``aten.polygamma.out``: it runs as the decomposition too."""
+    x = torch.linspace(-3.7, 9, 50)
+    out = torch.empty(50).to(dev)
+    with accelkit.fallback_policy("deny"):
+        torch.polygamma(3, x.to(dev), out=out)
+    torch.testing.assert_close(out.cpu(), torch.polygamma(3, x), rtol=1e-6, atol=0)
+    assert_decomposed("aten.polygamma")
