@@ -41,10 +41,12 @@ def _zeta_multiple(n: int, x: torch.Tensor) -> torch.Tensor:
 
 
 def _polygamma(n, self):
+    if n < 0:
+        return NotImplemented  # the CPU's error
+    if not self.is_floating_point():
+        self = self.to(torch.get_default_dtype())  # an integer or bool argument: the CPU's promotion
     if n == 0:
         return torch.digamma(self)
-    if n < 0 or not self.is_floating_point():
-        return NotImplemented  # the CPU's error for a negative order; integer inputs
     if n == 1:
         return _trigamma(self).to(self.dtype)
     return _zeta_multiple(n, self).to(self.dtype)
