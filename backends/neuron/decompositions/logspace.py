@@ -12,6 +12,7 @@ into two 12-bit parts on the device, their products exact, summed with their rou
 is ``base`` rounded to float32 and the device's ``pow`` takes it: within two ulps of the CPU's.
 
 Integer and float64 results, complex or non-positive bases take the CPU (``NotImplemented``).
+One step is the CPU's own double power of ``start`` (a number), filled on the device.
 """
 
 from __future__ import annotations
@@ -58,13 +59,23 @@ def _exponents(origin: torch.Tensor, step: float, k: torch.Tensor) -> tuple[torc
     return hi, lo
 
 
+def _double_power(base: float, exponent: float) -> float:
+    try:
+        return math.pow(base, exponent)
+    except OverflowError:
+        return math.inf
+
+
 def _logspace(start, end, steps, base=10.0, *, dtype=None, layout=None, device=None, pin_memory=None):
     start = start.item() if isinstance(start, torch.Tensor) else start
     end = end.item() if isinstance(end, torch.Tensor) else end
     dtype = dtype or torch.get_default_dtype()
     if (dtype not in (torch.float32, torch.bfloat16, torch.float16) or isinstance(start, complex)
-            or isinstance(end, complex) or not base > 0 or steps < 2):
-        return NotImplemented  # the CPU's kernel: integer and float64 results, its one-element fill
+            or isinstance(end, complex) or not base > 0 or steps < 0):
+        return NotImplemented  # the CPU's kernel: integer and float64 results; its error
+    if steps < 2:
+        # the CPU fills one element with the double power of the start (a number, no exponents)
+        return torch.full((steps,), _double_power(base, float(start)), dtype=dtype, device=device)
     # start and end in the result's type, their difference too (the CPU's scalar_t arithmetic)
     first, last = torch.tensor(start, dtype=dtype), torch.tensor(end, dtype=dtype)
     step = float(last - first) / (steps - 1)

@@ -55,11 +55,22 @@ def test_bfloat16_rounds_the_float32_value_once(dev):
     torch.testing.assert_close(got, expected, rtol=torch.finfo(torch.bfloat16).eps, atol=0)
 
 
-def test_integer_results_and_one_step_take_the_cpu(dev):
-    """The CPU truncates a double power to an integer, and fills a one-step result with one
-    double power: both stay the CPU's (the fallback), with its values."""
+def test_one_step_and_no_steps(dev):
+    """One step is the CPU's double power of the start, rounded once; no steps, an empty result."""
+    with accelkit.fallback_policy("deny"):
+        for start in (2.5, 9.3, -50.0):
+            got = torch.logspace(start, 9.0, 1, device=dev).cpu()
+            assert torch.equal(got, torch.logspace(start, 9.0, 1))
+        assert torch.logspace(0.0, 1.0, 0, device=dev).shape == (0,)
+        # past float's range the CPU's fill refuses the value, and so does the device's
+        with pytest.raises(RuntimeError, match="cannot be converted to type float without overflow"):
+            torch.logspace(60.0, 9.0, 1, device=dev)
+    assert_decomposed("aten.logspace")
+
+
+def test_integer_results_take_the_cpu(dev):
+    """The CPU truncates a double power to an integer: that stays the CPU's (the fallback)."""
     with accelkit.fallback_policy("allow"):
         as_int = torch.logspace(0.0, 3.0, 4, dtype=torch.int64, device=dev).cpu()
-        one = torch.logspace(2.5, 9.0, 1, device=dev).cpu()
     assert torch.equal(as_int, torch.logspace(0.0, 3.0, 4, dtype=torch.int64))
-    assert torch.equal(one, torch.logspace(2.5, 9.0, 1))
+    assert accelkit.stats()["ops"]["aten.logspace.out"]["fallback"] == 1
