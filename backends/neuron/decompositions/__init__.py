@@ -247,18 +247,19 @@ def decompositions() -> Mapping[OpOverload, Callable]:
     pooling, the small exact arithmetic, counting and selection families, embedding bags,
     sorting, convolution's slow paths, mixed precision's loss scaling, activations, normalisation,
     distances, antialiased resampling, margin losses, random sampling, special functions,
-    segment reductions, the CTC loss, and linear algebra (triangular, Cholesky and LU in ``linalg``; QR, eigh
-    and SVD in ``orthogonal``), keyed by aten overload (their ``out=`` forms follow)."""
+    ``logspace``, segment reductions, the CTC loss, and linear algebra (triangular, Cholesky and LU
+    in ``linalg``; QR, eigh and SVD in ``orthogonal``), keyed by aten overload (their ``out=``
+    forms follow)."""
     from accelkit_backends.neuron.decompositions import (
-        activation, amp, antialias, arith, conv, count, ctc, distance, embedding, linalg, margin_loss, norm,
-        orthogonal, pool, random, segment, select, sort, special,
+        activation, amp, antialias, arith, conv, count, ctc, distance, embedding, linalg, logspace, margin_loss,
+        norm, orthogonal, pool, random, segment, select, sort, special,
     )
 
     from torch._decomp import decomposition_table
 
     table: dict[OpOverload, Callable] = {op: decomposition_table[op] for op in VETTED}
     for family in (pool, arith, count, select, embedding, sort, conv, amp, activation, norm, distance, antialias,
-                   margin_loss, random, special, segment, ctc, linalg, orthogonal):
+                   margin_loss, random, special, segment, ctc, linalg, orthogonal, logspace):
         table.update(family.decompositions())
     for rank in (1, 2, 3):
         table[getattr(aten, f"upsample_nearest{rank}d_backward").default] = _upsample_nearest_backward(False)

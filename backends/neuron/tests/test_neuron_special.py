@@ -224,3 +224,90 @@ def test_compiled_graph_with_special_functions_matches_cpu(dev):
         actual = compiled(x.to(dev), n.to(dev)).cpu()
     # three terms of magnitude <= 2.5, each a few float32 ulps off the CPU's (as above), summed
     torch.testing.assert_close(actual, f(x, n), rtol=1e-5, atol=1e-5)
+
+
+def _zeta_arguments() -> tuple[torch.Tensor, torch.Tensor]:
+    """x over [1.01, 60] against q over (0, 100], and integer x against a negative q (the only
+    negative q the CPU sums) whose fractional part stays away from 1/2, where an odd x's terms
+    of -|q + j| and |q + j| cancel (see the xfail below)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(600, generator=g) * 58.99 + 1.01
+    q = torch.cat([torch.rand(300, generator=g) * 100, torch.rand(300, generator=g) * 3])
+    whole_x = torch.randint(2, 40, (200,), generator=g).float()
+    negative_q = -torch.randint(0, 10, (200,), generator=g) - torch.rand(200, generator=g) * 0.3 - 0.05
+    return torch.cat([x, whole_x]), torch.cat([q, negative_q])
+
+
+#: How zeta's arguments are given: two tensors, or either one as a number.
+ZETA_FORMS = {
+    "tensors": lambda x, q: (x, q),
+    "self_scalar": lambda x, q: (3.0, q),
+    "other_scalar": lambda x, q: (x, 2.5),
+}
+
+
+@pytest.mark.parametrize("form", ZETA_FORMS)
+def test_zeta_matches_cpu(dev, form):
+    args = ZETA_FORMS[form](*_zeta_arguments())
+    actual = _on_device(S.zeta, dev, *args)
+    overload = {"tensors": "default"}.get(form, form)
+    assert_native(f"aten.special_zeta.{overload}")
+    assert accelkit.stats()["neuron"]["estimate"]["per_op"][f"special_zeta.{overload}"]["seconds"] > 0
+    _assert_as_accurate_as_cpu(actual, S.zeta, *args)
+
+
+def test_zeta_special_values_are_the_cpus(dev):
+    """The CPU's domain (x = 1 a pole, x < 1 NaN, a non-positive integer q a pole, a negative
+    q NaN unless x is an integer), infinities and NaN in either argument, underflow for a
+    large x, overflow near q = 0: exactly the CPU's, and the values beside them as accurate."""
+    inf, nan = float("inf"), float("nan")
+    xs = [1.0, 0.5, -1.0, 2.0, 3.0, 2.5, 1.0000001, 19.0, 60.0, 200.0, inf, -inf, nan]
+    qs = [1.0, 0.5, 0.0, -0.0, -1.0, -3.0, -2.3, 1e-30, 1e-5, 100.0, 2.5e3, 1e30, inf, -inf, nan]
+    x = torch.tensor(xs).repeat_interleave(len(qs))
+    q = torch.tensor(qs).repeat(len(xs))
+    actual = _on_device(S.zeta, dev, x, q)
+    assert_native("aten.special_zeta.default")
+    expected = S.zeta(x, q)
+    assert torch.equal(actual.isnan(), expected.isnan())
+    assert torch.equal(actual[expected.isinf()], expected[expected.isinf()])
+    # one subnormal step: zeta(2.5, 1e30) is 6.7e-46, just below the rounding point to 1.4e-45
+    torch.testing.assert_close(actual, expected, rtol=ULPS, atol=1.5e-45, equal_nan=True)
+
+
+def test_zeta_out_forms_run_natively(dev):
+    x, q = _zeta_arguments()
+    for overload, args in [("out", (x, q)), ("self_scalar_out", (4.0, q)), ("other_scalar_out", (x, 0.75))]:
+        out = torch.empty(600 + 200).to(dev)
+        with accelkit.fallback_policy("deny"):
+            S.zeta(*[a.to(dev) if isinstance(a, torch.Tensor) else a for a in args], out=out)
+        _assert_as_accurate_as_cpu(out.cpu(), S.zeta, *args)
+        assert accelkit.stats()["ops"].get(f"aten.special_zeta.{overload}", {}).get("fallback", 0) == 0
+
+
+def test_zeta_far_below_zero_takes_the_cpu(dev):
+    """A negative q needs one direct term per unit of -q: past the unrolled limit, the CPU."""
+    from accelkit_backends.neuron.kernels.special import MAX_ZETA_TERMS
+
+    x, q = torch.tensor([3.0, 3.0]), torch.tensor([0.5, -MAX_ZETA_TERMS - 0.5])
+    with pytest.raises(RuntimeError, match="neuron kernel declined these arguments and the CPU fallback is denied"):
+        _on_device(S.zeta, dev, x, q)
+    with accelkit.fallback_policy("allow"):
+        actual = S.zeta(x.to(dev), q.to(dev)).cpu()
+    torch.testing.assert_close(actual, S.zeta(x, q))
+
+
+def test_zeta_has_no_narrow_form(dev):
+    x = torch.tensor([2.0, 3.0], dtype=torch.bfloat16)
+    with accelkit.fallback_policy("allow"), pytest.raises(RuntimeError, match="not implemented for 'BFloat16'"):
+        S.zeta(x.to(dev), x.to(dev))
+
+
+def test_zeta_cancelling_negative_q_keeps_what_is_left(dev):
+    """For an odd x and a negative half-integer q the terms of ``q + j < 0`` cancel those of
+    ``-(q + j)`` exactly, leaving zeta(x, q + 2m) (m = -floor(q)): neuron adds each such pair
+    first and gets it. The CPU adds them in turn, so the terms' last bits survive (in double
+    precision: zeta(19, -2.5) is 9.2e-11 there, zeta(19, 3.5) is 4.6e-11)."""
+    x, q = torch.tensor([19.0, 7.0, 31.0, 3.0]), torch.tensor([-2.5, -4.5, -1.5, -7.5])
+    actual = _on_device(S.zeta, dev, x, q)
+    left = S.zeta(x.double(), q.double() - 2 * torch.floor(q.double())).float()
+    torch.testing.assert_close(actual, left, rtol=ULPS, atol=0)
