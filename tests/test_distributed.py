@@ -22,17 +22,6 @@ DEVICES = ["tpu", "neuron"]
 LAUNCHERS_FULL = os.environ.get("ACCELKIT_LAUNCHERS") == "full"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-    """tpu's compiled programs shared by the module's processes (``ACCELKIT_COMPILE_CACHE``, which
-    every launch here inherits): a later rank loads what an earlier one compiled instead of
-    compiling it again; the same programs, so the same numbers (tpu's store has tests of its own)."""
-    patch = pytest.MonkeyPatch()
-    patch.setenv("ACCELKIT_COMPILE_CACHE", str(tmp_path_factory.mktemp("compile-cache")))
-    yield
-    patch.undo()
-
-
 def _findings(device: str, scenario: str, **kwargs):
     ranks = run_ranks(device, scenario, **kwargs)
     for rank in ranks:
