@@ -85,13 +85,9 @@ chromium:
 # A worker holds at most about 4 GB (tpu's: XLA's CPU platform is the device's memory).
 TEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
 PARALLEL = $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile)
-# xdist hands out the files with the most tests first; the core's few long files (tests/conftest.py,
-# LONG_FILES: ranks, launchers, subprocesses) would come last and end the step on one worker, so
-# its step keeps the order its conftest gives, those files first.
-LONG_FILES_FIRST = $(if $(PARALLEL),--no-loadscope-reorder)
 
 test: $(STAMP) $(VLLM_STAMP) chromium
-	env -u ACCELKIT_DEVICE ACCELKIT_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests --ignore=tests/vllm $(PARALLEL) $(LONG_FILES_FIRST)
+	env -u ACCELKIT_DEVICE ACCELKIT_REQUIRE_BROWSER=1 $(BIN)/python -m pytest tests --ignore=tests/vllm $(PARALLEL)
 	env -u ACCELKIT_DEVICE ACCELKIT_TPU_FLOAT64=emulate $(BIN)/python -m pytest $(GENERIC_TESTS) --accelkit-device tpu $(PARALLEL)
 	env -u ACCELKIT_DEVICE $(BIN)/python -m pytest backends/tpu/tests $(PARALLEL)
 	$(MAKE) --no-print-directory test-fused-quick

@@ -48,33 +48,6 @@ def pytest_collection(session: pytest.Session) -> None:
         args.append(str(GENERIC))
 
 
-#: Files of a few tests that each start processes (ranks, launchers, `accelkit run`, pytest runs)
-#: and take minutes in all, longest first (seconds on two busy cores, `make test`'s core step,
-#: 2026-12-07). pytest-xdist hands out whole files (``--dist loadfile``), by default those with
-#: the most tests first: these came last, and the step ended with one worker running them alone.
-#: `make test` passes ``--no-loadscope-reorder``, so xdist follows the order below.
-LONG_FILES = (
-    "tests/test_distributed.py",         # 977
-    "tests/test_run.py",                 # 543
-    "tests/test_conformance_runner.py",  # 368
-    "tests/test_scaffold.py",            # 213
-    "tests/titan/test_titan.py",         # 170
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The files in ``LONG_FILES`` first, in its order; then the others with the most tests first
-    (xdist's own order, which ``--no-loadscope-reorder`` turns off); within a file, as collected."""
-    root = config.rootpath
-    files: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        files.setdefault(item.path.relative_to(root).as_posix() if item.path.is_relative_to(root)
-                         else str(item.path), []).append(item)
-    rank = {name: i for i, name in enumerate(LONG_FILES)}
-    order = sorted(files, key=lambda name: (rank.get(name, len(rank)), -len(files[name])))
-    items[:] = [item for name in order for item in files[name]]
-
-
 def run_python(code: str, env: dict[str, str] | None = None, timeout: float = 120,
                cwd: str | os.PathLike | None = None) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter (no backend active) and return the finished process.
