@@ -120,7 +120,7 @@ test-fused-quick: $(STAMP)
 # mode, and fused DDP without torchrun).
 launchers: $(STAMP)
 	env -u ACCELKIT_DEVICE ACCELKIT_LAUNCHERS=full $(BIN)/python -m pytest tests/test_multinode.py tests/test_elastic.py tests/test_ray.py \
-	  tests/test_distributed.py::test_the_ddp_example_under_torchrun_matches_one_process -rA --durations=0
+	  "tests/test_distributed.py::test_the_ddp_example_under_torchrun_matches_one_process[fused]" -rA --durations=0
 
 # TorchTitan's full matrix on tpu and neuron against ref (tests/titan; the quick part runs in `test`).
 titan: $(STAMP)
