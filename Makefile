@@ -115,9 +115,12 @@ test-fused-quick: $(STAMP)
 # Launches beyond one host's process group, on tpu and neuron: torchrun across two simulated hosts
 # (network namespaces; needs root), a rank killed and the job restarted from its checkpoint, Ray
 # Train's TorchTrainer against torchrun (tests/test_multinode.py, tests/test_elastic.py,
-# tests/test_ray.py). `make test` runs their tpu cases.
+# tests/test_ray.py; `make test` runs their tpu cases), and the DDP example under one host's
+# torchrun in tpu's fused mode (tests/test_distributed.py; `make test` runs the example in strict
+# mode, and fused DDP without torchrun).
 launchers: $(STAMP)
-	env -u ACCELKIT_DEVICE ACCELKIT_LAUNCHERS=full $(BIN)/python -m pytest tests/test_multinode.py tests/test_elastic.py tests/test_ray.py -rA --durations=0
+	env -u ACCELKIT_DEVICE ACCELKIT_LAUNCHERS=full $(BIN)/python -m pytest tests/test_multinode.py tests/test_elastic.py tests/test_ray.py \
+	  "tests/test_distributed.py::test_the_ddp_example_under_torchrun_matches_one_process[fused]" -rA --durations=0
 
 # TorchTitan's full matrix on tpu and neuron against ref (tests/titan; the quick part runs in `test`).
 titan: $(STAMP)

@@ -4,15 +4,22 @@ Each test starts fresh ranks (``accelkit.sdk.testing.distributed.run_ranks``) th
 per rank, against an independent reference in the same process: gloo on CPU tensors for every
 collective, a single-process full-batch CPU run for training. A rank that hangs is killed at the
 deadline and fails the test.
+
+The DDP example under torchrun runs in strict mode in CI; ``make launchers``
+(``ACCELKIT_LAUNCHERS=full``) runs it in fused mode too (fused DDP itself runs in CI, under
+``run_ranks``: ``test_ddp_in_fused_mode_matches_one_process``).
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from accelkit.sdk.testing.distributed import run_ranks
 
 DEVICES = ["tpu", "neuron"]
+LAUNCHERS_FULL = os.environ.get("ACCELKIT_LAUNCHERS") == "full"
 
 
 def _findings(device: str, scenario: str, **kwargs):
@@ -59,9 +66,9 @@ def test_ddp_in_fused_mode_matches_one_process():
     assert all(r.findings["parameters_close"] for r in ranks)
 
 
-@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("mode", ["strict", pytest.param("fused", marks=pytest.mark.skipif(
+    not LAUNCHERS_FULL, reason="runs under `make launchers` (ACCELKIT_LAUNCHERS=full): CI's budget"))])
 def test_the_ddp_example_under_torchrun_matches_one_process(tmp_path, mode):
-    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -232,8 +239,23 @@ def test_dtensor_sharding_redistribution_and_tensor_parallel_linear(device):
         assert f["tp_attention_placements"] == "(Shard(dim=1),)"
 
 
-def test_sharded_checkpoint_round_trip(tmp_path):
-    ranks = _findings("tpu", "checkpoint", args=(str(tmp_path / "checkpoint"),))
+@pytest.fixture(scope="module")
+def saved_checkpoint(tmp_path_factory):
+    """``saved_checkpoint(device)``: the checkpoint scenario's two ranks on ``device`` (train, save
+    with DCP, load back), run once per device for this module: (their results, the directory)."""
+    runs = {}
+
+    def run(device: str):
+        if device not in runs:
+            directory = str(tmp_path_factory.mktemp(f"checkpoint-{device}") / "checkpoint")
+            runs[device] = _findings(device, "checkpoint", args=(directory,)), directory
+        return runs[device]
+
+    return run
+
+
+def test_sharded_checkpoint_round_trip(saved_checkpoint):
+    ranks, _ = saved_checkpoint("tpu")
     _ok(ranks)
     for rank in ranks:
         f = rank.findings
@@ -243,9 +265,9 @@ def test_sharded_checkpoint_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_a_checkpoint_saved_by_two_ranks_loads_into_one_and_into_three(tmp_path, device):
-    directory = str(tmp_path / "checkpoint")
-    _ok(_findings(device, "checkpoint", args=(directory,)))
+def test_a_checkpoint_saved_by_two_ranks_loads_into_one_and_into_three(saved_checkpoint, device):
+    saved, directory = saved_checkpoint(device)
+    _ok(saved)
     for world in (1, 3):  # 3 ranks: uneven shards of the 16-row weight
         ranks = _findings(device, "checkpoint_reshard", world_size=world, args=(directory,))
         _ok(ranks)
