@@ -36,22 +36,25 @@ def _taken(data, reduce, given, axis) -> bool:
 
 
 def _segments(data, lengths, offsets) -> tuple[torch.Tensor, torch.Tensor]:
-    """The segments' lengths (int64), and each row's segment."""
+    """The segments' lengths (int64), and each row's segment: the number of segments (one past
+    the last) for a row after the segments' total length, which ``unsafe=True`` lets through
+    and the CPU leaves out (of the result, and with a zero gradient)."""
     if lengths is None:
         lengths = offsets[1:] - offsets[:-1]
     lengths = lengths.to(torch.int64)
     ends = torch.cumsum(lengths, 0)
     rows = torch.arange(data.shape[0], device=data.device)
-    return lengths, torch.searchsorted(ends, rows, right=True).clamp(max=max(lengths.shape[0] - 1, 0))
+    return lengths, torch.searchsorted(ends, rows, right=True)
 
 
 def _per_row(values: torch.Tensor, segment: torch.Tensor) -> torch.Tensor:
-    """Each row's entry of ``values`` (one per segment): its segment's."""
-    return values.index_select(0, segment)
+    """Each row's entry of ``values`` (one per segment): its segment's; 0 past the last."""
+    padded = torch.cat([values, values.new_zeros((1,) + tuple(values.shape[1:]))])
+    return padded.index_select(0, segment)
 
 
 def _per_segment_sum(values: torch.Tensor, segment: torch.Tensor, segments: int) -> torch.Tensor:
-    return values.new_zeros((segments,) + tuple(values.shape[1:])).index_add(0, segment, values)
+    return values.new_zeros((segments + 1,) + tuple(values.shape[1:])).index_add(0, segment, values)[:segments]
 
 
 def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False, initial=None):
@@ -62,10 +65,10 @@ def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, a
     segments = lengths.shape[0]
     name, identity = _REDUCTIONS[reduce]
     start = identity if initial is None else float(initial)
-    shape = (segments,) + tuple(data.shape[1:])
+    shape = (segments + 1,) + tuple(data.shape[1:])  # one more for the rows past the last segment
     index = segment.reshape((-1,) + (1,) * (data.dim() - 1)).expand(data.shape)
     folded = torch.full(shape, start, dtype=data.dtype, device=data.device).scatter_reduce(
-        0, index, data, name, include_self=True)
+        0, index, data, name, include_self=True)[:segments]
     if reduce != "mean":
         return folded
     count = lengths.to(data.dtype).reshape((-1,) + (1,) * (data.dim() - 1))
@@ -84,7 +87,8 @@ def _segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offset
     if reduce == "sum":
         return row_grad.contiguous()
     if reduce == "mean":
-        return (row_grad / _per_row(lengths, segment).reshape(column).to(data.dtype)).contiguous()
+        length = _per_row(lengths, segment).clamp(min=1)  # 0 past the last segment, where the gradient is 0
+        return (row_grad / length.reshape(column).to(data.dtype)).contiguous()
     row_output = _per_row(output, segment)
     if reduce in ("max", "min"):
         chosen = torch.isnan(data) | (data == row_output)
@@ -95,10 +99,10 @@ def _segment_reduce_backward(grad, output, data, reduce, *, lengths=None, offset
     # prod
     is_nan, is_zero = torch.isnan(data), data == 0
     special = is_nan | is_zero
-    regular_product = torch.ones((segments,) + tuple(data.shape[1:]), dtype=data.dtype, device=data.device)
+    regular_product = torch.ones((segments + 1,) + tuple(data.shape[1:]), dtype=data.dtype, device=data.device)
     index = segment.reshape(column).expand(data.shape)
     regular_product = regular_product.scatter_reduce(0, index, torch.where(special, torch.ones_like(data), data),
-                                                     "prod", include_self=True)
+                                                     "prod", include_self=True)[:segments]
     start = 1.0 if initial is None else float(initial)
     base = _per_row(regular_product, segment) * start
     other_nans = _per_row(_per_segment_sum(is_nan.to(torch.int32), segment, segments), segment) - is_nan.to(torch.int32)

@@ -59,3 +59,20 @@ def test_segment_reduce_backward_matches_the_cpu(dev, dtype, reduce, initial, ro
         torch.testing.assert_close(got, expected, equal_nan=True, **tolerance)
     counts = accelkit.stats()["ops"]["aten._segment_reduce_backward.default"]
     assert counts["decomposed"] > 0 and not counts["fallback"]
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+def test_rows_past_the_segments_are_left_out_as_on_the_cpu(dev, reduce):
+    """``unsafe=True`` skips the check that the lengths cover every row: the CPU leaves the rows
+    past the last segment out of the result and gives them a zero gradient."""
+    data = torch.randn(10, 3, generator=torch.Generator().manual_seed(2))
+    lengths = torch.tensor([2, 0, 3, 1, 1])  # 7 of 10 rows
+    output = torch.segment_reduce(data, reduce, lengths=lengths, unsafe=True, initial=1.0)
+    grad = torch.ones_like(output)
+    expected = torch.ops.aten._segment_reduce_backward(grad, output, data, reduce, lengths=lengths, initial=1.0)
+    with accelkit.fallback_policy("deny"):
+        got = torch.segment_reduce(data.to(dev), reduce, lengths=lengths.to(dev), unsafe=True, initial=1.0).cpu()
+        got_grad = torch.ops.aten._segment_reduce_backward(grad.to(dev), output.to(dev), data.to(dev), reduce,
+                                                           lengths=lengths.to(dev), initial=1.0).cpu()
+    torch.testing.assert_close(got, output, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got_grad, expected, atol=1e-6, rtol=1e-5)

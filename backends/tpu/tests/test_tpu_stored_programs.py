@@ -188,8 +188,8 @@ def test_compiling_for_the_store_keeps_the_bound_on_loaded_executables(tmp_path)
         dev = accelkit.select_device("tpu")
         def regions(): return len(open("/proc/self/maps").readlines())
         before = regions()
-        x = torch.randn(300, 8)
-        for n in range(1, 301):
+        x = torch.randn(150, 8)
+        for n in range(1, 151):
             ((x[:n].to(dev) * 2.5 + 1).tanh().sum(0)).cpu()
         print(regions() - before, accelkit.stats()["tpu"]["loaded_programs"]["unloaded"])
     """
@@ -199,8 +199,9 @@ def test_compiling_for_the_store_keeps_the_bound_on_loaded_executables(tmp_path)
     assert plain.returncode == 0 and stored.returncode == 0, plain.stderr + stored.stderr
     plain_regions, unloaded = map(int, plain.stdout.split())
     stored_regions, stored_unloaded = map(int, stored.stdout.split())
-    assert unloaded > 1000 and stored_unloaded == unloaded
-    assert stored_regions < plain_regions + 300  # not one region per program ever compiled (3600)
+    # 150 shapes compile some 540 programs (425 unloaded at 120 shapes), 8 times the bound
+    assert unloaded > 450 and stored_unloaded == unloaded
+    assert stored_regions < plain_regions + 300  # not one region per program ever compiled
 
 
 def test_the_store_can_be_turned_off(tmp_path):
