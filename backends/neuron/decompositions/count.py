@@ -83,8 +83,11 @@ def _binned(self, edges, weight, density):
 
 
 def _histogram_bin_count(self, bins=100, *, range=None, weight=None, density=False):  # noqa: A002
-    low, high = (0.0, 0.0) if range is None else (float(range[0]), float(range[1]))
-    low, high = _outer_edges(self, low, high, 0.5, "torch.histogram")
+    if range is None and self.numel() == 0:
+        low, high = 0.0, 1.0  # the CPU's edges for no data and no range
+    else:
+        low, high = (0.0, 0.0) if range is None else (float(range[0]), float(range[1]))
+        low, high = _outer_edges(self, low, high, 0.5, "torch.histogram")
     # bins + 1 numbers from two host numbers: made by the CPU's own linspace and uploaded (the
     # device's linspace rounds some steps otherwise, and the edges are part of the result)
     edges = torch.linspace(low, high, bins + 1, dtype=self.dtype).to(self.device)

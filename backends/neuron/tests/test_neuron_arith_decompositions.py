@@ -220,6 +220,15 @@ def test_histogram_matches_cpu(dev, density, weighted):
             assert torch.equal(actual[0], expected[0]), name
 
 
+@pytest.mark.parametrize("range_", [None, (2.0, 2.0), (1.0, 3.0)], ids=["data", "equal", "given"])
+def test_histogram_of_no_data_has_the_cpus_edges(dev, range_):
+    """No data and no range: edges [0, 1]; an equal range widened by 0.5; a range as given."""
+    x = torch.empty(5, 0, 5)
+    expected = torch.histogram(x, bins=2, range=range_)
+    actual = _on_device(lambda t: torch.histogram(t, bins=2, range=range_), x, dev=dev)
+    assert torch.equal(actual[0], expected[0]) and torch.equal(actual[1], expected[1])
+
+
 # -- element-wise odds and ends ---------------------------------------------------------------
 
 def _with_specials(dtype):
