@@ -413,11 +413,18 @@ def _swap_parity_sign(pivots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return 1 - 2 * torch.remainder(swaps, 2)
 
 
+def _factored_for_det(A: torch.Tensor) -> torch.Tensor:
+    """The matrix whose LU ``_linalg_det``/``_linalg_slogdet`` return: ``A``'s transpose when
+    ``A`` is contiguous and real, as the CPU's kernel factors it (det(Aᵀ) = det(A)); their
+    backward solves with these factors knowing which one they are."""
+    return A.mH if A.is_contiguous() and not A.is_complex() else A
+
+
 def _linalg_det(A):
     _cpu_checks(aten._linalg_det.default, A)
     if not _computed_here(A):
         return NotImplemented
-    LU, pivots, _, _ = _lu_factor_batched(A)
+    LU, pivots, _, _ = _lu_factor_batched(_factored_for_det(A))
     det = LU.diagonal(dim1=-2, dim2=-1).prod(-1) * _swap_parity_sign(pivots, A.dtype)
     return det, LU, pivots
 
@@ -426,7 +433,7 @@ def _linalg_slogdet(A):
     _cpu_checks(aten._linalg_slogdet.default, A)
     if not _computed_here(A):
         return NotImplemented
-    LU, pivots, _, _ = _lu_factor_batched(A)
+    LU, pivots, _, _ = _lu_factor_batched(_factored_for_det(A))
     diagonal = LU.diagonal(dim1=-2, dim2=-1)
     sign = diagonal.sign().prod(-1) * _swap_parity_sign(pivots, A.dtype)
     return sign, diagonal.abs().log().sum(-1), LU, pivots

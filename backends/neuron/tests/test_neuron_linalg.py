@@ -262,3 +262,29 @@ def test_float64_downcast_runs_the_decompositions_in_float32():
         print("ok")
     """, env={"ACCELKIT_NEURON_FLOAT64": "downcast"})
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("op", ["det", "slogdet"])
+def test_det_and_slogdet_gradients_match_the_cpu(dev, layout, op):
+    """``_linalg_det``/``_linalg_slogdet`` return the LU of ``A``'s transpose when ``A`` is
+    contiguous and real, as the CPU's kernel does: their backward solves with those factors
+    (with the factors of ``A`` itself, the gradient was wrong where the pivots differ)."""
+    x = torch.randn(3, 5, 5, generator=torch.Generator().manual_seed(11))
+    if layout == "transposed":
+        x = x.mT
+    fn = torch.linalg.det if op == "det" else (lambda a: torch.linalg.slogdet(a).logabsdet)
+
+    def value_and_grad(a):
+        a = a.detach().clone().requires_grad_() if layout == "contiguous" else a.detach().mT.clone().mT.requires_grad_()
+        fn(a).sum().backward()
+        return fn(a).detach().cpu(), a.grad.cpu()
+
+    expected, got = value_and_grad(x), value_and_grad(x.to(dev))
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-4)
+    aten_op = torch.ops.aten._linalg_det if op == "det" else torch.ops.aten._linalg_slogdet
+    *_, lu, pivots = aten_op(x)
+    *_, device_lu, device_pivots = aten_op(x.to(dev))
+    assert torch.equal(device_pivots.cpu(), pivots)
+    torch.testing.assert_close(device_lu.cpu(), lu, atol=1e-5, rtol=1e-5)
