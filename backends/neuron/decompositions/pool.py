@@ -174,7 +174,7 @@ def _fractional_max_pool(self, kernel_size, output_size, random_samples):
     x = self if batched else self.unsqueeze(0)
     n, c, *sizes = x.shape
     planes = n * c
-    samples = random_samples.reshape(planes, spatial)
+    samples = random_samples[:n].reshape(planes, spatial)  # the CPU reads the first n (one if unbatched)
     # per dim: [planes, out, k] input positions, reshaped to broadcast over the other dims
     positions = []
     # the CPU reads a plane's samples as (width, height) in 2-d and (time, height, width) in 3-d
