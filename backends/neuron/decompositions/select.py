@@ -72,6 +72,8 @@ def _nonzero(self):
 
 
 def _nonzero_static(self, *, size, fill_value=-1):
+    if self.numel() == 0:  # nothing to find, and a zero-size dim has no digits to divide by
+        return torch.full((size, self.dim()), fill_value, dtype=torch.int64, device=self.device)
     return _positions(self, size, fill_value)
 
 

@@ -40,6 +40,9 @@ def test_nonzero_matches_cpu(dev, dtype, shape):
 def test_nonzero_of_nothing_and_of_everything(dev):
     for x in (torch.zeros(3, 4), torch.ones(3, 4), torch.zeros(0, 2)):
         _equal(_on_device(torch.nonzero, x, dev=dev), torch.nonzero(x))
+    for size in (0, 3):  # a zero-size dim: all fill (it divided by the dim's size)
+        fn = lambda t: torch.nonzero_static(t, size=size)  # noqa: E731
+        _equal(_on_device(fn, torch.empty(5, 0, 5), dev=dev), fn(torch.empty(5, 0, 5)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
