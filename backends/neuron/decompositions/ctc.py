@@ -130,10 +130,7 @@ def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, zero_i
     l2 = final.gather(1, (end - 1).clamp(min=0)).squeeze(1)
     neg_inf = torch.full_like(l1, _NEG_INF)
     l2 = torch.where(labels.lengths > 0, l2, neg_inf)  # an empty target has one end position
-    top = torch.maximum(l1, l2)
-    top = torch.where(top == _NEG_INF, torch.zeros_like(top), top)
-    likelihood = torch.log(torch.exp(l1 - top) + torch.exp(l2 - top)) + top
-    return -likelihood, log_alpha
+    return -_log_add3(l1, l2, neg_inf), log_alpha
 
 
 def _ctc_loss_backward(grad, log_probs, targets, input_lengths, target_lengths, neg_log_likelihood, log_alpha, blank,
