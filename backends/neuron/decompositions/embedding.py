@@ -10,7 +10,10 @@ bag; empty on the CPU's sum fast path: a contiguous floating weight and no paddi
 row of each bag's maximum per column, its first occurrence; mean: the bag sizes again; sum:
 zeros). ``_embedding_bag_forward_only`` sizes its zeros by the offsets, the other by the bags.
 An empty bag gives zeros. Sums are added in index order as on the CPU, but float32 results
-may differ in the last bits where the CPU's vectorised sum groups them otherwise.
+may differ in the last bits where the CPU's vectorised sum groups them otherwise. bfloat16 and
+float16 rows are scaled and summed in float32 and rounded once, as the CPU does (mean divides the
+rounded sums, as there); where a float32 sum lies exactly between two bfloat16 values the CPU's
+fast path (fbgemm) rounds away from zero, neuron to even: one step apart at such ties.
 
 Backward (``_embedding_bag_backward`` when not sparse, ``_embedding_bag_dense_backward``,
 ``_embedding_bag_per_sample_weights_backward``): each non-padding index adds its bag's gradient
@@ -18,8 +21,8 @@ row (times its per-sample weight; over the bag size for mean) to its weight row 
 ``index_add``; max sends each column's
 gradient to the row that was the maximum. An empty ``offset2bag`` (the sum fast path) is made
 from the offsets as the CPU makes it. The per-sample weights' gradient is each index's weight
-row dotted with its bag's gradient row. Sums are grouped otherwise than on the CPU (float
-rounding). ``scale_grad_by_freq`` is left to the CPU: its kernel divides some rows by another
+row dotted with its bag's gradient row (in float32 for bfloat16 and float16, rounded once, as
+the CPU's dot products). Sums are grouped otherwise than on the CPU (float rounding). ``scale_grad_by_freq`` is left to the CPU: its kernel divides some rows by another
 index's count (indices 3, 4, 5 of ``[1, 2, 4, 5, 4, 3, 2, 9]`` get 1/2, 2 and 1/2 rather than
 1, 1/2 + 1/2 and 1), which a faithful decomposition would have to copy, not fix.
 
@@ -42,6 +45,7 @@ from accelkit_backends.neuron.decompositions.arith import _search
 aten = torch.ops.aten
 
 _SUM, _MEAN, _MAX = 0, 1, 2
+_REDUCED = (torch.bfloat16, torch.float16)
 
 
 def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_SUM, sparse=False,
@@ -54,8 +58,10 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_SUM
     bag = (_search(offsets[:bags].to(torch.int64), positions, True, None) - 1).clamp(min=0)
     kept = indices != padding_idx if padding_idx >= 0 else torch.ones_like(indices, dtype=torch.bool)
     rows = weight.index_select(0, indices)
+    if mode != _MAX and rows.dtype in _REDUCED:
+        rows = rows.float()  # the CPU scales and sums reduced-precision rows in float32, rounding once
     if per_sample_weights is not None:
-        rows = rows * per_sample_weights.unsqueeze(1)
+        rows = rows * per_sample_weights.to(rows.dtype).unsqueeze(1)
     bag_size = torch.zeros(bags, dtype=torch.int64, device=device).scatter_add(0, bag, kept.to(torch.int64))
     fill = torch.zeros(offsets.numel() if forward_only else bags, dtype=indices.dtype, device=device)
     if mode == _MAX:
@@ -72,9 +78,9 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_SUM
         safe_indices = torch.cat([indices, indices.new_zeros(1)])  # position ``count``: an empty bag's 0
         max_indices = torch.where(empty, 0, safe_indices[first]).to(indices.dtype)
     else:
-        total = torch.zeros((bags, columns), dtype=weight.dtype, device=device).index_add(
-            0, bag, torch.where(kept.unsqueeze(1), rows, 0))
-        if mode == _MEAN:
+        total = torch.zeros((bags, columns), dtype=rows.dtype, device=device).index_add(
+            0, bag, torch.where(kept.unsqueeze(1), rows, 0)).to(weight.dtype)
+        if mode == _MEAN:  # the CPU divides the rounded sums
             output = torch.where((bag_size == 0).unsqueeze(1), 0,
                                  total / bag_size.clamp(min=1).to(weight.dtype).unsqueeze(1))
         else:
@@ -136,7 +142,10 @@ def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, o
     if mode != _SUM:
         return NotImplemented  # the CPU's own error for the other modes comes from there
     bag = _bags_of(indices, offsets, offset2bag)
-    products = (grad.index_select(0, bag) * weight.index_select(0, indices.to(torch.int64))).sum(1)
+    grad_rows, weight_rows = grad.index_select(0, bag), weight.index_select(0, indices.to(torch.int64))
+    if grad_rows.dtype in _REDUCED:  # the CPU's dot products are float32, rounded once
+        grad_rows, weight_rows = grad_rows.float(), weight_rows.float()
+    products = (grad_rows * weight_rows).sum(1).to(grad.dtype)
     return torch.where(_kept(indices, padding_idx), products, 0)
 
 

@@ -21,7 +21,8 @@ the sorted row (the first, so the smallest value, of equal runs).
 ``cummax``/``cummin`` are an inclusive scan (Hillis–Steele: log2(n) shifted ``where`` steps)
 over (value, index) pairs, a later element winning ties and NaN winning over numbers, as the CPU's
 loop keeps them. ``logcumsumexp`` is the same scan with ``logaddexp`` (its additions grouped
-otherwise than the CPU's left-to-right loop: equal within float rounding).
+otherwise than the CPU's left-to-right loop: equal within float rounding), in float32 for
+bfloat16 and float16 as the CPU's is, each result rounded once.
 
 ``_unique``/``_unique2`` (``torch.unique`` of a whole tensor) sort the flattened tensor (stably),
 keep each element that differs from the one before it (``!=``: every NaN is its own value, last,
@@ -255,11 +256,13 @@ def _logcumsumexp(self, dim):
     if self.numel() == 0:
         return torch.empty_like(self)
     x = self.movedim(dim, -1)
+    if x.dtype in (torch.bfloat16, torch.float16):
+        x = x.float()  # as on the CPU: the scan in float32, each result rounded once
     n, step = x.shape[-1], 1
     while step < n:
         x = torch.logaddexp(x, _shifted(x, step, float("-inf")))
         step *= 2
-    return x.movedim(-1, dim).contiguous()
+    return x.to(self.dtype).movedim(-1, dim).contiguous()
 
 
 def _unique2(self, sorted=True, return_inverse=False, return_counts=False):

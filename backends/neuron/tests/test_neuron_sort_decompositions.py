@@ -185,3 +185,24 @@ def test_unique_matches_the_cpu(dev, dtype, case, return_inverse, return_counts)
         unique_inverse = torch.ops.aten._unique(x.to(dev), sorted_, return_inverse)[1].cpu()
         assert torch.equal(unique_inverse, inverse)
     assert_decomposed("aten._unique2.default", "aten._unique.default")
+
+
+def test_logcumsumexp_bfloat16_scans_in_float32_as_the_cpu(dev):
+    """The CPU's scan is float32 for bfloat16, each result rounded once: so is neuron's (a
+    bfloat16 scan rounds at each of its log2(n) steps, which the gradient's cancelling
+    exponentials magnify: the full profile's 0.047)."""
+    dev = "neuron"
+    x = (torch.randn(6, 64, generator=torch.Generator().manual_seed(7)) * 4).bfloat16()
+    upstream = torch.randn(6, 64, generator=torch.Generator().manual_seed(8)).bfloat16()
+
+    def run(device):
+        leaf = x.to(device).requires_grad_()
+        out = torch.logcumsumexp(leaf, 1)
+        (grad,) = torch.autograd.grad(out, leaf, upstream.to(device))
+        return out.detach().cpu(), grad.cpu()
+
+    (value, grad), (cpu_value, cpu_grad) = run(dev), run("cpu")
+    _, exponent = torch.frexp(cpu_value.float())
+    step = torch.ldexp(torch.ones(()), exponent - 8)  # one bfloat16 step (8 significant bits)
+    assert bool(((value.float() - cpu_value.float()).abs() <= step).all())
+    torch.testing.assert_close(grad, cpu_grad, rtol=2.0**-8, atol=1e-2)
