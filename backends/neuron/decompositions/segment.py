@@ -6,6 +6,9 @@ identity (so an empty segment holds 0 for sum, 1 for prod, -inf for max, inf for
 is the sum (from ``initial``) over the length: NaN for an empty segment without ``initial``,
 ``initial`` with it, as on the CPU. Floating data, one dim of lengths or offsets; other forms
 are left to the CPU. Within float rounding (sums in another order); max and min exact.
+bfloat16 and float16 sums (and means) accumulate in float32 and round once: the CPU adds row by
+row in the data's own precision, so a long or cancelling segment drifts there; the result is
+the float32 computation's, rounded.
 
 ``_segment_reduce_backward`` gives each row its segment's gradient as the CPU's kernel does:
 sum the gradient, mean the gradient over the length; max and min the rows equal to the result
@@ -64,6 +67,11 @@ def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, a
     lengths, segment = _segments(data, lengths, offsets)
     segments = lengths.shape[0]
     name, identity = _REDUCTIONS[reduce]
+    if name == "sum" and data.dtype in (torch.bfloat16, torch.float16):
+        # Accumulated in float32 and rounded once: a reduced-precision sum rounds at every add,
+        # in an order (the scatter's) other than the CPU's row by row.
+        return _segment_reduce(data.float(), reduce, lengths=lengths, axis=axis, unsafe=unsafe,
+                               initial=initial).to(data.dtype)
     start = identity if initial is None else float(initial)
     shape = (segments + 1,) + tuple(data.shape[1:])  # one more for the rows past the last segment
     index = segment.reshape((-1,) + (1,) * (data.dim() - 1)).expand(data.shape)

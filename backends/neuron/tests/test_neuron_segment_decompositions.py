@@ -76,3 +76,18 @@ def test_rows_past_the_segments_are_left_out_as_on_the_cpu(dev, reduce):
                                                            lengths=lengths.to(dev), initial=1.0).cpu()
     torch.testing.assert_close(got, output, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(got_grad, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean"])
+def test_bfloat16_sums_are_float32_rounded_once(dev, reduce):
+    """A long cancelling bfloat16 segment: the result is the float32 computation rounded once
+    (what the conformance's float reference compares with), not a sum rounded at every add."""
+    data = (torch.randn(400, 8, generator=torch.Generator().manual_seed(3)) * 100).bfloat16()
+    data[200:] = -data[:200]  # each column's segment sums to the initial value
+    data[:, 0] += 1
+    lengths = torch.tensor([400, 0, 0])
+    expected = torch.segment_reduce(data.float(), reduce, lengths=lengths, initial=1.0).bfloat16()
+    with accelkit.fallback_policy("deny"):
+        got = torch.segment_reduce(data.to(dev), reduce, lengths=lengths.to(dev), initial=1.0).cpu()
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, atol=0, rtol=2.0**-8)
