@@ -27,7 +27,8 @@ A region is flushed
 - before an op that is not recorded (a kernel that reads values, a random op, a complex one,
   a compiled graph) when that op reads or writes anything the region touches;
 - when an op reads memory an in-place write of the region changed;
-- at :data:`MAX_NODES` ops or :data:`MAX_REGION_BYTES` of results (the size limits).
+- at :data:`MAX_NODES` ops, or when its ops have streamed :data:`MAX_REGION_BYTES` (the size
+  limits).
 
 In-place writes (``add_``, ``copy_`` of a pending value, an optimizer's update) are recorded as
 stores, applied in order after the program, so views and aliasing behave as strictly. Values
@@ -306,7 +307,7 @@ class _Region:
         #: Per memory the region reads, the first op that reads it.
         self.first_read: dict[int, int] = {}
         #: Bytes its ops stream (see :data:`MAX_REGION_BYTES`).
-        self.result_bytes = 0
+        self.streamed_bytes = 0
 
     def touches(self, root: Any) -> bool:
         return id(root) in self.reads or id(root) in self.writes
@@ -370,7 +371,7 @@ def record(op: Any, args: tuple, kwargs: dict, specs: list) -> Any:
     nbytes = sum(math.prod(s.shape) for s in specs) * 4 * (1 + operands)
     with _lock:
         region = _region
-        if len(region.nodes) >= MAX_NODES or region.nodes and region.result_bytes + nbytes > MAX_REGION_BYTES:
+        if len(region.nodes) >= MAX_NODES or region.nodes and region.streamed_bytes + nbytes > MAX_REGION_BYTES:
             flush("size limit")
             region = _region
         template = _template((args, kwargs), region)
@@ -391,7 +392,7 @@ def record(op: Any, args: tuple, kwargs: dict, specs: list) -> Any:
         region.nodes.append(node)
         region.entries.append(node)
         region.key.append((op, key))
-        region.result_bytes += nbytes
+        region.streamed_bytes += nbytes
         STATS["ops_recorded"] += 1
         results = []
         for d in outs:

@@ -22,9 +22,10 @@ row (times its per-sample weight; over the bag size for mean) to its weight row 
 gradient to the row that was the maximum. An empty ``offset2bag`` (the sum fast path) is made
 from the offsets as the CPU makes it. The per-sample weights' gradient is each index's weight
 row dotted with its bag's gradient row (in float32 for bfloat16 and float16, rounded once, as
-the CPU's dot products). Sums are grouped otherwise than on the CPU (float rounding). ``scale_grad_by_freq`` is left to the CPU: its kernel divides some rows by another
-index's count (indices 3, 4, 5 of ``[1, 2, 4, 5, 4, 3, 2, 9]`` get 1/2, 2 and 1/2 rather than
-1, 1/2 + 1/2 and 1), which a faithful decomposition would have to copy, not fix.
+the CPU's dot products). Sums are grouped otherwise than on the CPU (float rounding).
+``scale_grad_by_freq`` is left to the CPU: its kernel divides some rows by another index's count
+(indices 3, 4, 5 of ``[1, 2, 4, 5, 4, 3, 2, 9]`` get 1/2, 2 and 1/2 rather than 1, 1/2 + 1/2 and
+1), which a faithful decomposition would have to copy, not fix.
 
 ``embedding_renorm_``: each indexed row whose ``norm_type``-norm exceeds ``max_norm`` is scaled
 by ``max_norm / (norm + 1e-7)`` in place (a repeated index scales its row once: every copy of
