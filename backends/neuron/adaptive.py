@@ -27,8 +27,7 @@ A region is flushed
 - before an op that is not recorded (a kernel that reads values, a random op, a complex one,
   a compiled graph) when that op reads or writes anything the region touches;
 - when an op reads memory an in-place write of the region changed;
-- at :data:`MAX_NODES` ops, or when its ops have streamed :data:`MAX_REGION_BYTES` (the size
-  limits).
+- at :data:`MAX_NODES` ops (the size limit).
 
 In-place writes (``add_``, ``copy_`` of a pending value, an optimizer's update) are recorded as
 stores, applied in order after the program, so views and aliasing behave as strictly. Values
@@ -72,12 +71,6 @@ MODES = ("adaptive", "strict")
 DEFAULT_MODE = "adaptive"
 #: Ops a region records before it is flushed.
 MAX_NODES = 512
-#: Bytes a region's ops stream before it is flushed: per op, its results' elements at 4 bytes
-#: (fp32 on chip) for each result and each tensor operand (a broadcast operand is streamed at
-#: the result's size). The simulator holds a program's streamed arrays and tiles until the
-#: program ends, so this bounds its memory: an 8000-element sort's comparison blocks made
-#: regions of several GB of them.
-MAX_REGION_BYTES = 256 << 20
 #: Region programs kept (a new structure beyond it starts the cache afresh).
 MAX_PROGRAMS = 1024
 #: A region is built into a program when its structure is met again within this many flushes
@@ -306,8 +299,6 @@ class _Region:
         self.shadows: dict[int, tuple[int, int, torch.dtype, int]] = {}
         #: Per memory the region reads, the first op that reads it.
         self.first_read: dict[int, int] = {}
-        #: Bytes its ops stream (see :data:`MAX_REGION_BYTES`).
-        self.streamed_bytes = 0
 
     def touches(self, root: Any) -> bool:
         return id(root) in self.reads or id(root) in self.writes
@@ -367,11 +358,9 @@ def record(op: Any, args: tuple, kwargs: dict, specs: list) -> Any:
     runs the op at once, after :func:`concrete`)."""
     if not specs or any(s is None or 0 in s.shape for s in specs):
         return None
-    operands = sum(1 for a in args if isinstance(a, (np.ndarray, PendingView)))
-    nbytes = sum(math.prod(s.shape) for s in specs) * 4 * (1 + operands)
     with _lock:
         region = _region
-        if len(region.nodes) >= MAX_NODES or region.nodes and region.streamed_bytes + nbytes > MAX_REGION_BYTES:
+        if len(region.nodes) >= MAX_NODES:
             flush("size limit")
             region = _region
         template = _template((args, kwargs), region)
@@ -392,7 +381,6 @@ def record(op: Any, args: tuple, kwargs: dict, specs: list) -> Any:
         region.nodes.append(node)
         region.entries.append(node)
         region.key.append((op, key))
-        region.streamed_bytes += nbytes
         STATS["ops_recorded"] += 1
         results = []
         for d in outs:

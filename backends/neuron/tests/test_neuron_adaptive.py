@@ -105,23 +105,6 @@ def test_flush_points(fresh):
     assert torch.equal(x.cpu(), torch.full((4,), float(adaptive.MAX_NODES + 5)))
 
 
-def test_a_region_is_cut_at_its_streamed_bytes(fresh, monkeypatch):
-    """Each op streams its result's elements at 4 bytes for the result and each tensor operand:
-    a chain of adds of two [256, 256] operands streams 768 KiB per op, so a 4 MiB budget cuts
-    the region at its sixth op, and the values are the strict ones."""
-    monkeypatch.setattr(adaptive, "MAX_REGION_BYTES", 4 << 20)
-    a = torch.randn(256, 256)
-    x, b = a.to(fresh), torch.ones(256, 256).to(fresh)
-    for _ in range(12):
-        x = x + b
-        assert _adaptive()["open_ops"] <= 5
-    assert _adaptive()["flushes"]["size limit"] == 2
-    expected = a
-    for _ in range(12):
-        expected = expected + 1
-    assert torch.equal(x.cpu(), expected)
-
-
 def test_flush_before_a_cpu_fallback_reads_pending_values(fresh):
     a = torch.complex(torch.randn(5, 5), torch.randn(5, 5))
     b = a.to(fresh) * 3
