@@ -41,12 +41,12 @@ from collections.abc import Callable, Mapping
 import torch
 from torch._ops import OpOverload
 
+from accelkit_backends.neuron.decompositions import _accumulation_dtype
 from accelkit_backends.neuron.decompositions.arith import _search
 
 aten = torch.ops.aten
 
 _SUM, _MEAN, _MAX = 0, 1, 2
-_REDUCED = (torch.bfloat16, torch.float16)
 
 
 def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_SUM, sparse=False,
@@ -59,8 +59,8 @@ def _embedding_bag(weight, indices, offsets, scale_grad_by_freq=False, mode=_SUM
     bag = (_search(offsets[:bags].to(torch.int64), positions, True, None) - 1).clamp(min=0)
     kept = indices != padding_idx if padding_idx >= 0 else torch.ones_like(indices, dtype=torch.bool)
     rows = weight.index_select(0, indices)
-    if mode != _MAX and rows.dtype in _REDUCED:
-        rows = rows.float()  # the CPU scales and sums reduced-precision rows in float32, rounding once
+    if mode != _MAX:  # the CPU scales and sums reduced-precision rows in float32, rounding once
+        rows = rows.to(_accumulation_dtype(rows.dtype))
     if per_sample_weights is not None:
         rows = rows * per_sample_weights.to(rows.dtype).unsqueeze(1)
     bag_size = torch.zeros(bags, dtype=torch.int64, device=device).scatter_add(0, bag, kept.to(torch.int64))
@@ -143,9 +143,9 @@ def _embedding_bag_per_sample_weights_backward(grad, weight, indices, offsets, o
     if mode != _SUM:
         return NotImplemented  # the CPU's own error for the other modes comes from there
     bag = _bags_of(indices, offsets, offset2bag)
-    grad_rows, weight_rows = grad.index_select(0, bag), weight.index_select(0, indices.to(torch.int64))
-    if grad_rows.dtype in _REDUCED:  # the CPU's dot products are float32, rounded once
-        grad_rows, weight_rows = grad_rows.float(), weight_rows.float()
+    wide = _accumulation_dtype(grad.dtype)  # the CPU's dot products are float32, rounded once
+    grad_rows = grad.index_select(0, bag).to(wide)
+    weight_rows = weight.index_select(0, indices.to(torch.int64)).to(wide)
     products = (grad_rows * weight_rows).sum(1).to(grad.dtype)
     return torch.where(_kept(indices, padding_idx), products, 0)
 

@@ -25,6 +25,8 @@ from collections.abc import Callable, Mapping
 import torch
 from torch._ops import OpOverload
 
+from accelkit_backends.neuron.decompositions import _accumulation_dtype
+
 aten = torch.ops.aten
 
 #: Each reduction's scatter_reduce name and the value an empty segment starts from.
@@ -67,10 +69,10 @@ def _segment_reduce(data, reduce, *, lengths=None, indices=None, offsets=None, a
     lengths, segment = _segments(data, lengths, offsets)
     segments = lengths.shape[0]
     name, identity = _REDUCTIONS[reduce]
-    if name == "sum" and data.dtype in (torch.bfloat16, torch.float16):
+    if name == "sum" and _accumulation_dtype(data.dtype) != data.dtype:
         # Accumulated in float32 and rounded once: a reduced-precision sum rounds at every add,
         # in an order (the scatter's) other than the CPU's row by row.
-        return _segment_reduce(data.float(), reduce, lengths=lengths, axis=axis, unsafe=unsafe,
+        return _segment_reduce(data.to(_accumulation_dtype(data.dtype)), reduce, lengths=lengths, axis=axis, unsafe=unsafe,
                                initial=initial).to(data.dtype)
     start = identity if initial is None else float(initial)
     shape = (segments + 1,) + tuple(data.shape[1:])  # one more for the rows past the last segment

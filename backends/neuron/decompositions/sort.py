@@ -40,6 +40,8 @@ from collections.abc import Callable, Mapping
 import torch
 from torch._ops import OpOverload
 
+from accelkit_backends.neuron.decompositions import _accumulation_dtype
+
 aten = torch.ops.aten
 
 #: Booleans per comparison block: bounds the ``[rows, n, block]`` intermediate of a ranking.
@@ -256,8 +258,7 @@ def _logcumsumexp(self, dim):
     if self.numel() == 0:
         return torch.empty_like(self)
     x = self.movedim(dim, -1)
-    if x.dtype in (torch.bfloat16, torch.float16):
-        x = x.float()  # as on the CPU: the scan in float32, each result rounded once
+    x = x.to(_accumulation_dtype(x.dtype))  # as on the CPU: float32 for bf16/f16, rounded once
     n, step = x.shape[-1], 1
     while step < n:
         x = torch.logaddexp(x, _shifted(x, step, float("-inf")))
