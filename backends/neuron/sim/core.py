@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from accelkit_backends.neuron.device import CoreSpec
+from accelkit_backends.neuron.sim.host_memory import HostMemoryReclaim
 from accelkit_backends.neuron.sim.isa import Kernel, TilePool
 from accelkit_backends.neuron.sim.memory import OnChipMemory
 from accelkit_backends.neuron.sim.replay import Recording
@@ -21,6 +22,9 @@ from accelkit_backends.neuron.sim.residency import keep_on_chip
 from accelkit_backends.neuron.sim.timeline import ENGINES, Instruction, KernelRecord, Program, ReplayedKernel
 
 __all__ = ["ENGINES", "Instruction", "Kernel", "KernelRecord", "NeuronCore", "TilePool"]
+
+#: The resident size is the process's, so the cores of a process share one reclaim.
+_HOST_MEMORY = HostMemoryReclaim()
 
 
 class NeuronCore:
@@ -45,6 +49,8 @@ class NeuronCore:
         self._program: Program | None = None
         #: Kernels run (in full or replayed) since the core was made.
         self.kernels_run = 0
+        #: Gives the host memory that top-level kernels and programs freed back to the OS.
+        self.host_memory = _HOST_MEMORY
 
     @contextlib.contextmanager
     def kernel(self, name: str, instance: Any = None) -> Iterator[Kernel]:
@@ -71,6 +77,7 @@ class NeuronCore:
                 self.psum.reset(keep_released=True)
             program.kernels.append(kernel)
             return
+        self.host_memory.between_runs()
         timing = None if instance is None or self.record_instructions else self._timings.get(instance)
         kernel = Kernel(self, name, self.clock, defer_timing=instance is not None and not self.record_instructions)
         try:
@@ -86,6 +93,7 @@ class NeuronCore:
         self.clock = record.end
         for listener in self.listeners:
             listener(record, kernel.log)
+        self.host_memory.between_runs()
 
     def can_replay(self, instance: Any) -> bool:
         """Whether a run of a kernel instance may be a replay of its numerics (see
@@ -108,6 +116,7 @@ class NeuronCore:
         self.clock = record.end
         for listener in self.listeners:
             listener(record, [])
+        self.host_memory.between_runs()
 
     @contextlib.contextmanager
     def detached(self) -> Iterator[None]:
@@ -137,6 +146,7 @@ class NeuronCore:
                 listener(record, [])
         for listener in self.program_listeners:
             listener(label, records)
+        self.host_memory.between_runs()
 
     @contextlib.contextmanager
     def program(self, instance: Any = None, label: str = "program") -> Iterator[Program | None]:
@@ -157,6 +167,7 @@ class NeuronCore:
         if self._program is not None:
             yield None
             return
+        self.host_memory.between_runs()
         program = Program(self.clock, dict.fromkeys(ENGINES, self.clock),
                            [[] for _ in range(self.spec.dma_queues)], {},
                            instance is not None and not self.record_instructions and instance in self._program_timings)
@@ -166,6 +177,7 @@ class NeuronCore:
         finally:
             self._program = None
             self._finish_program(program, instance, label)
+            self.host_memory.between_runs()
 
     def _finish_program(self, program: Program, instance: Any, label: str) -> None:
         kernels = program.kernels
