@@ -17,6 +17,7 @@ that would need chunks narrower than :data:`.tiling.MIN_FUSED_COLUMNS` is split 
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -54,6 +55,9 @@ FUSABLE = frozenset({
 SBUF_SHARE = 0.5
 
 
+_tokens = itertools.count()
+
+
 class FusedGroup:
     """Consecutive fusable nodes of one output shape, run as one program.
 
@@ -72,6 +76,9 @@ class FusedGroup:
         #: Every node the program computes, in order: the head first.
         self.computed = ([head] if head is not None else []) + self.nodes
         self.name = "fused(" + "+".join(_op_name(n) for n in self.computed) + ")"
+        #: Names the group in the simulator's per-instance caches: the group itself there
+        #: would keep its graph alive after the program that ran it is dropped.
+        self.token = next(_tokens)
         self._shapes = shapes
         self._specs = [[OutSpec(shapes[n], n.meta["val"].dtype)] for n in self.computed]
         self._bodies = [body_of(n.target) for n in self.computed]
@@ -134,7 +141,7 @@ class FusedGroup:
                        for n, v in zip(self._external, values)}
             return self._program(k, outside)
 
-        head_out, stored = run_static(self.name, (self, key), arrays, (), program)
+        head_out, stored = run_static(self.name, (self.token, key), arrays, (), program)
         cost.LEDGER.note_instance(self.name, key)
         if self.head is not None and self.head_stored:
             env[self.head] = head_out

@@ -21,6 +21,7 @@ at a shape is fused as a static graph of that shape is.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import os
 import threading
@@ -106,6 +107,8 @@ def _refuse_requested_dynamic_shapes(graph: torch.fx.GraphModule) -> None:
 
 
 _count_lock = threading.Lock()
+#: Name programs in the simulator's per-instance caches (see GraphProgram.token).
+_tokens = itertools.count()
 
 
 class GraphProgram:
@@ -123,6 +126,10 @@ class GraphProgram:
         # schema has none, too: its kernel takes the keyword).
         self._random = {node: i for i, node in enumerate(random_nodes)}
         self._steps = {node: _step(node) for node in self._body}
+        #: Names the program in the core's per-instance timings: the program itself there would
+        #: keep it, its graph and its recordings alive after its cache (adaptive eager's, or
+        #: torch.compile's) dropped it.
+        self.token = next(_tokens)
         with _count_lock:
             type(self).built += 1
             number = type(self).built
@@ -156,7 +163,7 @@ class GraphProgram:
             with _count_lock:
                 type(self).compiled_total += 1
         core = runtime.core()
-        instance = (self, structure)
+        instance = (self.token, structure)
         arrays = [v for v in inputs if isinstance(v, np.ndarray)]
         if self._random or os.environ.get(launch.REPLAY_ENV) == "0":
             return self._run(inputs, draws, instance)

@@ -23,6 +23,10 @@ from accelkit_backends.neuron.sim.timeline import ENGINES, Instruction, KernelRe
 
 __all__ = ["ENGINES", "Instruction", "Kernel", "KernelRecord", "NeuronCore", "TilePool"]
 
+#: Kernel and program instances whose timings a core keeps; past it, the table starts afresh
+#: (its entries are re-timed when met again: the same schedule, computed again).
+MAX_TIMED_INSTANCES = 65536
+
 #: The resident size is the process's, so the cores of a process share one reclaim.
 _HOST_MEMORY = HostMemoryReclaim()
 
@@ -87,6 +91,8 @@ class NeuronCore:
             self.psum.reset()
         record = kernel.finish(timing)
         if instance is not None and timing is None and not self.record_instructions:
+            if len(self._timings) >= MAX_TIMED_INSTANCES:
+                self._timings.clear()
             self._timings[instance] = (kernel.timed_steps, record.moved(-record.start))
         if kernel.recording is not None:
             kernel.recording.finished(record.flops, record.moved(-record.start))
@@ -209,6 +215,8 @@ class NeuronCore:
                 frontier = max(frontier, record.end)
                 records.append(record)
             if cacheable:
+                if len(self._program_timings) >= MAX_TIMED_INSTANCES:
+                    self._program_timings.clear()
                 self._program_timings[instance] = ([k.timed_steps if isinstance(k, Kernel) else None for k in kernels],
                                                    [r.moved(-program.start) for r in records])
         self.sbuf.forget_released()

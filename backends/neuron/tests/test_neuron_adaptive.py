@@ -3,6 +3,8 @@ strict eager's values, views, in-place writes, memory accounting and errors."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from conftest import run_python
 from torch import nn
 
 import accelkit
-from accelkit_backends.neuron import adaptive, eager_mode
+from accelkit_backends.neuron import adaptive, eager_mode, fusion
 
 
 def _adaptive() -> dict:
@@ -189,6 +191,22 @@ def test_a_region_met_once_runs_op_by_op_and_a_recurring_one_is_built_once(fresh
     assert torch.equal(values[0], first)
     with eager_mode("strict"):
         assert all(torch.equal(v, chain(scale).cpu()) for v, scale in zip(values, (0.5, 0.25, 0.125)))
+
+
+def test_a_program_dropped_from_the_cache_is_freed_with_its_graph_and_recordings(fresh):
+    # The core's timings and the replay recordings name a program, never hold it: a worker that
+    # met thousands of regions kept them all alive (and grew by GBs) when they did.
+    x = torch.randn(64, 96).to(fresh)
+    _warm(lambda: (torch.tanh(x * 0.5) + x).sigmoid().cpu())
+    programs = [weakref.ref(p) for p in adaptive._programs.values()]
+    groups = [weakref.ref(unit) for p in adaptive._programs.values() for plan in p._plans.values() for unit in plan
+              if isinstance(unit, fusion.FusedGroup)]
+    assert programs and groups
+    (torch.tanh(x * 0.5) + x).sigmoid().cpu()  # a cache hit: replayed from the recording
+    adaptive._programs.clear()
+    gc.collect()
+    assert [p() for p in programs if p() is not None] == []
+    assert [g() for g in groups if g() is not None] == []
 
 
 def test_a_region_run_op_by_op_gives_results_in_pytorchs_dtypes(fresh):
