@@ -90,6 +90,7 @@ class NeuronCore:
             self.sbuf.reset()
             self.psum.reset()
         record = kernel.finish(timing)
+        kernel.retire()
         if instance is not None and timing is None and not self.record_instructions:
             if len(self._timings) >= MAX_TIMED_INSTANCES:
                 self._timings.clear()
@@ -227,3 +228,7 @@ class NeuronCore:
                 listener(record, kernel.log)
         for listener in self.program_listeners:
             listener(label, records)
+        for kernel in kernels:
+            if isinstance(kernel, Kernel):
+                kernel.retire()
+        program.kernels, program.touches, program.boundary = [], [], None

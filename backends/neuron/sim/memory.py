@@ -25,14 +25,16 @@ _NO_TIME = 0.0
 class Tile:
     """A tensor in SBUF or PSUM. ``tile[a:b, c:d]`` is a sub-tile sharing memory and state."""
 
-    __slots__ = ("memory", "data", "base", "offset", "nbytes", "name", "ready_at", "read_until", "freed",
+    __slots__ = ("memory", "data", "_base", "offset", "nbytes", "name", "ready_at", "read_until", "freed",
                  "checked")
 
     def __init__(self, memory: OnChipMemory, data: np.ndarray, offset: int, nbytes: int, name: str,
                  base: Tile | None = None, available_at: float = _NO_TIME):
         self.memory = memory
         self.data = data
-        self.base = base if base is not None else self
+        # None for a base tile: a reference to itself would make every tile a cycle, its data
+        # freed by the cyclic collector only, long after the kernel.
+        self._base = base
         self.offset = offset
         self.nbytes = nbytes
         self.name = name
@@ -42,6 +44,11 @@ class Tile:
         #: Holds int64 data on the 32-bit datapath: a result outside int32 is an error, where a
         #: plain int32 tile wraps as two's-complement hardware does.
         self.checked = base.checked if base is not None else False
+
+    @property
+    def base(self) -> Tile:
+        """The tile this one is a sub-tile of (itself for a tile allocated as such)."""
+        return self._base if self._base is not None else self
 
     @property
     def shape(self) -> tuple[int, ...]:

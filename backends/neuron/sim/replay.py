@@ -272,34 +272,35 @@ def _rebuild(roots: list[np.ndarray], structure: Any) -> Any:
 def array_arguments(args: tuple, kwargs: dict) -> list[np.ndarray]:
     """The arrays among a call's arguments, in order (lists and tuples walked)."""
     found: list[np.ndarray] = []
-
-    def walk(value: Any) -> None:
-        if isinstance(value, np.ndarray):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            for v in value:
-                walk(v)
-
-    for value in args:
-        walk(value)
-    for value in kwargs.values():
-        walk(value)
+    for value in (*args, *kwargs.values()):
+        _collect_arrays(value, found)
     return found
+
+
+def _collect_arrays(value: Any, found: list[np.ndarray]) -> None:
+    # A function of the module, not a closure calling itself: that closure and its cell are a
+    # cycle, and ``found`` (the call's arrays) would wait for the cyclic collector.
+    if isinstance(value, np.ndarray):
+        found.append(value)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _collect_arrays(v, found)
+
+
+def _swap_arrays(value: Any, replacements: Iterator[np.ndarray]) -> Any:
+    if isinstance(value, np.ndarray):
+        return next(replacements)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_swap_arrays(v, replacements) for v in value)
+    return value
 
 
 def with_arrays(args: tuple, kwargs: dict, arrays: Sequence[np.ndarray]) -> tuple[tuple, dict]:
     """``args`` and ``kwargs`` with their arrays replaced by ``arrays``, in the order
     :func:`array_arguments` lists them."""
     replacements = iter(arrays)
-
-    def swap(value: Any) -> Any:
-        if isinstance(value, np.ndarray):
-            return next(replacements)
-        if isinstance(value, (list, tuple)):
-            return type(value)(swap(v) for v in value)
-        return value
-
-    return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+    return (tuple(_swap_arrays(a, replacements) for a in args),
+            {k: _swap_arrays(v, replacements) for k, v in kwargs.items()})
 
 
 def aliasing(arrays: Sequence[np.ndarray]) -> tuple:
