@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from accelkit_backends.neuron.device import CoreSpec
-from accelkit_backends.neuron.sim.host_memory import HostMemoryReclaim
 from accelkit_backends.neuron.sim.isa import Kernel, TilePool
 from accelkit_backends.neuron.sim.memory import OnChipMemory
 from accelkit_backends.neuron.sim.replay import Recording
@@ -26,9 +25,6 @@ __all__ = ["ENGINES", "Instruction", "Kernel", "KernelRecord", "NeuronCore", "Ti
 #: Kernel and program instances whose timings a core keeps; past it, the table starts afresh
 #: (its entries are re-timed when met again: the same schedule, computed again).
 MAX_TIMED_INSTANCES = 65536
-
-#: The resident size is the process's, so the cores of a process share one reclaim.
-_HOST_MEMORY = HostMemoryReclaim()
 
 
 class NeuronCore:
@@ -53,8 +49,6 @@ class NeuronCore:
         self._program: Program | None = None
         #: Kernels run (in full or replayed) since the core was made.
         self.kernels_run = 0
-        #: Gives the host memory that top-level kernels and programs freed back to the OS.
-        self.host_memory = _HOST_MEMORY
 
     @contextlib.contextmanager
     def kernel(self, name: str, instance: Any = None) -> Iterator[Kernel]:
@@ -81,7 +75,6 @@ class NeuronCore:
                 self.psum.reset(keep_released=True)
             program.kernels.append(kernel)
             return
-        self.host_memory.between_runs()
         timing = None if instance is None or self.record_instructions else self._timings.get(instance)
         kernel = Kernel(self, name, self.clock, defer_timing=instance is not None and not self.record_instructions)
         try:
@@ -100,7 +93,6 @@ class NeuronCore:
         self.clock = record.end
         for listener in self.listeners:
             listener(record, kernel.log)
-        self.host_memory.between_runs()
 
     def can_replay(self, instance: Any) -> bool:
         """Whether a run of a kernel instance may be a replay of its numerics (see
@@ -123,7 +115,6 @@ class NeuronCore:
         self.clock = record.end
         for listener in self.listeners:
             listener(record, [])
-        self.host_memory.between_runs()
 
     @contextlib.contextmanager
     def detached(self) -> Iterator[None]:
@@ -153,7 +144,6 @@ class NeuronCore:
                 listener(record, [])
         for listener in self.program_listeners:
             listener(label, records)
-        self.host_memory.between_runs()
 
     @contextlib.contextmanager
     def program(self, instance: Any = None, label: str = "program") -> Iterator[Program | None]:
@@ -174,7 +164,6 @@ class NeuronCore:
         if self._program is not None:
             yield None
             return
-        self.host_memory.between_runs()
         program = Program(self.clock, dict.fromkeys(ENGINES, self.clock),
                            [[] for _ in range(self.spec.dma_queues)], {},
                            instance is not None and not self.record_instructions and instance in self._program_timings)
@@ -184,7 +173,6 @@ class NeuronCore:
         finally:
             self._program = None
             self._finish_program(program, instance, label)
-            self.host_memory.between_runs()
 
     def _finish_program(self, program: Program, instance: Any, label: str) -> None:
         kernels = program.kernels
