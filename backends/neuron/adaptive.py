@@ -750,18 +750,7 @@ def _run_op_by_op(region: _Region) -> None:
     values: dict[tuple[int, int], np.ndarray] = {}
 
     def actual(v: Any) -> Any:
-        if isinstance(v, _Float):
-            return region.floats[v.i]
-        if isinstance(v, _In):
-            return region.inputs[v.i]
-        if isinstance(v, _Ref):
-            array = values[(v.node, v.out)]
-            return array if v.view is None else read_block(_flat(array), v.view)
-        if isinstance(v, (list, tuple)):
-            return type(v)(actual(x) for x in v)
-        if isinstance(v, dict):
-            return {k: actual(x) for k, x in v.items()}
-        return v
+        return _actual(v, region, values)
 
     owners: set[int] = set()
     stores = [e.value for e in region.entries if isinstance(e, _Store)]
@@ -792,6 +781,24 @@ def _run_op_by_op(region: _Region) -> None:
             d.array = _block(value, owners)
             values[(index, j)] = read_block(d.array, _contiguous(d.shape, d.dtype))
     # Every op ran (the program failed for none of them): the values are the strict ones.
+
+
+def _actual(v: Any, region: _Region, values: dict[tuple[int, int], np.ndarray]) -> Any:
+    """A recorded argument's value in an op-by-op run: ``values`` holds the ops' results so far.
+    (A function of the module: a closure calling itself is a cycle, and would keep ``values``,
+    every result of the region, until the cyclic collector's next pass.)"""
+    if isinstance(v, _Float):
+        return region.floats[v.i]
+    if isinstance(v, _In):
+        return region.inputs[v.i]
+    if isinstance(v, _Ref):
+        array = values[(v.node, v.out)]
+        return array if v.view is None else read_block(_flat(array), v.view)
+    if isinstance(v, (list, tuple)):
+        return type(v)(_actual(x, region, values) for x in v)
+    if isinstance(v, dict):
+        return {k: _actual(x, region, values) for k, x in v.items()}
+    return v
 
 
 def _fail(region: _Region, position: int, node: _Node, error: BaseException) -> None:

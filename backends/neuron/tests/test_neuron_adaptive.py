@@ -209,6 +209,27 @@ def test_a_program_dropped_from_the_cache_is_freed_with_its_graph_and_recordings
     assert [g() for g in groups if g() is not None] == []
 
 
+def test_a_region_run_op_by_op_leaves_no_cycle_holding_its_results(fresh):
+    x = torch.randn(64, 96).to(fresh)
+    for op in (lambda: x * 0.75, lambda: torch.cos(x), lambda: x - x):
+        op().cpu()  # each kernel instance made: the chain below is recorded
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        out = (torch.cos(x * 0.75) - x).cpu()  # its structure met for the first time: op by op
+        assert _adaptive()["regions_op_by_op"] >= 1
+        gc.collect()
+        held = [type(o).__name__ for o in gc.garbage if isinstance(o, (adaptive.Deferred, adaptive._Region))]
+        assert held == []
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    with eager_mode("strict"):
+        assert torch.equal(out, (torch.cos(x * 0.75) - x).cpu())
+
+
 def test_a_region_run_op_by_op_gives_results_in_pytorchs_dtypes(fresh):
     # neuron's layer norm computes bfloat16 statistics where PyTorch's are float32: a region
     # run op by op (met for the first time) converts them as strict eager and programs do.
