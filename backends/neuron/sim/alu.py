@@ -29,14 +29,27 @@ def _minimum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def _power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """numpy's power, except that an integer raised to a negative integer is PyTorch's
-    ``1 / a**-b`` in integers (0 unless ``a`` is 1 or -1), where numpy refuses."""
+    ``1 / a**-b`` in integers (0 unless ``a`` is 1 or -1), where numpy refuses; and that a
+    negative float base's power is its magnitude's with the sign of an odd integer exponent
+    (NaN for a non-integer one), so that ``(-a)**n == -(a**n)`` for an odd ``n`` to the bit on
+    every host: numpy's AVX-512 float32 power does not keep that symmetry, glibc's does."""
     a, b = np.asarray(a), np.asarray(b)
+    if a.dtype.kind == "f" and np.any(np.signbit(a)):
+        return _signed_power(a, b)
     if a.dtype.kind not in "iu" or b.dtype.kind != "i" or not np.any(b < 0):
         return np.power(a, b)
     result = np.power(a, np.where(b < 0, 0, b).astype(b.dtype))
     minus_one = np.where(b % 2 == 0, 1, -1)
     reciprocal = np.where(a == 1, 1, np.where(a == -1, minus_one, 0))
     return np.where(b < 0, reciprocal, result).astype(result.dtype)
+
+
+def _signed_power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    magnitude = np.power(np.abs(a), b)
+    integral = np.floor(b) == b  # infinities count as even integers, as IEEE pow has them
+    odd = integral & (np.floor(b * 0.5) * 2 != b)
+    signed = np.where(odd, -magnitude, magnitude)
+    return np.where(np.signbit(a), np.where(integral, signed, np.nan), magnitude).astype(magnitude.dtype)
 
 
 BINARY_OPS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
