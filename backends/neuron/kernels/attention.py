@@ -37,13 +37,19 @@ def _scratch(shape: tuple[int, ...], like: np.ndarray) -> np.ndarray:
 def _epilogue(bias: np.ndarray | None, divisor: float = 1.0):
     """A ``matmul_2d`` epilogue: divide the fp32 accumulator, then add a row-broadcast bias."""
 
-    def epilogue(k: Kernel, acc: Tile, m0: int, m1: int, n0: int, n1: int) -> Tile:
-        if divisor != 1.0:
-            k.tensor_scalar(acc, acc, "divide", divisor)
+    def epilogue(k: Kernel, acc: Tile, result: Tile, m0: int, m1: int, n0: int, n1: int) -> None:
         term = load_broadcast(k, bias, m1 - m0, n0, n1, "bias")
-        if term is not None:
-            k.tensor_tensor(acc, acc, term, "add")
-        return acc
+        if divisor != 1.0:
+            if term is None:
+                k.tensor_scalar(result, acc, "divide", divisor)
+                return
+            divided = k.sbuf(acc.shape, np.float32, "divided")
+            k.tensor_scalar(divided, acc, "divide", divisor)
+            acc = divided
+        if term is None:
+            k.tensor_copy(result, acc)
+        else:
+            k.tensor_tensor(result, acc, term, "add")
 
     return epilogue
 

@@ -28,8 +28,11 @@ aten = torch.ops.aten
 
 #: Row tiles sharing each loaded B tile.
 ROW_TILES_PER_BLOCK = 4
-#: B tiles in flight: DMA's fixed latency (~1.3 us) spans several matmuls.
+#: B tiles in flight at least: DMA's fixed latency (~1.3 us) spans several matmuls.
 MOVING_BUFFERS = 6
+#: SBUF bytes per partition the B tiles in flight may use: a product whose B fits loads all of
+#: it ahead (a weight streams in while the kernels before it still run).
+MOVING_BUDGET = 48 * 1024
 #: SBUF bytes per partition the resident Aᵀ panel may use (a third of the smallest SBUF).
 PANEL_BUDGET = 64 * 1024
 
@@ -64,8 +67,9 @@ def load_k_major(k: Kernel, view: np.ndarray, k0: int, k1: int, n0: int, n1: int
 
 def matmul_2d(k: Kernel, a: np.ndarray, b: np.ndarray, out: np.ndarray,
               epilogue: Any = None) -> np.ndarray:
-    """``out = epilogue(a @ b)``; ``epilogue(k, acc_fp32_tile, m0, m1, n0, n1) -> tile`` may
-    scale and add a bias before the result is rounded to ``out``'s dtype and stored.
+    """``out = epilogue(a @ b)``; ``epilogue(k, acc, result, m0, m1, n0, n1)`` writes the SBUF
+    tile ``result`` (``out``'s dtype) from the fp32 accumulator block ``acc`` (in PSUM), scaling
+    and adding a bias on the way: the engines compute in fp32 and round once, on the write.
 
     Software-pipelined: ``B`` tiles stream through a rotating pool (loads run ahead of the
     matmuls), accumulators are double-buffered in PSUM, and each column block's results are
@@ -88,7 +92,9 @@ def matmul_2d(k: Kernel, a: np.ndarray, b: np.ndarray, out: np.ndarray,
     resident = panel_bytes <= PANEL_BUDGET
     if m > rows_per_block and _column_major(b) and not spec.transpose_in_dma:
         b = row_major_copy(k, b)  # transpose once instead of once per row block
-    moving_pool = k.pool(MOVING_BUFFERS)
+    moving_tiles = len(k_tiles) * len(_tiles(n, spec.gemm_moving_fmax)) * -(-m // rows_per_block)
+    moving_tile_bytes = min(n, spec.gemm_moving_fmax) * chip_dtype(b.dtype).itemsize
+    moving_pool = k.pool(max(MOVING_BUFFERS, min(moving_tiles, MOVING_BUDGET // moving_tile_bytes)))
     streamed_pool = k.pool(MOVING_BUFFERS)
     pending: list[tuple] = []  # stores waiting for the next block's loads to be issued
 
@@ -191,12 +197,13 @@ def result_blocks_to(consume: Callable[[Kernel, Tile, int, int, int, int], None]
 
 def _store_block(k: Kernel, acc: Tile, out: np.ndarray, m0: int, m1: int, n0: int, n1: int,
                  epilogue: Any) -> None:
-    if epilogue is not None:
-        staged = k.sbuf(acc.shape, np.float32, "staged")
-        k.tensor_copy(staged, acc)
-        acc = epilogue(k, staged, m0, m1, n0, n1)
+    # The accumulator leaves PSUM in one instruction that also applies the epilogue and rounds
+    # to the result's dtype, as a compiler evacuates it (not a copy, then the arithmetic).
     result = k.sbuf(acc.shape, chip_dtype(out.dtype), "c")
-    k.tensor_copy(result, acc)
+    if epilogue is None:
+        k.tensor_copy(result, acc)
+    else:
+        epilogue(k, acc, result, m0, m1, n0, n1)
     consumer = getattr(_consumer, "current", None)
     if consumer is not None:
         consume, store = consumer
@@ -209,17 +216,19 @@ def _store_block(k: Kernel, acc: Tile, out: np.ndarray, m0: int, m1: int, n0: in
 def _bias_epilogue(bias: np.ndarray, shape: tuple[int, int], beta: Any, alpha: Any):
     full = np.broadcast_to(bias, shape)
 
-    def epilogue(k: Kernel, acc: Tile, m0: int, m1: int, n0: int, n1: int) -> Tile:
+    def epilogue(k: Kernel, acc: Tile, result: Tile, m0: int, m1: int, n0: int, n1: int) -> None:
         if alpha != 1:
-            k.tensor_scalar(acc, acc, "multiply", alpha)
+            scaled = k.sbuf(acc.shape, np.float32, "scaled")
+            k.tensor_scalar(scaled, acc, "multiply", alpha)
+            acc = scaled
         if beta == 0:
-            return acc
+            k.tensor_copy(result, acc)
+            return
         term = k.sbuf(acc.shape, chip_dtype(bias.dtype), "bias")
         k.dma(term, full[m0:m1, n0:n1])
         if beta != 1:
             k.tensor_scalar(term, term, "multiply", beta)
-        k.tensor_tensor(acc, acc, term, "add")
-        return acc
+        k.tensor_tensor(result, acc, term, "add")
 
     return epilogue
 

@@ -106,10 +106,12 @@ class Kernel:
     def psum(self, shape: tuple[int, ...], dtype: Any = np.float32, name: str = "acc") -> Tile:
         return self._allocate(self.core.psum, shape, dtype, name)
 
-    def _allocate(self, memory: OnChipMemory, shape: tuple[int, ...], dtype: Any, name: str) -> Tile:
+    def _allocate(self, memory: OnChipMemory, shape: tuple[int, ...], dtype: Any, name: str,
+                  at: int | None = None) -> Tile:
         dtype = nx.numpy_dtype(dtype) if isinstance(dtype, torch.dtype) else np.dtype(dtype)
         checked = dtype == np.int64
-        tile = memory.allocate(tuple(shape), self._on_chip(np.int32 if checked else dtype, name), name, self.name)
+        tile = memory.allocate(tuple(shape), self._on_chip(np.int32 if checked else dtype, name), name, self.name,
+                               at)
         tile.checked = checked
         self._timed(lambda: memory.make_available(tile))
         if self.recording is not None:
@@ -774,7 +776,7 @@ class TilePool:
             raise ValueError("a tile pool needs at least one buffer")
         self._kernel = kernel
         self._bufs = bufs
-        self._allocate = kernel.sbuf if memory == "sbuf" else kernel.psum
+        self._memory = kernel.core.sbuf if memory == "sbuf" else kernel.core.psum
         self._live: list[Tile] = []
 
     def release(self) -> None:
@@ -783,9 +785,12 @@ class TilePool:
         self._live.clear()
 
     def tile(self, shape: tuple[int, ...], dtype: Any, name: str = "t") -> Tile:
-        if len(self._live) >= self._bufs:
-            self._kernel.free(self._live.pop(0))
-        tile = self._allocate(shape, dtype, name)
+        at = None
+        if len(self._live) >= self._bufs:  # the oldest buffer's memory, once its last use is over
+            oldest = self._live.pop(0)
+            at = oldest.base.offset
+            self._kernel.free(oldest)
+        tile = self._kernel._allocate(self._memory, shape, dtype, name, at)
         self._live.append(tile)
         return tile
 

@@ -2,9 +2,17 @@
 
 A tile is a tensor in SBUF or PSUM whose dim 0 is the partition dim (at most 128) and whose
 other dims are free dims (N-tile). It occupies the same byte range ``[offset, offset + free
-bytes)`` in each of its partitions. SBUF is allocated first-fit per byte; PSUM in whole 2 KiB
-banks, and a matmul accumulator must fit one bank (512 fp32, N-arch2). Running out is an error
-that names the kernel, the request and what is alive — never a silent success.
+bytes)`` in each of its partitions. SBUF is allocated per byte; PSUM in whole 2 KiB banks, and a
+matmul accumulator must fit one bank (512 fp32, N-arch2). Running out is an error that names
+the kernel, the request and what is alive — never a silent success.
+
+Allocation is next-fit: a tile goes in the first gap at or after the end of the tile allocated
+before it, wrapping to the lowest gap at the top. A compiler assigns a program's buffers so that
+independent work does not wait to reuse memory another instruction still reads; first-fit would
+hand the memory a tile freed a moment ago to the next tile, a write-after-read dependency the
+compiled program does not have. A multi-buffered pool (``Kernel.pool``) is the exception: its
+``bufs`` buffers are its own, each new tile takes the memory of the oldest, so the pool's depth
+still bounds how far its loads run ahead.
 
 Tiles carry scheduling state (when their data is ready, when they were last read) so the core
 can order instructions by their data dependencies, including reuse of freed memory.
@@ -78,7 +86,7 @@ class Tile:
 
 
 class OnChipMemory:
-    """One of SBUF or PSUM: per-partition byte space with first-fit allocation.
+    """One of SBUF or PSUM: per-partition byte space with next-fit allocation.
 
     :param granule: allocation unit in bytes per partition (PSUM: one bank).
     """
@@ -94,7 +102,7 @@ class OnChipMemory:
         #: Bytes per partition of the live tiles, and their most since the last reset.
         self._in_use = 0
         self.peak = 0
-        self._floor = 0  # where allocation looks first (see reset)
+        self._floor = 0  # where allocation looks first: after the last tile (see reset)
 
     def reset(self, keep_released: bool = False) -> None:
         """Free everything. ``keep_released`` (between the kernels of a program) keeps the
@@ -116,7 +124,10 @@ class OnChipMemory:
     def in_use(self) -> int:
         return self._in_use
 
-    def allocate(self, shape: tuple[int, ...], dtype: np.dtype, name: str, kernel: str) -> Tile:
+    def allocate(self, shape: tuple[int, ...], dtype: np.dtype, name: str, kernel: str,
+                 at: int | None = None) -> Tile:
+        """A new tile; at offset ``at`` when its bytes are free there (a pool's buffer), else
+        next-fit."""
         if not shape or shape[0] < 1:
             raise TileShapeError(f"{kernel}: tile {name} needs a partition dim, got shape {shape}")
         if shape[0] > self.partitions:
@@ -127,10 +138,12 @@ class OnChipMemory:
         dtype = np.dtype(dtype)
         free_bytes = max(1, math.prod(shape[1:])) * dtype.itemsize
         nbytes = -(-free_bytes // self.granule) * self.granule
-        offset = self._first_fit(nbytes)
+        offset = at if at is not None and self._free_at(at, nbytes) else self._next_fit(nbytes)
         if offset is None:
             raise self._overflow(kernel, name, shape, dtype, nbytes)
         end = offset + nbytes
+        if at is None:
+            self._floor = end if end < self.partition_bytes else 0
         data = np.zeros(shape, dtype=dtype)
         tile = Tile(self, data, offset, nbytes, name)
         self._live[offset] = tile
@@ -162,9 +175,14 @@ class OnChipMemory:
         free_time = max(base.ready_at, base.read_until)
         self._released.append((base.offset, base.offset + base.nbytes, free_time))
 
-    def _first_fit(self, nbytes: int) -> int | None:
-        """The lowest free offset at or above the floor where ``nbytes`` fit, else the lowest
-        anywhere."""
+    def _free_at(self, offset: int, nbytes: int) -> bool:
+        end = offset + nbytes
+        return end <= self.partition_bytes and not any(
+            o < end and offset < o + t.nbytes for o, t in self._live.items())
+
+    def _next_fit(self, nbytes: int) -> int | None:
+        """The lowest free offset at or above the floor (where the last tile ended, or where a
+        program's next kernel begins) where ``nbytes`` fit, else the lowest anywhere."""
         gaps, cursor = [], 0
         for offset in sorted(self._live):
             if offset > cursor:

@@ -16,7 +16,8 @@ import torch
 
 from accelkit_backends.neuron.device import TARGETS, core_spec, device_model
 from accelkit_backends.neuron.tiling import map_flat
-from accelkit_backends.neuron.kernels.matmul import matmul_2d
+from accelkit_backends.neuron.kernels import matmul as matmul_module
+from accelkit_backends.neuron.kernels.matmul import _bias_epilogue, matmul_2d
 from accelkit_backends.neuron.sim import (
     NeuronCore,
     NeuronDtypeError,
@@ -71,6 +72,48 @@ def test_matmul_accumulates_bf16_products_in_fp32():
     assert (np.abs(out.astype(np.float32) - exact) <= ulp).mean() > 0.99
 
 
+def test_an_addmm_block_leaves_psum_in_one_instruction_that_adds_the_bias_and_rounds():
+    """The epilogue reads the accumulator in PSUM and writes the bf16 result: one Vector-engine
+    instruction per block, with the values of fp32 arithmetic rounded once."""
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(s).astype(BF16) for s in ((128, 128), (128, 512)))  # one K tile
+    bias = rng.standard_normal(512).astype(BF16)
+    out = np.empty((128, 512), BF16)
+    core = NeuronCore(core_spec("trn2"))
+    core.record_instructions = True
+    with core.kernel("addmm") as k:
+        matmul_2d(k, a, b, out, _bias_epilogue(bias, out.shape, 1, 1))
+    k.finish()
+    assert [i.name for i in k.log if i.engine == "vector"] == ["tensor_tensor.add"]
+    product = nx.round_to(a.astype(np.float32) @ b.astype(np.float32), np.float32)
+    np.testing.assert_array_equal(out, nx.round_to(product + bias.astype(np.float32), BF16))
+
+
+def _matmul_after_a_slow_producer(budget: int, monkeypatch) -> float:
+    """A program: a slow elementwise kernel writes a matmul's left operand, then the matmul
+    multiplies it by a weight in HBM since long. Returns how long the matmul ends after it."""
+    monkeypatch.setattr(matmul_module, "MOVING_BUDGET", budget)
+    x = np.ones((128, 768), np.float32)
+    activations, out = np.empty((128, 768), BF16), np.empty((128, 3072), BF16)
+    weight = np.full((768, 3072), 0.5, BF16)
+    core = NeuronCore(core_spec("trn2"))
+    records = _collecting(core)
+    with core.program():
+        with core.kernel("producer") as k:
+            for _ in range(16):  # longer than the weight takes to load
+                map_flat(k, activations, [x], lambda dst, srcs: k.activation(dst, srcs[0], "exp"))
+        with core.kernel("matmul") as k:
+            matmul_2d(k, activations, weight, out)
+    producer, product = records
+    return product.end - producer.end
+
+
+def test_a_weight_that_fits_the_budget_streams_in_while_the_kernels_before_it_run(monkeypatch):
+    ahead = _matmul_after_a_slow_producer(matmul_module.MOVING_BUDGET, monkeypatch)
+    six_deep = _matmul_after_a_slow_producer(0, monkeypatch)  # only the minimum in flight
+    assert ahead < 0.75 * six_deep
+
+
 @pytest.mark.parametrize("target", TARGETS)
 def test_large_add_is_bound_by_hbm_bandwidth(target):
     spec = core_spec(target)
@@ -116,6 +159,47 @@ def test_freed_sbuf_can_be_reused(kernel):
     tile = kernel.sbuf((128, per_partition // 4), np.float32, "all")
     kernel.free(tile)
     kernel.sbuf((128, per_partition // 4), np.float32, "again")
+
+
+def _load_after_a_freed_tile(kernel, pool: bool) -> tuple[float, float]:
+    """A tile is loaded, read by a long Scalar-engine instruction and freed; then a new tile of
+    the same size is loaded. Returns when the read ends and when the second load starts."""
+    kernel.core.record_instructions = True
+    source = np.ones((128, 2048), np.float32)
+    tiles = kernel.pool(1) if pool else None
+    first = tiles.tile((128, 2048), np.float32, "first") if pool else kernel.sbuf((128, 2048), np.float32, "first")
+    kernel.dma(first, source)
+    kernel.activation(kernel.sbuf((128, 2048), np.float32, "out"), first, "exp")
+    if not pool:
+        kernel.free(first)
+    second = tiles.tile((128, 2048), np.float32, "second") if pool else kernel.sbuf((128, 2048), np.float32, "second")
+    kernel.dma(second, source)
+    kernel.finish()
+    read_end = next(i.end for i in kernel.log if i.engine == "scalar")
+    second_load = [i for i in kernel.log if i.engine == "dma"][1]
+    return read_end, second_load.start
+
+
+def test_a_new_tile_does_not_take_memory_an_instruction_still_reads(kernel):
+    """Next-fit, as a compiler assigns buffers: the second load need not wait for the read of
+    the tile freed before it (first-fit would give it that memory, and a false dependency)."""
+    read_end, second_load = _load_after_a_freed_tile(kernel, pool=False)
+    assert second_load < read_end
+
+
+def test_a_pools_new_tile_takes_its_oldest_buffer_once_its_last_read_is_over(kernel):
+    """A pool's buffers are its own: its depth bounds how far its loads run ahead."""
+    read_end, second_load = _load_after_a_freed_tile(kernel, pool=True)
+    assert second_load >= read_end - 1e-12
+
+
+def test_next_fit_wraps_around_to_memory_freed_below(kernel):
+    per_partition = core_spec("trn1").sbuf_partition_bytes
+    low = kernel.sbuf((128, per_partition // 8), np.float32, "low")
+    kernel.sbuf((128, per_partition // 8), np.float32, "high")
+    kernel.free(low)
+    again = kernel.sbuf((128, per_partition // 8), np.float32, "again")  # nothing fits above
+    assert again.offset == low.offset
 
 
 def test_psum_holds_eight_banks(kernel):
