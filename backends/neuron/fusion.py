@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from accelkit_backends.neuron import cost, tiling
+from accelkit_backends.neuron import conversion, cost, tiling
 from accelkit_backends.neuron.kernels.matmul import result_blocks_to
 from accelkit_backends.neuron.launch import OutSpec, body_of, hbm_empty, run_static
 from accelkit_backends.neuron.sim.errors import SbufOverflowError
@@ -48,6 +48,7 @@ FUSABLE = frozenset({
     aten.exp.default, aten.log.default, aten.tanh.default, aten.sigmoid.default, aten.sqrt.default,
     aten.rsqrt.default, aten.reciprocal.default, aten.erf.default, aten.silu.default, aten.sin.default,
     aten.cos.default, aten.expm1.default, aten.log1p.default, aten.sign.default,
+    aten._to_copy.default,  # a cast that stays on the device in the default layout (see _body)
 })
 
 #: The share of SBUF a fused group's buffers may plan for; the rest is for the temporaries its
@@ -81,7 +82,7 @@ class FusedGroup:
         self.token = next(_tokens)
         self._shapes = shapes
         self._specs = [[OutSpec(shapes[n], n.meta["val"].dtype)] for n in self.computed]
-        self._bodies = [body_of(n.target) for n in self.computed]
+        self._bodies = [_body(n) for n in self.computed]
         #: False once the chain turned out not to fuse (it then runs op by op).
         self.fuses = True
         #: The halves the group was split into when its tiles overflowed SBUF.
@@ -255,8 +256,28 @@ def _take_head(group: list[torch.fx.Node], units: list,
     return None, []
 
 
+def _body(node: torch.fx.Node) -> Any:
+    """The elementwise body the group runs for ``node``: its op's eager body, or for a cast
+    (a graph op, with no eager kernel of its own) the conversion's."""
+    if node.target is aten._to_copy.default:
+        return conversion.cast if _is_plain_cast(node) else None
+    return body_of(node.target)
+
+
+def _is_plain_cast(node: torch.fx.Node) -> bool:
+    """A ``_to_copy`` that changes the dtype only: same device, strided, no pinned memory, and
+    no memory format but the one the cast would give anyway."""
+    source = node.args[0] if node.args else None
+    value, before = node.meta.get("val"), getattr(source, "meta", {}).get("val")
+    kwargs = node.kwargs
+    return (isinstance(value, torch.Tensor) and isinstance(before, torch.Tensor) and value.device == before.device
+            and kwargs.get("layout") in (None, torch.strided) and not kwargs.get("pin_memory")
+            and kwargs.get("memory_format") in (None, torch.preserve_format)
+            and set(kwargs) <= {"dtype", "layout", "device", "pin_memory", "non_blocking", "memory_format"})
+
+
 def _fusable(node: torch.fx.Node, shapes: Shapes) -> bool:
-    if node.op != "call_function" or node.target not in FUSABLE or body_of(node.target) is None:
+    if node.op != "call_function" or node.target not in FUSABLE or _body(node) is None:
         return False
     if any(_is_complex(n) for n in (node, *node.all_input_nodes)):
         return False  # complex64 runs as its own pair programs (kernels/complex.py)

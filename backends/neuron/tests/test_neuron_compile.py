@@ -263,6 +263,25 @@ def test_an_elementwise_chain_is_one_program_with_the_eager_results_and_less_hbm
     assert estimate["hbm_bytes"] < 0.5 * eager_bytes
 
 
+def _casts(x, y):
+    return (x.float() * y).to(torch.bfloat16) + 1, x.float().to(torch.float16)
+
+
+def test_casts_run_inside_the_elementwise_chain_around_them_with_the_eager_results(dev):
+    """Autocast's casts between ops (``_to_copy`` of the dtype only) fuse as any elementwise op:
+    what neuronx-cc does with them, instead of a program per cast."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 300, generator=g).to(torch.bfloat16).to(dev)
+    y = torch.randn(64, 300, generator=g).to(dev)
+    eager = _casts(x, y)
+    accelkit.reset_stats()
+    compiled = torch.compile(_casts, backend="neuron")(x, y)
+    for want, got in zip(eager, compiled):
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want.cpu())  # bit for bit
+    (name,) = _fused_kernels()
+    assert name.count("_to_copy.default") == 4 and accelkit.stats()["neuron"]["estimate"]["kernels"] == 1, name
+
+
 def test_a_matmul_feeds_its_activation_and_relu_backward_from_sbuf(dev):
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to(dev)
     x, y = torch.randn(8, 16, device=dev), torch.randint(0, 4, (8,), device=dev)
