@@ -443,12 +443,16 @@ class Kernel:
 
         In a program, a transfer whose HBM accesses all stay on chip (:mod:`.residency`) is an
         SBUF-to-SBUF copy, and a store of such data is none: the compiler has the producer
-        write where the data stays, so it takes no time past its data being ready."""
+        write where the data stays, so it takes no time past its data being ready. Nor is a
+        load of a block already on chip as the load wants it (read in place)."""
         spec = self.spec
         if via_hbm and touches and all(t.on_chip for t in touches):
             self._record.kept_bytes += nbytes
             if isinstance(reads[0], Tile):
                 self._place(name, "dma", 0.0, reads, writes, "kept in SBUF", earliest=self.start, busy=0.0)
+                return
+            if all(t.in_place for t in touches):
+                self._place(name, "dma", 0.0, reads, writes, "read in place", earliest=self.start, busy=0.0)
                 return
             via_hbm = False
         ready = self.start

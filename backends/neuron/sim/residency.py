@@ -4,9 +4,11 @@ A NEFF holds a whole graph, so the compiler keeps data in SBUF across the graph'
 fits, instead of storing it to HBM and loading it back. The simulator runs every kernel against
 HBM (the numerics are the same either way); this pass decides, before a program is timed, which
 of its DMAs the estimate treats as on-chip. None moves HBM bytes: a store of data that stays is
-no transfer (the producer writes where the data stays), and a load of it is an SBUF-to-SBUF copy
-at the DMA queues' rate (conservative: the consumer could often read the producer's tile in
-place). Two kinds of data stay:
+no transfer (the producer writes where the data stays). A load of it is read **in place** when an
+earlier access of the program moved the very same block (the same bytes, shape and strides: the
+same elements on the same partitions), as a compiler has the consumer read the producer's buffer;
+any other load of it (another block, another layout) is an SBUF-to-SBUF copy at the DMA queues'
+rate. Two kinds of data stay:
 
 - **Intermediates.** An allocation (an HBM array owning its memory, with every view of it) that
   is neither an input nor a result of the program (the boundary its caller names), that the
@@ -43,6 +45,8 @@ class Touch:
     write: bool
     indirect: bool = False
     on_chip: bool = False
+    #: An on-chip read of a block an earlier access of the program moved as it is.
+    in_place: bool = False
 
 
 def _owner(array: np.ndarray) -> np.ndarray:
@@ -124,6 +128,22 @@ def keep_on_chip(touches: list[Touch], boundary: list[np.ndarray], sbuf_peaks: l
         if again and hold(key, accesses[0].kernel, again[-1].kernel):
             for touch in again:
                 touch.on_chip = True
+    for accesses in by_allocation.values():
+        _mark_in_place(accesses)
+
+
+def _mark_in_place(accesses: list[Touch]) -> None:
+    """Mark the on-chip reads among one allocation's ``accesses`` (in order) of a block an
+    earlier access moved with the same bytes, shape and strides: its tile holds them as the
+    read wants them. An earlier access that did not stay (a first read from HBM) counts: the
+    bytes it brought are what a reload finds on chip."""
+    moved: set[tuple] = set()
+    for touch in accesses:
+        array = touch.array
+        view = (*byte_bounds(array), array.shape, array.strides, array.dtype.str)
+        if touch.on_chip and not touch.write and view in moved:
+            touch.in_place = True
+        moved.add(view)
 
 
 def _reloads(accesses: list[Touch]) -> list[Touch]:

@@ -56,9 +56,40 @@ def test_an_intermediate_of_a_program_stays_in_sbuf():
     assert (through_hbm, none_kept) == (4 * nbytes, 0)
     assert kept == 2 * nbytes  # its store and its load
     # x in and out out; the intermediate is neither stored nor loaded from HBM. Its store is
-    # no transfer at all, its load an SBUF-to-SBUF copy.
+    # no transfer at all, and its load reads the stored block in place (the next test).
     assert on_chip == 2 * nbytes
     assert fast < slow
+
+
+def _intermediate_dmas(read_as) -> list:
+    """The second kernel's loads of an intermediate the first stored, read as ``read_as(mid)``."""
+    core = NeuronCore(core_spec("trn2"))
+    core.record_instructions = True
+    loads = []
+    core.listeners.append(lambda record, log: loads.extend(
+        i for i in log if record.name == "second" and i.engine == "dma" and i.detail != "kept in SBUF"))
+    x = np.arange(128 * 64, dtype=np.float32).reshape(128, 64)
+    mid = np.empty_like(x)
+    out = np.empty(read_as(mid).shape, mid.dtype)
+    with core.program("p") as program:
+        with core.kernel("first") as k:
+            _copy(k, mid, x)
+        with core.kernel("second") as k:
+            _copy(k, out, read_as(mid))
+        program.boundary = [x, out]
+    np.testing.assert_array_equal(out, read_as(x))
+    return [i for i in loads if i.name == "dma" and i.end >= i.start]
+
+
+def test_a_block_loaded_as_it_was_stored_is_read_in_place_and_another_layout_is_copied():
+    """The consumer reads the producer's tile when it wants the same elements on the same
+    partitions (the same block of bytes, shape and strides); another layout of the same bytes
+    needs an SBUF-to-SBUF copy, which takes time."""
+    same = _intermediate_dmas(lambda mid: mid)
+    assert same and all(i.detail == "read in place" and i.end == i.start for i in same[:1])
+    other = _intermediate_dmas(lambda mid: mid.T)
+    assert other and not any(i.detail == "read in place" for i in other)
+    assert all(i.end > i.start for i in other if "B" in i.detail)
 
 
 def test_an_intermediate_that_does_not_fit_sbuf_goes_through_hbm():
