@@ -165,7 +165,7 @@ class NeuronCore:
             yield None
             return
         program = Program(self.clock, dict.fromkeys(ENGINES, self.clock),
-                           [[] for _ in range(self.spec.dma_queues)], {},
+                           [[] for _ in range(self.spec.dma_queues)], {e: [] for e in ENGINES}, {},
                            instance is not None and not self.record_instructions and instance in self._program_timings)
         self._program = program
         try:

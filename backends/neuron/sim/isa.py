@@ -76,7 +76,10 @@ class Kernel:
             self._engine_free = program.engine_free
             self._dma_queues = program.dma_queues
             self._hbm_writes = program.hbm_writes
+            self._engine_busy: dict[str, list[tuple[float, float]]] | None = program.engine_busy
+            self._own_free = dict.fromkeys(ENGINES, start)  # where this kernel's stream is on each engine
         else:
+            self._engine_busy = None
             self._engine_free = dict.fromkeys(ENGINES, start)
             self._dma_queues = [[] for _ in range(core.spec.dma_queues)]  # busy intervals, sorted
             self._hbm_writes: dict[int, list[tuple[int, int, float]]] = {}  # see _hbm_buckets
@@ -182,12 +185,25 @@ class Kernel:
     def _place(self, name: str, engine: str, seconds: float, reads: tuple = (), writes: tuple = (),
                detail: str = "", earliest: float | None = None, busy: float | None = None) -> tuple[float, float]:
         """Place an instruction after its engine and operands are free; ``busy`` is the engine
-        time it accounts for, when that differs from its span (DMA: queue time, not latency)."""
-        start = self._engine_free[engine] if earliest is None else earliest
+        time it accounts for, when that differs from its span (DMA: queue time, not latency).
+
+        An engine runs a kernel's instructions in order. In a program it may run one in an idle
+        gap before instructions of earlier kernels, as the compiler's scheduler interleaves
+        independent ops' instruction streams on each engine (a NEFF is one schedule, not a
+        sequence of kernels); gaps are looked for among the engine's latest intervals only."""
+        in_program = earliest is None and self._engine_busy is not None
+        if earliest is not None:
+            start = earliest
+        else:
+            start = self._own_free[engine] if in_program else self._engine_free[engine]
         for operand in reads:
             start = max(start, self._ready(operand))
         for operand in writes:
             start = max(start, self._write_ready(operand))
+        if in_program:
+            busy_intervals = self._engine_busy[engine]
+            start = _earliest_gap(busy_intervals, start, seconds)
+            _occupy(busy_intervals, start, start + seconds)
         end = start + seconds
         if start < self._record.start:  # in a program, where the kernel's span begins
             self._record.start = start
@@ -196,7 +212,9 @@ class Kernel:
         for operand in writes:
             self._mark_written(operand, end)
         if earliest is None:
-            self._engine_free[engine] = end
+            self._engine_free[engine] = max(self._engine_free[engine], end)
+            if in_program:
+                self._own_free[engine] = end
         self._record.busy[engine] += seconds if busy is None else busy
         self._record.instructions += 1
         self._record.end = max(self._record.end, end)
@@ -262,6 +280,7 @@ class Kernel:
         self._untimed = None
         self._program = None
         self._engine_free = self._dma_queues = self._hbm_writes = None  # type: ignore[assignment]
+        self._engine_busy = self._own_free = None  # type: ignore[assignment]
 
     def check(self, check: Callable[..., None], *hbm: np.ndarray) -> None:
         """``check(*hbm)``: a check of HBM values that the simulator makes and the hardware

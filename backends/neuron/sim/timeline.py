@@ -67,6 +67,9 @@ class Program:
     start: float
     engine_free: dict[str, float]
     dma_queues: list[list[tuple[float, float]]]
+    #: Each compute engine's busy intervals, sorted: a kernel's instruction may take an idle
+    #: gap before an earlier kernel's (see ``Kernel._place``).
+    engine_busy: dict[str, list[tuple[float, float]]]
     hbm_writes: dict[int, list[tuple[int, int, float]]]
     #: The program instance's schedule is known (a replayed kernel needs no timing of its own).
     timing_known: bool = False

@@ -366,6 +366,30 @@ def test_kernels_of_a_program_overlap_where_their_data_allows_and_device_time_co
     assert program_core.clock == pytest.approx(max(r.end for r in in_program))
 
 
+def test_in_a_program_an_engine_runs_a_later_kernels_ready_work_in_its_idle_gap():
+    """The compiler interleaves independent ops' instruction streams on each engine: a later
+    kernel's Vector work that is ready runs while an earlier kernel's waits for its load. Within
+    one kernel an engine keeps the kernel's order."""
+    big = np.ones((128, 8192), np.float32)
+    core = NeuronCore(core_spec("trn2"))
+    core.record_instructions = True
+    logs = {}
+    core.listeners.append(lambda record, log: logs.setdefault(record.name, list(log)))
+    with core.program():
+        with core.kernel("waits for a load") as k:
+            tile = k.sbuf(big.shape, np.float32, "big")
+            k.dma(tile, big)
+            k.tensor_scalar(tile, tile, "add", 1.0)
+        with core.kernel("ready at once") as k:
+            small = k.sbuf((128, 64), np.float32, "small")
+            k.memset(small, 0.0)
+            k.tensor_scalar(small, small, "add", 1.0)
+    waiting = next(i for i in logs["waits for a load"] if i.engine == "vector")
+    ready = [i for i in logs["ready at once"] if i.engine == "vector"]
+    assert ready[-1].end <= waiting.start
+    assert ready[0].end <= ready[1].start  # its own instructions in order
+
+
 def test_a_kernel_reading_memory_through_another_view_waits_for_its_write():
     """Writes are found by address: ``as_strided`` views of one buffer share no owner object,
     and the runtime reads device memory through them."""
