@@ -72,6 +72,12 @@ TRN1_ENCODERS = [
      2.66885757e-3),
 ]
 
+#: distilbert-base and bert-base have the same encoder layer (hidden 768, 12 heads, MLP 3072): the
+#: difference of their latencies is 6 layers' time, with no launch or per-call cost in it (bert-base
+#: also has token-type embeddings and a pooler on the first token: a 768x768 matrix-vector product).
+PER_LAYER = ("one encoder layer (hidden 768, seq 128), trn1: (bert-base - distilbert) / 6",
+             TRN1_ENCODERS[0][0], TRN1_ENCODERS[1][0], 6)
+
 #: Published peaks the roofline column uses (shared/research/hardware-facts.md §1.1, §2.2, §5):
 #: bf16 FLOP/s and HBM bytes/s of one device (a v5e chip; one trn2 NeuronCore, chip / 8).
 ROOFLINE = {"v5e": (197e12, 819e9), "trn2": (79e12, 2.9e12 / 8)}
@@ -222,6 +228,21 @@ def published_points(backend: str, device, skip_large: bool = False) -> list[dic
     return rows
 
 
+def per_layer_point(rows: list[dict]) -> dict | None:
+    """The derived point :data:`PER_LAYER` from the two encoders' rows (None without both):
+    published and estimated time per layer, the estimate's device time only (its launch cancels
+    in the difference, as the published per-call cost does)."""
+    name, shallow, deep, layers = PER_LAYER
+    found = {r["point"]: r for r in rows if r.get("table") == "published"}
+    if shallow not in found or deep not in found:
+        return None
+    a, b = found[shallow], found[deep]
+    device = (b["device_s"] - a["device_s"]) / layers
+    return {"table": "published", "point": name, "target": a["target"], "derived": True,
+            "published_s": (b["published_s"] - a["published_s"]) / layers, "device_s": device,
+            "launch_s": 0.0, "total_s": device, "source": f"the two rows above ({NEURON_TRN1_LATENCY})"}
+
+
 def child(backend: str, skip_large: bool) -> list[dict]:
     import accelkit
 
@@ -272,6 +293,8 @@ def print_tables(rows: list[dict]) -> None:
     print("| point | FLOPs | bytes | programs/kernels | launches | host waits | wall here |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
+        if r.get("derived"):
+            continue
         print(f"| {r['point']} ({r['target']}) | {r['flops']:.4g} | {r['bytes']:.4g} | {r['programs']:.1f} | "
               f"{r['launches']:.1f} | {r['syncs']:.1f} | {_us(r.get('wall_here_s'))} |")
     print("\nNo published measurement: the two backends side by side, with each chip's roofline "
@@ -303,6 +326,9 @@ def main() -> None:
     rows = []
     for backend, target in (("tpu", "v5e"), ("neuron", "trn2"), ("neuron", "trn1")):
         rows += _run_child(backend, args.skip_large, target)
+    derived = per_layer_point(rows)
+    if derived is not None:
+        rows.append(derived)
     print_tables(rows)
     if not args.skip_scaling:
         import scaling_points
