@@ -54,6 +54,11 @@ class CoreSpec:
     #: TensorE cycles per moving column relative to bf16, per input dtype (fp32 is 4x, N-arch2).
     tensor_cycle_factor: tuple[tuple[torch.dtype, float], ...]
     transpose_in_dma: bool
+    #: How long the Tensor engine takes to reach full speed from half after idling (0: no warm-up).
+    tensor_warmup_s: float = 0.0
+    #: Fixed latency of a DMA whose descriptors the hardware DGE generates (an indirect gather or
+    #: scatter), None where descriptors are generated in software (``dma_fixed_latency_s``).
+    hardware_dge_latency_s: float | None = None
 
     def cycle_factor(self, dtype: torch.dtype) -> float:
         for candidate, factor in self.tensor_cycle_factor:
@@ -106,6 +111,7 @@ _GENERATIONS = {
             hbm_bandwidth=362.5 * GB,
             tensor_cycle_factor=((torch.float32, 4.0), *((d, 0.5) for d in _FP8)),
             transpose_in_dma=True,
+            tensor_warmup_s=3e-6, hardware_dge_latency_s=600e-9,
         ),
         memory_bytes=12 * GiB, cores_per_chip=8, chip_memory_bytes=96 * GiB,
         peak_flops={torch.bfloat16: 79 * TB, torch.float16: 79 * TB, torch.float32: 20 * TB,
@@ -121,6 +127,10 @@ _GENERATIONS = {
             dma="N-dma: 16 engines per core, 23 B/ns each; ~1300 ns fixed cost",
             tiles="N-tile, N-mm: pmax 128, gemm_stationary_fmax 128, gemm_moving_fmax 512",
             transpose="N-arch3: DMA transpose HBM->SBUF at up to 90% of copy throughput",
+            tensor_warmup="overview-summary-page.rst (via research/workloads-and-estimates.md): TensorE "
+                          "warms up from about 50% of its speed over about 3 us on trn2/trn3",
+            dge="N-arch3: 2 hardware DGEs, about 600 ns per DGE-issued DMA (nki-dge.rst: the compiler "
+                "uses them for runtime-computed addresses)",
         ),
     ),
     "trn3": dict(
@@ -135,6 +145,7 @@ _GENERATIONS = {
             hbm_bandwidth=612.5 * GB,
             tensor_cycle_factor=((torch.float32, 4.0), *((d, 0.25) for d in _FP8)),
             transpose_in_dma=True,
+            tensor_warmup_s=3e-6, hardware_dge_latency_s=600e-9,
         ),
         memory_bytes=18 * GiB, cores_per_chip=8, chip_memory_bytes=144 * GiB,
         peak_flops={torch.bfloat16: 79 * TB, torch.float16: 79 * TB, torch.float32: 20 * TB,
@@ -150,6 +161,7 @@ _GENERATIONS = {
             tiles="N-tile, N-mm: pmax 128, gemm_stationary_fmax 128, gemm_moving_fmax 512 "
                   "(v4 allows more; the simulator keeps the v2/v3 limit)",
             transpose="N-arch4: DMA transpose as on v3",
+            tensor_warmup="as trn2 (overview-summary-page.rst)", dge="as trn2 (N-arch4: same DGEs)",
         ),
     ),
 }

@@ -78,8 +78,10 @@ class Kernel:
             self._hbm_writes = program.hbm_writes
             self._engine_busy: dict[str, list[tuple[float, float]]] | None = program.engine_busy
             self._own_free = dict.fromkeys(ENGINES, start)  # where this kernel's stream is on each engine
+            self._tensor_warm = program.tensor_warm
         else:
             self._engine_busy = None
+            self._tensor_warm = [-math.inf, -math.inf]
             self._engine_free = dict.fromkeys(ENGINES, start)
             self._dma_queues = [[] for _ in range(core.spec.dma_queues)]  # busy intervals, sorted
             self._hbm_writes: dict[int, list[tuple[int, int, float]]] = {}  # see _hbm_buckets
@@ -200,6 +202,8 @@ class Kernel:
             start = max(start, self._ready(operand))
         for operand in writes:
             start = max(start, self._write_ready(operand))
+        if engine == "tensor" and self.spec.tensor_warmup_s:
+            seconds = self._warming(start, seconds)
         if in_program:
             busy_intervals = self._engine_busy[engine]
             start = _earliest_gap(busy_intervals, start, seconds)
@@ -221,6 +225,20 @@ class Kernel:
         if self.core.record_instructions:
             self.log.append(Instruction(self.name, name, engine, start, end, detail))
         return start, end
+
+    def _warming(self, start: float, seconds: float) -> float:
+        """How long a Tensor-engine instruction of ``seconds`` at full speed takes from ``start``:
+        after idling for longer than the warm-up (``CoreSpec.tensor_warmup_s``, an assumption:
+        the published figure says how long the warm-up takes, not after how long an idle engine
+        cools) the engine starts at half speed and reaches full speed linearly over the warm-up."""
+        window = self.spec.tensor_warmup_s
+        since, until = self._tensor_warm
+        if start > until + window:
+            since = start
+        speed = 0.5 + 0.5 * min(1.0, max(0.0, (start - since) / window))
+        seconds /= speed
+        self._tensor_warm[:] = [since, max(until, start + seconds)]
+        return seconds
 
     def _ready(self, operand: Any) -> float:
         """When ``operand``'s data is ready to read: after the last write to it (for HBM, the
@@ -280,7 +298,7 @@ class Kernel:
         self._untimed = None
         self._program = None
         self._engine_free = self._dma_queues = self._hbm_writes = None  # type: ignore[assignment]
-        self._engine_busy = self._own_free = None  # type: ignore[assignment]
+        self._engine_busy = self._own_free = self._tensor_warm = None  # type: ignore[assignment]
 
     def check(self, check: Callable[..., None], *hbm: np.ndarray) -> None:
         """``check(*hbm)``: a check of HBM values that the simulator makes and the hardware
@@ -377,7 +395,7 @@ class Kernel:
         nbytes = dst.data.size * dst.dtype.itemsize
         run = math.prod(table.shape[1:]) * table.dtype.itemsize
         self._dma_schedule("dma_gather", nbytes, run, False, reads=(indices, table), writes=(dst,),
-                           via_hbm=True)
+                           via_hbm=True, indirect=True)
 
     def scatter_rows(self, table: np.ndarray, src: Tile, indices: Tile, accumulate: bool = False) -> None:
         """Indirect DMA store: ``table[indices[p, 0]] = src[p]`` for each partition, or ``+=``
@@ -417,7 +435,7 @@ class Kernel:
         nbytes = src.data.size * src.dtype.itemsize * (2 if accumulate else 1)
         run = math.prod(table.shape[1:]) * table.dtype.itemsize
         self._dma_schedule("dma_scatter_add" if accumulate else "dma_scatter", nbytes, run, False,
-                           reads=(indices, src), writes=(table,), via_hbm=True)
+                           reads=(indices, src), writes=(table,), via_hbm=True, indirect=True)
 
     def _rows(self, indices: Tile, table: np.ndarray) -> np.ndarray:
         """The row numbers an indirect DMA reads from ``indices``; one outside the table raises."""
@@ -454,7 +472,7 @@ class Kernel:
         self._timed(lambda: self._place_dma(*args, **kwargs))
 
     def _place_dma(self, name: str, nbytes: int, run: int, transpose: bool, reads: tuple,
-                   writes: tuple, via_hbm: bool, touches: tuple = ()) -> None:
+                   writes: tuple, via_hbm: bool, touches: tuple = (), indirect: bool = False) -> None:
         """Split a transfer over DMA queues (at least 2 KiB each, N-dma) and place each part in
         the earliest gap of a queue after its operands are ready, as the compiler's scheduler
         does (a store waiting for its data does not hold back later, independent loads). A
@@ -489,7 +507,11 @@ class Kernel:
         for slot, queue in slots:
             _occupy(self._dma_queues[queue], slot, slot + busy)
         first = min(slot for slot, _ in slots)
-        finish = max(slot for slot, _ in slots) + busy + spec.dma_fixed_latency_s
+        # An indirect transfer's descriptors come from the indices at run time: the hardware DGE
+        # makes them where the core has one, else software on GpSimd (the usual fixed cost).
+        fixed = spec.hardware_dge_latency_s if indirect and spec.hardware_dge_latency_s is not None \
+            else spec.dma_fixed_latency_s
+        finish = max(slot for slot, _ in slots) + busy + fixed
         # DMA busy time: the queues' occupancy spread over all queues (latency overlaps).
         occupancy = busy * len(slots) / spec.dma_queues
         self._place(name, "dma", finish - first, reads, writes, f"{nbytes} B", earliest=first, busy=occupancy)
@@ -825,16 +847,18 @@ def _lookup(table: dict, name: str, what: str) -> Any:
         raise NeuronKernelError(f"unknown {what} {name!r}; known: {', '.join(sorted(table))}") from None
 
 
-#: How many of a queue's latest busy intervals a new transfer may slot in between.
-_DMA_LOOKBACK = 32
+#: How many of a DMA queue's or an engine's latest busy intervals new work may slot in between
+#: (the scheduler's window).
+_GAP_LOOKBACK = 32
 
 
 def _earliest_gap(intervals: list[tuple[float, float]], ready: float, duration: float) -> float:
-    """The earliest start >= ``ready`` where ``duration`` fits between a queue's busy intervals."""
+    """The earliest start >= ``ready`` where ``duration`` fits between a queue's (or an
+    engine's) busy intervals."""
     if not intervals or ready >= intervals[-1][1]:
         return ready  # the common case: the queue is idle by then
     start = ready
-    first = max(0, len(intervals) - _DMA_LOOKBACK)
+    first = max(0, len(intervals) - _GAP_LOOKBACK)
     if first:
         start = max(start, intervals[first - 1][1])
     for begin, end in intervals[first:]:

@@ -3,6 +3,7 @@ kernels, and the timelines a compiled program's kernels share (see ``NeuronCore.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -79,6 +80,9 @@ class Program:
     boundary: list | None = None
     #: The HBM accesses of its DMAs, in order (see :mod:`.residency`).
     touches: list = field(default_factory=list)
+    #: The Tensor engine's warm-up: since when it has been busy, and until when (see
+    #: ``Kernel._warming``).
+    tensor_warm: list[float] = field(default_factory=lambda: [-math.inf, -math.inf])
 
 
 @dataclass

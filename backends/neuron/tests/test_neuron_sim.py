@@ -25,6 +25,7 @@ from accelkit_backends.neuron.sim import (
     SbufOverflowError,
     TileShapeError,
 )
+from accelkit_backends.neuron.sim import cost as sim_cost
 from accelkit_backends.neuron.sim import numerics as nx
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -87,6 +88,61 @@ def test_an_addmm_block_leaves_psum_in_one_instruction_that_adds_the_bias_and_ro
     assert [i.name for i in k.log if i.engine == "vector"] == ["tensor_tensor.add"]
     product = nx.round_to(a.astype(np.float32) @ b.astype(np.float32), np.float32)
     np.testing.assert_array_equal(out, nx.round_to(product + bias.astype(np.float32), BF16))
+
+
+def _matmul_durations(target: str, count: int) -> list[tuple[float, float]]:
+    """(start, duration) of ``count`` back-to-back 128x128x512 bf16 matmuls on a cold engine."""
+    core = NeuronCore(core_spec(target))
+    core.record_instructions = True
+    with core.kernel("matmuls") as k:
+        stationary, moving = k.sbuf((128, 128), BF16, "s"), k.sbuf((128, 512), BF16, "m")
+        acc = k.psum((128, 512), np.float32, "acc")
+        for i in range(count):
+            k.matmul(acc, stationary, moving, accumulate=i > 0)
+    k.finish()
+    return [(i.start - k.start, i.end - i.start) for i in k.log if i.name == "matmul"]
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_tensor_engine_warms_up_from_half_speed_where_the_generation_does(target):
+    """trn2 and trn3: TensorE starts at about 50% after idling and is at full speed about 3 us
+    into its busy period (published); trn1 has no such figure."""
+    spec = core_spec(target)
+    durations = _matmul_durations(target, 80)
+    cold = sim_cost.matmul_seconds(spec, 512, 128, torch.bfloat16, engine_was_idle=True)
+    full = sim_cost.matmul_seconds(spec, 512, 128, torch.bfloat16, engine_was_idle=False)
+    first, later = durations[0][1], durations[1:]
+    assert bool(spec.tensor_warmup_s) == (target != "trn1")
+    if not spec.tensor_warmup_s:
+        assert first == pytest.approx(cold, rel=1e-9)
+        assert all(d == pytest.approx(full, rel=1e-9) for _, d in later)
+        return
+    assert first == pytest.approx(2 * cold, rel=1e-9)  # half speed
+    warm = [d for start, d in later if start >= spec.tensor_warmup_s]
+    assert warm and all(d == pytest.approx(full, rel=1e-9) for d in warm)
+    warming = [d for start, d in later if start < spec.tensor_warmup_s]
+    assert warming and all(full < d < 2 * full for d in warming)
+    assert warming == sorted(warming, reverse=True)  # faster and faster
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_an_indirect_dma_pays_the_hardware_dge_latency_where_the_core_has_one(target):
+    spec = core_spec(target)
+    core = NeuronCore(spec)
+    core.record_instructions = True
+    table = np.arange(64 * 32, dtype=np.float32).reshape(64, 32)
+    with core.kernel("gather") as k:
+        indices = k.sbuf((128, 1), np.int32, "idx")
+        k.iota(indices, partition_step=0)
+        rows = k.sbuf((128, 32), np.float32, "rows")
+        k.gather_rows(rows, table, indices)
+    k.finish()
+    (gather,) = [i for i in k.log if i.name == "dma_gather"]
+    # 16 KiB in 128-byte rows over 8 queues (2 KiB each), then the fixed latency.
+    fixed = spec.hardware_dge_latency_s if spec.hardware_dge_latency_s is not None else spec.dma_fixed_latency_s
+    assert (spec.hardware_dge_latency_s is None) == (target == "trn1")
+    busy = max(sim_cost.dma_queue_seconds(spec, 2048, 128), sim_cost.hbm_seconds(spec, 2048) * spec.dma_queues)
+    assert gather.end - gather.start == pytest.approx(busy + fixed, rel=1e-9)
 
 
 def _matmul_after_a_slow_producer(budget: int, monkeypatch) -> float:
