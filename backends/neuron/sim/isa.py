@@ -77,12 +77,14 @@ class Kernel:
             self._dma_queues = program.dma_queues
             self._hbm_writes = program.hbm_writes
             self._engine_busy: dict[str, list[tuple[float, float]]] | None = program.engine_busy
-            self._own_free = dict.fromkeys(ENGINES, start)  # where this kernel's stream is on each engine
             self._tensor_warm = program.tensor_warm
+            #: Where this kernel's own instruction stream is on each engine.
+            self._own_free = dict.fromkeys(ENGINES, start)
         else:
             self._engine_busy = None
             self._tensor_warm = [-math.inf, -math.inf]
             self._engine_free = dict.fromkeys(ENGINES, start)
+            self._own_free = self._engine_free  # alone, the engines run this kernel's stream only
             self._dma_queues = [[] for _ in range(core.spec.dma_queues)]  # busy intervals, sorted
             self._hbm_writes: dict[int, list[tuple[int, int, float]]] = {}  # see _hbm_buckets
         self._tensor_used = False
@@ -193,18 +195,14 @@ class Kernel:
         gap before instructions of earlier kernels, as the compiler's scheduler interleaves
         independent ops' instruction streams on each engine (a NEFF is one schedule, not a
         sequence of kernels); gaps are looked for among the engine's latest intervals only."""
-        in_program = earliest is None and self._engine_busy is not None
-        if earliest is not None:
-            start = earliest
-        else:
-            start = self._own_free[engine] if in_program else self._engine_free[engine]
+        start = self._own_free[engine] if earliest is None else earliest
         for operand in reads:
             start = max(start, self._ready(operand))
         for operand in writes:
             start = max(start, self._write_ready(operand))
         if engine == "tensor" and self.spec.tensor_warmup_s:
             seconds = self._warming(start, seconds)
-        if in_program:
+        if earliest is None and self._engine_busy is not None:
             busy_intervals = self._engine_busy[engine]
             start = _earliest_gap(busy_intervals, start, seconds)
             _occupy(busy_intervals, start, start + seconds)
@@ -217,8 +215,7 @@ class Kernel:
             self._mark_written(operand, end)
         if earliest is None:
             self._engine_free[engine] = max(self._engine_free[engine], end)
-            if in_program:
-                self._own_free[engine] = end
+            self._own_free[engine] = end
         self._record.busy[engine] += seconds if busy is None else busy
         self._record.instructions += 1
         self._record.end = max(self._record.end, end)
