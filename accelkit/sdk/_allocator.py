@@ -190,6 +190,8 @@ class DeviceAllocator:
         # Device addresses: freed ones by size class for reuse, and the start of the unused rest.
         self._free_addresses: dict[int, list[int]] = {}
         self._next_address = _ADDRESS_BASE
+        # Whether the backend does anything to drop a block (every kernel result's release asks).
+        self._frees_blocks = type(self)._free_block is not DeviceAllocator._free_block
 
     # -- backend primitives ----------------------------------------------------------------
 
@@ -457,7 +459,8 @@ class DeviceAllocator:
                 return
             counts["device_frees"] += 1
             self._released_bytes += block_bytes
-        self._free_block(block)
+        if self._frees_blocks:
+            self._free_block(block)
 
     def _reserved(self) -> int:
         return self._allocated + self._cached_bytes

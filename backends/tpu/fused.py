@@ -136,8 +136,15 @@ class _Node:
         self.inputs = inputs  # per input: ("x", external index) or (nodes back, leaf)
         self.shape_key = shape_key
         self.name = name
-        self.outputs: list[weakref.ref] = []
+        # One output's weak reference itself, several outputs' in a tuple: a recorded op's objects
+        # live until the flush, and each one costs the garbage collector (see _refs below).
+        self.outputs: weakref.ref | tuple[weakref.ref, ...] = ()
         self.treedef: Any = None
+
+    def output_refs(self) -> tuple[weakref.ref, ...]:
+        """The weak references to the node's outputs, in leaf order."""
+        outputs = self.outputs
+        return (outputs,) if type(outputs) is weakref.ref else outputs
 
     def key(self) -> tuple:
         """What a region's cache key holds of this node."""
@@ -149,6 +156,9 @@ class _Region:
         self.nodes: list[_Node] = []
         self.externals: list[Any] = []
         self.external_index: dict[int, int] = {}
+        # Each external array's part of a reader's shape key (an array's shape, dtype and weak
+        # type are Python properties: read once per region, not once per reading op).
+        self.external_avals: list[tuple] = []
 
     def ref(self, value: Any) -> tuple:
         if type(value) is Pending:
@@ -160,12 +170,16 @@ class _Region:
 
     def external(self, value: Any) -> tuple:
         """The reference of an input that is not computed in the region."""
-        key = id(value)
-        index = self.external_index.get(key)
-        if index is None:
-            index = self.external_index[key] = len(self.externals)
-            self.externals.append(value)
-        return _external_ref(index)
+        index = self.external_index.get(id(value))
+        return _external_refs[index if index is not None else self.add_external(value)]
+
+    def add_external(self, value: Any) -> int:
+        """Make ``value`` (not yet one) an external input; returns its index."""
+        index = self.external_index[id(value)] = len(self.externals)
+        self.externals.append(value)
+        self.external_avals.append(_aval(value))
+        _external_ref(index)
+        return index
 
 
 # A recorded op's objects live until its region is flushed, so each one costs the garbage
@@ -351,11 +365,11 @@ def _record(node: _Node, evaluate: Callable[..., Any], *operands: Any) -> Any:
     if single:
         (shape, dtype), = leaves
         p = Pending(shape, dtype, region, index, 0)
-        node.outputs = [weakref.ref(p)]
+        node.outputs = weakref.ref(p)
         out = (p, None)
     else:
         pending = [Pending(shape, dtype, region, index, leaf) for leaf, (shape, dtype) in enumerate(leaves)]
-        node.outputs = [weakref.ref(p) for p in pending]
+        node.outputs = tuple(weakref.ref(p) for p in pending)
         out = jax.tree_util.tree_unflatten(node.treedef, pending)
     region.nodes.append(node)
     STATS["ops_recorded"] += 1
@@ -383,8 +397,10 @@ def record_program(lowering: Any, signature: Any, arrays: list, scalars: list) -
                     continue
                 a = a.value
             found = region.external_index.get(id(a))  # region.external, inline (every input)
-            inputs.append(_external_refs[found] if found is not None else region.external(a))
-            avals += (a.shape, a.dtype, getattr(a, "weak_type", False))
+            if found is None:
+                found = region.add_external(a)
+            inputs.append(_external_refs[found])
+            avals += region.external_avals[found]
         # Scalars' kinds are fixed by the signature's structure: they need no place in the key.
         if scalars:
             inputs.extend([region.external(s) for s in scalars])
@@ -431,7 +447,7 @@ def abandon(array: Pending) -> None:
         if region is None or array.value is not None:
             return
         node = region.nodes[array.node]
-        node.outputs = [_never_live] * len(node.outputs)
+        node.outputs = (_never_live,) * len(node.output_refs())
         if array.node == len(region.nodes) - 1:
             region.nodes.pop()
 
@@ -483,12 +499,18 @@ def flush(reason: str) -> None:
         STATS["regions"] += 1
         live = []
         for index, node in enumerate(region.nodes):
-            for leaf, ref in enumerate(node.outputs):
+            outputs = node.outputs
+            if type(outputs) is weakref.ref:  # one output (most ops)
+                p = outputs()
+                if p is not None:
+                    live.append((index, 0, p))
+                continue
+            for leaf, ref in enumerate(outputs):
                 p = ref()
                 if p is not None:
                     live.append((index, leaf, p))
         STATS["results"] += len(live)
-        key = (tuple(node.key() for node in region.nodes), tuple(_aval(x) for x in region.externals),
+        key = (tuple(node.key() for node in region.nodes), tuple(region.external_avals),
                tuple((i, leaf) for i, leaf, _ in live))
         known = _known.get(key)
         wanted = [(i, leaf) for i, leaf, _ in live]
