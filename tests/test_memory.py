@@ -493,6 +493,128 @@ def test_a_buffer_freed_by_garbage_collection_inside_the_allocator_does_not_dead
 
 
 # ---------------------------------------------------------------------------------------------
+# the books in C (accelkit/_native/books.cpp)
+# ---------------------------------------------------------------------------------------------
+
+
+class PlainAdopter(DeviceAllocator):
+    """Adopts ``bytearray`` results and drops nothing itself, as tpu: with native books, adopting
+    and releasing a result both take the C path."""
+
+    def _alloc_block(self, nbytes: int) -> bytearray:
+        return bytearray(nbytes)
+
+    def _block_from_array(self, array):
+        return (array, len(array)) if isinstance(array, bytearray) else None
+
+
+def _native_books(alloc: DeviceAllocator) -> DeviceAllocator:
+    from accelkit import _native
+
+    alloc._use_native_books(_native.load())
+    return alloc
+
+
+@pytest.mark.parametrize("kind", [PlainAdopter, AdoptingAllocator], ids=["released-in-c", "backend-frees"])
+@pytest.mark.parametrize("seed", range(3))
+def test_native_books_keep_the_figures_and_addresses_python_books_keep(kind, seed):
+    rng = random.Random(seed)
+    capacity = 256 * KiB
+    python = kind(capacity, max_cached=64 * KiB) if kind is AdoptingAllocator else kind("tiny:0", capacity)
+    native = _native_books(kind(capacity, max_cached=64 * KiB) if kind is AdoptingAllocator
+                           else kind("tiny:0", capacity))
+    live: list[tuple] = []
+    adopted_natively = 0
+    for step in range(400):
+        action = rng.random()
+        size = rng.choice([0, 1, 100, 512, 4 * KiB, 5000, 70 * KiB, 300 * KiB])
+        if action < 0.45 or not live:
+            outcomes = []
+            for alloc in (python, native):
+                try:
+                    outcomes.append(alloc.adopt(bytearray(size)) if action < 0.3 else alloc.allocate(size))
+                except torch.OutOfMemoryError as error:
+                    outcomes.append(str(error))
+            if isinstance(outcomes[0], str):
+                assert outcomes[0] == outcomes[1], step
+            else:
+                live.append(tuple(outcomes))
+                assert type(outcomes[1]).__module__ == "accelkit._native"  # the C Buffer
+                adopted_natively += not outcomes[1].cacheable
+        elif action < 0.95:
+            live.pop(rng.randrange(len(live)))
+        else:
+            python.empty_cache()
+            native.empty_cache()
+        assert native.memory_stats() == python.memory_stats(), step
+        assert [b.address for _, b in live] == [b.address for b, _ in live], step
+    assert adopted_natively > 50
+    live.clear()
+    outcomes.clear()  # the last step's pair
+    assert native.memory_stats() == python.memory_stats()
+    assert native.memory_allocated() == 0
+
+
+def test_a_native_buffer_has_the_python_buffers_attributes_and_releases_once():
+    alloc = _native_books(PlainAdopter("tiny:0", MiB))
+    result = bytearray(4 * KiB)
+    buf = alloc.adopt(result)
+    assert (buf.block is result, buf.nbytes, buf.block_bytes, buf.cacheable) == (True, 4 * KiB, 4 * KiB, False)
+    assert buf._allocator is alloc and buf.address % 512 == 0 and "tiny:0" in repr(buf)
+    assert alloc.memory_stats()["num_allocations"] == 1
+    del buf
+    stats = alloc.memory_stats()
+    assert (stats["num_frees"], stats["num_device_free"], alloc.memory_allocated()) == (1, 1, 0)
+
+
+def test_native_books_release_a_buffer_the_collector_frees_inside_the_allocator():
+    # As the Python books' test above: with the collector made eager, C releases land inside
+    # Python's bookkeeping (the same reentrant lock), and every byte comes back.
+    code = """
+        import gc
+        import torch
+        from accelkit import _native
+        from accelkit.sdk import DeviceAllocator
+
+        class A(DeviceAllocator):
+            def _alloc_block(self, n):
+                return bytearray(n)
+
+            def _block_from_array(self, array):
+                return array, len(array)
+
+        alloc = A("tiny:0", 1 << 20)
+        alloc._use_native_books(_native.load())
+
+        class Holder:
+            pass
+
+        gc.set_threshold(1)
+        for i in range(2000):
+            h = Holder()
+            h.me = h
+            h.buf = alloc.adopt(bytearray(100))
+            h.other = alloc.allocate(100)
+            del h
+            shift = [[] for _ in range(i % 4)]
+            alloc.empty_cache()
+            try:
+                alloc.adopt(bytearray(2 << 20))
+            except torch.OutOfMemoryError:
+                pass
+        gc.set_threshold(700)
+        gc.collect()
+        print("allocated", alloc.memory_allocated(), "frees", alloc.memory_stats()["num_frees"])
+    """
+    try:
+        result = run_python(code, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the native books deadlocked when the garbage collector freed a buffer inside the allocator")
+    assert result.returncode == 0, result.stderr
+    assert "allocated 0 frees 4000" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
 # the ref device
 # ---------------------------------------------------------------------------------------------
 

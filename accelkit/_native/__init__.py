@@ -2,8 +2,11 @@
 
 ``device.cpp`` holds a device guard with a device count and a per-thread current device, and a
 maker of device tensors at any index; ``hooks.cpp`` PyTorch's PrivateUse1 hooks with pinned host
-memory and the device's generators (``generator.cpp``); ``memory.cpp`` the device's memory figures for ``torch.accelerator`` (see their headers). It is compiled once per torch version,
-Python version and source, with the system C++ compiler against the installed torch, into
+memory and the device's generators (``generator.cpp``); ``memory.cpp`` the device's memory figures
+for ``torch.accelerator``; ``views.cpp`` and ``lane.cpp`` the view kernels and the prepared-call
+lane's front; ``books.cpp`` the allocator's books for kernel results (see their headers). It is
+compiled once per torch version, Python version and source, with the system C++ compiler against
+the installed torch, into
 ``$ACCELKIT_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/accelkit/native``, i.e.
 ``~/.cache/accelkit/native``), and loaded from there. The install step builds it
 (``python -m accelkit native build``, which ``make`` runs); otherwise the first process that
@@ -39,7 +42,7 @@ import torch
 from accelkit._errors import AccelkitError
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("device.cpp", "hooks.cpp", "memory.cpp", "generator.cpp",
-                                                             "views.cpp", "lane.cpp"))
+                                                             "views.cpp", "lane.cpp", "books.cpp"))
 MODULE = "_accelkit_device"
 DIR_ENV = "ACCELKIT_NATIVE_DIR"
 SWITCH_ENV = "ACCELKIT_NATIVE"

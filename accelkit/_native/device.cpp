@@ -141,6 +141,7 @@ void add_memory_functions(py::module& m);  // memory.cpp
 void add_generator_functions(py::module& m);  // generator.cpp
 void add_view_functions(py::module& m);  // views.cpp
 void add_lane_functions(py::module& m);  // lane.cpp
+void add_book_functions(py::module& m);  // books.cpp
 
 PYBIND11_MODULE(_accelkit_device, m) {
   m.doc() = "accelkit's native PrivateUse1 device guard, multi-device tensors and hooks";
@@ -149,6 +150,7 @@ PYBIND11_MODULE(_accelkit_device, m) {
   add_generator_functions(m);
   add_view_functions(m);
   add_lane_functions(m);
+  add_book_functions(m);
   m.def("install_guard", &install_guard, py::arg("count"), py::arg("synchronize"));
   m.def("device_count", [] { return static_cast<int>(device_count.load()); });
   m.def("current_device", [] { return static_cast<int>(current_device); });

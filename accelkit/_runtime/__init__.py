@@ -243,6 +243,8 @@ def _install_native_hooks(ctx: BackendContext, module: DeviceModule) -> None:
         return
     ctx.generator = native.install_generators(ctx.device_count)
     native.install_hooks(ctx.probe.available)
+    for allocator in ctx.allocators or (ctx.allocator,):
+        allocator._use_native_books(native)  # its books in C (_native/books.cpp)
     native.install_device_memory(module)
     if ctx.devices is None:
         # One device: the native guard answers as the Python one does (device 0 of 1, default

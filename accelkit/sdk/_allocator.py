@@ -128,6 +128,31 @@ class Buffer:
         return f"Buffer({format_bytes(self.nbytes)} on {self._allocator and self._allocator.device})"
 
 
+class _Books:
+    """An allocator's counters, in one object so that accelkit's native extension can keep them
+    in C (``_native/books.cpp``'s ``Books`` has the same fields): what adopting a kernel result
+    and releasing a buffer update on every op. Read and written under the allocator's lock."""
+
+    __slots__ = ("allocated", "requested", "live", "cached_bytes", "cached_blocks", "peak_allocated",
+                 "peak_reserved", "peak_requested", "peak_live", "peak_segments", "freed_bytes",
+                 "freed_requested", "released_bytes", "frees", "device_frees", "cache_hits", "ooms",
+                 "alloc_retries", "capacity")
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity  # the device's bytes
+        # Cached (free) blocks, and live buffers: their blocks' bytes (size classes), the bytes
+        # they asked for, how many; each one's highest value since the last peak reset.
+        self.cached_bytes = self.cached_blocks = 0
+        self.allocated = self.requested = self.live = 0
+        self.peak_allocated = self.peak_reserved = self.peak_requested = self.peak_live = 0
+        self.peak_segments = 0  # segments: blocks taken from the backend, = live + cached blocks
+        # Running totals of what went away; what came is what went plus what is there now.
+        self.freed_bytes = 0  # blocks of freed buffers
+        self.freed_requested = 0  # what freed buffers had asked for
+        self.released_bytes = 0  # blocks given back to the backend
+        self.frees = self.device_frees = self.cache_hits = self.ooms = self.alloc_retries = 0  # events
+
+
 class DeviceAllocator:
     """Base of every backend allocator: caching, statistics, capacity and OOM errors.
 
@@ -165,33 +190,46 @@ class DeviceAllocator:
         if capacity <= 0:
             raise ValueError(f"{device}: allocator capacity must be positive, got {capacity}")
         self.device = device
-        self.capacity = capacity
+        self._books: Any = _Books(capacity)  # the counters (see _Books)
         self.max_cached = capacity // 4 if max_cached is None else max_cached
         # Reentrant: a buffer freed by the garbage collector while this thread holds the lock
         # (a collection can start at any allocation) releases its block from inside it.
         self._lock = threading.RLock()
         self._cache: dict[int, list[Any]] = {}
-        self._cached_bytes = 0
-        self._cached_blocks = 0
-        # Live buffers: their blocks' bytes (size classes), the bytes they asked for, how many.
-        self._allocated = 0
-        self._requested = 0
-        self._live = 0
-        self._peak_allocated = 0
-        self._peak_reserved = 0
-        self._peak_requested = 0
-        self._peak_live = 0
-        self._peak_segments = 0  # segments: blocks taken from the backend, = live + cached blocks
-        # Running totals of what went away; what came is what went plus what is there now.
-        self._freed_bytes = 0  # blocks of freed buffers
-        self._freed_requested = 0  # what freed buffers had asked for
-        self._released_bytes = 0  # blocks given back to the backend
-        self._counts = {"frees": 0, "device_frees": 0, "cache_hits": 0, "ooms": 0, "alloc_retries": 0}
         # Device addresses: freed ones by size class for reuse, and the start of the unused rest.
         self._free_addresses: dict[int, list[int]] = {}
         self._next_address = _ADDRESS_BASE
         # Whether the backend does anything to drop a block (every kernel result's release asks).
         self._frees_blocks = type(self)._free_block is not DeviceAllocator._free_block
+        # The buffer type and adopt's common case: the native extension's once the runtime has
+        # loaded it (_use_native_books), which keep the books in C.
+        self._buffer_type: Any = Buffer
+        self._adopt_natively: Any = None
+
+    def _use_native_books(self, native: Any) -> None:
+        """Keep the books in accelkit's native extension (``_native/books.cpp``) from now on:
+        its ``Books`` takes over this allocator's counters (their values so far), adopting a
+        kernel result and releasing a buffer update them in C in the common case, under the same
+        lock, and every other path reads and writes them as before."""
+        with self._lock:
+            books = native.Books()
+            for name in _Books.__slots__:
+                setattr(books, name, getattr(self._books, name))
+            books.frees_blocks = self._frees_blocks
+            books.lock = self._lock
+            books.free_addresses = self._free_addresses
+            self._books = books
+            self._buffer_type = native.Buffer
+            self._adopt_natively = native.adopt_buffer
+
+    @property
+    def capacity(self) -> int:
+        """The bytes the device holds: requests beyond them raise ``torch.OutOfMemoryError``."""
+        return self._books.capacity
+
+    @capacity.setter
+    def capacity(self, capacity: int) -> None:
+        self._books.capacity = capacity
 
     # -- backend primitives ----------------------------------------------------------------
 
@@ -280,6 +318,7 @@ class DeviceAllocator:
             after the cache is emptied. The message names the device, the request, what is in
             use and the capacity.
         """
+        books = self._books
         if nbytes < 0:
             raise ValueError(f"{self.device}: cannot allocate a negative size ({nbytes} bytes)")
         # Size classes let a freed block serve the next request of its class. An allocator that
@@ -291,12 +330,12 @@ class DeviceAllocator:
                 block = self._alloc_block(block_bytes)
             except BaseException:
                 with self._lock:
-                    self._allocated -= block_bytes
-                    self._requested -= nbytes
-                    self._live -= 1
+                    books.allocated -= block_bytes
+                    books.requested -= nbytes
+                    books.live -= 1
                     self._free_address(address, nbytes)
                 raise
-        return Buffer(self, block, nbytes, block_bytes, address=address)
+        return self._buffer_type(self, block, nbytes, block_bytes, address=address)
 
     def adopt(self, array: Any) -> Buffer | None:
         """Make a freshly computed array the block of a new buffer, without a copy.
@@ -308,11 +347,16 @@ class DeviceAllocator:
         if adopted is None:
             return None
         block, nbytes = adopted
+        books = self._books
+        if self._adopt_natively is not None:
+            buffer = self._adopt_natively(books, self, block, nbytes)  # the common case, in C
+            if buffer is not None:
+                return buffer
         with self._lock:
             # The common case inline (a kernel result on every op); a result that needs the
             # cache emptied, or does not fit, or a new address range, takes the general path.
-            allocated = self._allocated + nbytes
-            if allocated + self._cached_bytes > self.capacity:
+            allocated = books.allocated + nbytes
+            if allocated + books.cached_bytes > self.capacity:
                 try:
                     _, address = self._reserve(nbytes, nbytes, use_cache=False)
                 except torch.OutOfMemoryError:
@@ -321,20 +365,20 @@ class DeviceAllocator:
             else:
                 free = self._free_addresses.get(_SPANS.get(nbytes) or _span(nbytes)) if nbytes else None
                 address = free.pop() if free else self._claim_address(nbytes)
-                self._allocated = allocated
-                requested = self._requested = self._requested + nbytes
-                live = self._live = self._live + 1
-                if allocated > self._peak_allocated:
-                    self._peak_allocated = allocated
-                if allocated + self._cached_bytes > self._peak_reserved:
-                    self._peak_reserved = allocated + self._cached_bytes
-                if requested > self._peak_requested:
-                    self._peak_requested = requested
-                if live > self._peak_live:
-                    self._peak_live = live
-                if live + self._cached_blocks > self._peak_segments:
-                    self._peak_segments = live + self._cached_blocks
-        return Buffer(self, block, nbytes, nbytes, False, address)
+                books.allocated = allocated
+                requested = books.requested = books.requested + nbytes
+                live = books.live = books.live + 1
+                if allocated > books.peak_allocated:
+                    books.peak_allocated = allocated
+                if allocated + books.cached_bytes > books.peak_reserved:
+                    books.peak_reserved = allocated + books.cached_bytes
+                if requested > books.peak_requested:
+                    books.peak_requested = requested
+                if live > books.peak_live:
+                    books.peak_live = live
+                if live + books.cached_blocks > books.peak_segments:
+                    books.peak_segments = live + books.cached_blocks
+        return self._buffer_type(self, block, nbytes, nbytes, False, address)
 
     def hold(self, array: Any) -> Buffer:
         """Count ``array``, which a backend keeps across calls outside any tensor (a compiled
@@ -375,44 +419,45 @@ class DeviceAllocator:
         nothing. For backends that know a result's size before computing it: refusing then
         spares the host the work (and, on a simulated device, the memory) of a result the
         device could never hold."""
-        if self._allocated + nbytes > self.capacity:
+        if self._books.allocated + nbytes > self.capacity:
             with self._lock:
                 raise self._out_of_memory(nbytes)
 
     def _reserve(self, nbytes: int, block_bytes: int, use_cache: bool) -> tuple[Any, int]:
         """Account for a new buffer; return a cached block to reuse (or None) and the buffer's
         device address."""
+        books = self._books
         with self._lock:
             address = self._claim_address(nbytes)  # first: it can fail, and then nothing changed
             cached = self._cache.get(block_bytes) if use_cache else None
             if cached:
                 block = cached.pop()
-                self._cached_bytes -= block_bytes
-                self._cached_blocks -= 1
-                self._counts["cache_hits"] += 1
+                books.cached_bytes -= block_bytes
+                books.cached_blocks -= 1
+                books.cache_hits += 1
             else:
                 block = None
-                if self._reserved() + block_bytes > self.capacity and self._cached_blocks:
+                if self._reserved() + block_bytes > self.capacity and books.cached_blocks:
                     # CUDA's "alloc retry": the request does not fit beside the cached blocks,
                     # so they go back to the backend and the request is tried again.
-                    self._counts["alloc_retries"] += 1
+                    books.alloc_retries += 1
                     self._empty_cache_locked()
-                if self._allocated + block_bytes > self.capacity:
+                if books.allocated + block_bytes > self.capacity:
                     self._free_address(address, nbytes)
                     raise self._out_of_memory(nbytes)
-            allocated = self._allocated = self._allocated + block_bytes
-            requested = self._requested = self._requested + nbytes
-            live = self._live = self._live + 1
-            if allocated > self._peak_allocated:
-                self._peak_allocated = allocated
-            if allocated + self._cached_bytes > self._peak_reserved:
-                self._peak_reserved = allocated + self._cached_bytes
-            if requested > self._peak_requested:
-                self._peak_requested = requested
-            if live > self._peak_live:
-                self._peak_live = live
-            if live + self._cached_blocks > self._peak_segments:
-                self._peak_segments = live + self._cached_blocks
+            allocated = books.allocated = books.allocated + block_bytes
+            requested = books.requested = books.requested + nbytes
+            live = books.live = books.live + 1
+            if allocated > books.peak_allocated:
+                books.peak_allocated = allocated
+            if allocated + books.cached_bytes > books.peak_reserved:
+                books.peak_reserved = allocated + books.cached_bytes
+            if requested > books.peak_requested:
+                books.peak_requested = requested
+            if live > books.peak_live:
+                books.peak_live = live
+            if live + books.cached_blocks > books.peak_segments:
+                books.peak_segments = live + books.cached_blocks
             return block, address
 
     def _claim_address(self, nbytes: int) -> int:
@@ -436,14 +481,14 @@ class DeviceAllocator:
 
     def _release(self, block: Any, block_bytes: int, nbytes: int, cacheable: bool = True,
                  address: int = 0) -> None:
+        books = self._books
         with self._lock:
-            self._allocated -= block_bytes
-            self._requested -= nbytes
-            self._live -= 1
-            self._freed_bytes += block_bytes
-            self._freed_requested += nbytes
-            counts = self._counts
-            counts["frees"] += 1
+            books.allocated -= block_bytes
+            books.requested -= nbytes
+            books.live -= 1
+            books.freed_bytes += block_bytes
+            books.freed_requested += nbytes
+            books.frees += 1
             if address:  # _free_address, inline (every kernel result comes through here)
                 span = _SPANS.get(nbytes) or _span(nbytes)
                 free = self._free_addresses.get(span)
@@ -452,24 +497,25 @@ class DeviceAllocator:
                 free.append(address)
             # Adopted blocks are never cached: adoption does not draw on the cache, so caching
             # them would grow it by one block per kernel result until max_cached is reached.
-            if cacheable and self._cached_bytes + block_bytes <= self.max_cached:
+            if cacheable and books.cached_bytes + block_bytes <= self.max_cached:
                 self._cache.setdefault(block_bytes, []).append(block)
-                self._cached_bytes += block_bytes
-                self._cached_blocks += 1
+                books.cached_bytes += block_bytes
+                books.cached_blocks += 1
                 return
-            counts["device_frees"] += 1
-            self._released_bytes += block_bytes
+            books.device_frees += 1
+            books.released_bytes += block_bytes
         if self._frees_blocks:
             self._free_block(block)
 
     def _reserved(self) -> int:
-        return self._allocated + self._cached_bytes
+        return self._books.allocated + self._books.cached_bytes
 
     def _empty_cache_locked(self) -> list[Any]:
+        books = self._books
         # Detach the cache first: a block released while we iterate lands in the new one.
-        self._counts["device_frees"] += self._cached_blocks
-        self._released_bytes += self._cached_bytes
-        cache, self._cache, self._cached_bytes, self._cached_blocks = self._cache, {}, 0, 0
+        books.device_frees += books.cached_blocks
+        books.released_bytes += books.cached_bytes
+        cache, self._cache, books.cached_bytes, books.cached_blocks = self._cache, {}, 0, 0
         blocks = [b for bucket in cache.values() for b in bucket]
         for block in blocks:
             self._free_block(block)
@@ -482,10 +528,10 @@ class DeviceAllocator:
 
     def _out_of_memory(self, nbytes: int) -> torch.OutOfMemoryError:
         """The error refusing a request of ``nbytes``, counted as an OOM (lock held)."""
-        self._counts["ooms"] += 1
+        self._books.ooms += 1
         return torch.OutOfMemoryError(
             f"{self.device} out of memory: tried to allocate {format_bytes(nbytes)}, "
-            f"but {format_bytes(self._allocated)} of the device's {format_bytes(self.capacity)} "
+            f"but {format_bytes(self._books.allocated)} of the device's {format_bytes(self.capacity)} "
             f"are held by live tensors ({format_bytes(self._reserved())} reserved). "
             "Free tensors you no longer need, use a smaller batch, or pick a target "
             "with more memory."
@@ -494,26 +540,27 @@ class DeviceAllocator:
     # -- statistics ------------------------------------------------------------------------
 
     def memory_allocated(self) -> int:
-        return self._allocated
+        return self._books.allocated
 
     def memory_reserved(self) -> int:
         return self._reserved()
 
     def max_memory_allocated(self) -> int:
-        return self._peak_allocated
+        return self._books.peak_allocated
 
     def max_memory_reserved(self) -> int:
-        return self._peak_reserved
+        return self._books.peak_reserved
 
     def reset_peak_stats(self) -> None:
         """Make every peak, of bytes and of counts, its current value (CUDA's
         ``reset_peak_memory_stats``)."""
+        books = self._books
         with self._lock:
-            self._peak_allocated = self._allocated
-            self._peak_reserved = self._reserved()
-            self._peak_requested = self._requested
-            self._peak_live = self._live
-            self._peak_segments = self._live + self._cached_blocks
+            books.peak_allocated = books.allocated
+            books.peak_reserved = self._reserved()
+            books.peak_requested = books.requested
+            books.peak_live = books.live
+            books.peak_segments = books.live + books.cached_blocks
 
     def memory_stats(self) -> dict[str, int]:
         """The allocator's figures under ``torch.cuda.memory_stats()``'s keys, and accelkit's own.
@@ -544,16 +591,16 @@ class DeviceAllocator:
         ``num_cache_hits``.
         """
         with self._lock:
-            counts = self._counts
-            live, frees = self._live, counts["frees"]
-            segments, released = live + self._cached_blocks, counts["device_frees"]
+            books = self._books
+            live, frees = books.live, books.frees
+            segments, released = live + books.cached_blocks, books.device_frees
             reserved = self._reserved()
             figures = {  # current, peak, freed
-                "allocation": (live, self._peak_live, frees),
-                "segment": (segments, self._peak_segments, released),
-                "allocated_bytes": (self._allocated, self._peak_allocated, self._freed_bytes),
-                "requested_bytes": (self._requested, self._peak_requested, self._freed_requested),
-                "reserved_bytes": (reserved, self._peak_reserved, self._released_bytes),
+                "allocation": (live, books.peak_live, frees),
+                "segment": (segments, books.peak_segments, released),
+                "allocated_bytes": (books.allocated, books.peak_allocated, books.freed_bytes),
+                "requested_bytes": (books.requested, books.peak_requested, books.freed_requested),
+                "reserved_bytes": (reserved, books.peak_reserved, books.released_bytes),
             }
             figures["active"] = figures["allocation"]
             figures["active_bytes"] = figures["allocated_bytes"]
@@ -564,19 +611,19 @@ class DeviceAllocator:
                 stats[f"{name}.all.allocated"] = current + freed
                 stats[f"{name}.all.freed"] = freed
             stats.update({
-                "num_alloc_retries": counts["alloc_retries"],
-                "num_ooms": counts["ooms"],
+                "num_alloc_retries": books.alloc_retries,
+                "num_ooms": books.ooms,
                 "num_device_alloc": segments + released,
                 "num_device_free": released,
-                "allocated_bytes.current": self._allocated,
-                "allocated_bytes.peak": self._peak_allocated,
-                "requested_bytes.current": self._requested,
+                "allocated_bytes.current": books.allocated,
+                "allocated_bytes.peak": books.peak_allocated,
+                "requested_bytes.current": books.requested,
                 "reserved_bytes.current": reserved,
-                "reserved_bytes.peak": self._peak_reserved,
-                "cached_bytes.current": self._cached_bytes,
+                "reserved_bytes.peak": books.peak_reserved,
+                "cached_bytes.current": books.cached_bytes,
                 "capacity_bytes": self.capacity,
                 "num_allocations": live + frees,
                 "num_frees": frees,
-                "num_cache_hits": counts["cache_hits"],
+                "num_cache_hits": books.cache_hits,
             })
             return stats
