@@ -5,9 +5,11 @@
 // op its dispatcher round trip into Python (the boxed stack turned into args and kwargs, the
 // result back onto the stack), the layout key built from Python tuples, and the result tensor
 // made through three Python calls. Here the layout key is a string of the tensors' geometry
-// built from the stack, the plan is found in a C++ map, and the result tensor is made in C++
-// over the buffer the allocator adopts; what stays in Python is what the backend owns: the
-// plan's run (the program call), the allocator's adopt and the op counter.
+// built from the stack, the plan is found in a C++ map, the result tensor is made in C++ over
+// the buffer the allocator adopts, and the call is counted here (the runtime's op counters
+// collect the count when they are read; while a thread has counting paused, each call goes to
+// the Python counter, which knows which thread it is); what stays in Python is what the
+// backend owns: the plan's run (the program call) and the allocator's adopt.
 //
 // Anything else takes the Python kernel exactly as PyTorch's own Python kernel holder would
 // call it (same args and kwargs): a call with another argument, a tensor without a device
@@ -124,13 +126,20 @@ void push_python_result(const c10::FunctionSchema& schema, torch::jit::Stack* st
 
 class Front {
  public:
-  Front(py::object kernel, py::object lookup, py::object count, py::object adopt,
+  Front(py::object kernel, py::object lookup, py::object count, py::object counters, py::object adopt,
             py::object declined, py::object declined_error, std::vector<int> tensor_slots,
             std::vector<c10::IValue> defaults)
       : kernel_(std::move(kernel)), lookup_(std::move(lookup)), count_(std::move(count)),
-        adopt_(std::move(adopt)), declined_(std::move(declined)),
+        counters_(std::move(counters)), adopt_(std::move(adopt)), declined_(std::move(declined)),
         declined_error_(std::move(declined_error)), tensor_slots_(std::move(tensor_slots)),
         defaults_(std::move(defaults)) {}
+
+  // The calls counted here since the last take (the GIL held), and none from then on.
+  int64_t take_calls() {
+    const int64_t calls = calls_;
+    calls_ = 0;
+    return calls;
+  }
 
   void call(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     py::gil_scoped_acquire gil;
@@ -201,7 +210,7 @@ class Front {
       python_kernel(declined_, op, stack);
       return true;
     }
-    count_();
+    count_call();
     if (Py_TYPE(out.ptr()) != reinterpret_cast<PyTypeObject*>(entry->result_type.ptr())) {
       return wrapped(op, stack, out);
     }
@@ -211,6 +220,22 @@ class Front {
     torch::jit::drop(*stack, count);
     torch::jit::push(*stack, std::move(result));
     return true;
+  }
+
+  // One native call of the op: counted here, unless some thread has counting paused (the
+  // counters' ``_pausing``), when the Python counter decides for the calling thread.
+  void count_call() {
+    static PyObject* const pausing_name = interned("_pausing");
+    PyObject* pausing = PyObject_GetAttr(counters_.ptr(), pausing_name);
+    if (pausing == nullptr) throw py::error_already_set();
+    const int paused = PyObject_IsTrue(pausing);
+    Py_DECREF(pausing);
+    if (paused < 0) throw py::error_already_set();
+    if (paused) {
+      count_();
+    } else {
+      ++calls_;
+    }
   }
 
   // A result the Python front does not adopt directly either (another array type, or the
@@ -299,7 +324,8 @@ class Front {
   py::object wrap_;
 
  private:
-  py::object kernel_, lookup_, count_, adopt_, declined_, declined_error_;
+  py::object kernel_, lookup_, count_, counters_, adopt_, declined_, declined_error_;
+  int64_t calls_ = 0;  // counted here, not yet taken by the counters
   std::vector<int> tensor_slots_;       // positions of the schema's Tensor / Tensor? arguments
   std::vector<c10::IValue> defaults_;   // every argument's default (None for tensors)
   std::unordered_map<std::string, Entry> plans_;
@@ -325,10 +351,12 @@ std::vector<torch::Library*>& libraries() {
 }
 
 // Register the C++ front as ``qualified_name``'s PrivateUse1 kernel. The op must have a
-// default for every argument but its Tensor / Tensor? ones (the caller checks).
-void install_lane_front(const std::string& qualified_name, const std::string& overload,
-                        py::object kernel, py::object lookup, py::object count, py::object adopt,
-                        py::object wrap, py::object declined, py::object declined_error) {
+// default for every argument but its Tensor / Tensor? ones (the caller checks). Returns the
+// front's ``take()``: the calls it counted since the last take.
+py::cpp_function install_lane_front(const std::string& qualified_name, const std::string& overload,
+                                    py::object kernel, py::object lookup, py::object count, py::object counters,
+                                    py::object adopt, py::object wrap, py::object declined,
+                                    py::object declined_error) {
   auto handle = c10::Dispatcher::singleton().findSchemaOrThrow(qualified_name.c_str(), overload.c_str());
   const auto& schema = handle.schema();
   std::vector<int> tensor_slots;
@@ -349,9 +377,9 @@ void install_lane_front(const std::string& qualified_name, const std::string& ov
       defaults.push_back(*argument.default_value());
     }
   }
-  auto* front = new Front(std::move(kernel), std::move(lookup), std::move(count),
-                                           std::move(adopt), std::move(declined), std::move(declined_error),
-                                           std::move(tensor_slots), std::move(defaults));
+  auto* front = new Front(std::move(kernel), std::move(lookup), std::move(count), std::move(counters),
+                          std::move(adopt), std::move(declined), std::move(declined_error),
+                          std::move(tensor_slots), std::move(defaults));
   front->wrap_ = std::move(wrap);
   std::string name = qualified_name.substr(qualified_name.find("::") + 2);
   if (!overload.empty()) name += "." + overload;
@@ -359,13 +387,14 @@ void install_lane_front(const std::string& qualified_name, const std::string& ov
                                      c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
   library->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<LaneKernel>(front)));
   libraries().push_back(library);
+  return py::cpp_function([front] { return front->take_calls(); });
 }
 
 }  // namespace
 
 void add_lane_functions(py::module& m) {
   m.def("install_lane_front", &install_lane_front, py::arg("qualified_name"), py::arg("overload"),
-        py::arg("kernel"), py::arg("lookup"), py::arg("count"), py::arg("adopt"), py::arg("wrap"),
+        py::arg("kernel"), py::arg("lookup"), py::arg("count"), py::arg("counters"), py::arg("adopt"), py::arg("wrap"),
         py::arg("declined"), py::arg("declined_error"),
         "Make a C++ front of the prepared-call lane the PrivateUse1 kernel of an op (see lane.cpp)");
 }

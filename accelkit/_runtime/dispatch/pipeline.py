@@ -282,12 +282,13 @@ class Pipeline:
                 return False
             if argument.name in checked and not (default is None or _plain(default)):
                 return False
-        name, wrap = str(op), self._wrap
-        count = functools.partial(self.ctx.counters.count, name, "native")
-        native.install_lane_front(
-            op._schema.name, op._schema.overload_name, kernel, lane.lookup, count,
+        name, wrap, counters = str(op), self._wrap, self.ctx.counters
+        count = functools.partial(counters.count, name, "native")  # while counting is paused
+        take = native.install_lane_front(
+            op._schema.name, op._schema.overload_name, kernel, lane.lookup, count, counters,
             self.ctx.allocator.adopt, wrap, self._declined(op), KernelDeclined,
         )
+        counters.add_source(name, "native", take)
         return True
 
     def _stored(self, self_: _Tensor, result: Any) -> tuple[Any, torch.dtype | None]:

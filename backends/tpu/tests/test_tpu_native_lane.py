@@ -127,6 +127,25 @@ def test_every_call_is_counted_native(dev, front):
     assert counters.snapshot()[str(aten.add.Tensor)]["native"] == before + 5
 
 
+def test_calls_counted_in_cpp_are_read_and_reset_with_the_others_and_a_paused_thread_counts_none(dev, front):
+    a, b = torch.randn(9, device=dev), torch.randn(9, device=dev)
+    counters, name = _runtime.active().counters, str(aten.add.Tensor)
+    a + b  # the layout's first call (the Python front's)
+    before = counters.snapshot()[name]["native"]
+    for _ in range(3):
+        a + b
+    assert counters.totals()["native"] >= before + 3
+    with counters.paused():
+        for _ in range(4):
+            a + b
+    assert counters.snapshot()[name]["native"] == before + 3
+    a + b
+    a + b  # counted in C++, not read yet
+    accelkit.reset_stats()
+    a + b
+    assert counters.snapshot()[name]["native"] == 1  # the reset took what C++ had counted too
+
+
 def test_results_are_accounted_and_freed(dev, front):
     a, b = torch.randn(1024, device=dev), torch.randn(1024, device=dev)
     a + b  # the layout's first call
