@@ -153,6 +153,25 @@ class _Books:
         self.frees = self.device_frees = self.cache_hits = self.ooms = self.alloc_retries = 0  # events
 
 
+def _count_new_buffer(books: Any, block_bytes: int, nbytes: int) -> None:
+    """Count a new live buffer of ``block_bytes`` (asked for ``nbytes``) in ``books`` and raise
+    the peaks it passes (the allocator's lock held). ``books.cpp``'s ``adopt_buffer`` does the
+    same in C."""
+    allocated = books.allocated = books.allocated + block_bytes
+    requested = books.requested = books.requested + nbytes
+    live = books.live = books.live + 1
+    if allocated > books.peak_allocated:
+        books.peak_allocated = allocated
+    if allocated + books.cached_bytes > books.peak_reserved:
+        books.peak_reserved = allocated + books.cached_bytes
+    if requested > books.peak_requested:
+        books.peak_requested = requested
+    if live > books.peak_live:
+        books.peak_live = live
+    if live + books.cached_blocks > books.peak_segments:
+        books.peak_segments = live + books.cached_blocks
+
+
 class DeviceAllocator:
     """Base of every backend allocator: caching, statistics, capacity and OOM errors.
 
@@ -355,8 +374,7 @@ class DeviceAllocator:
         with self._lock:
             # The common case inline (a kernel result on every op); a result that needs the
             # cache emptied, or does not fit, or a new address range, takes the general path.
-            allocated = books.allocated + nbytes
-            if allocated + books.cached_bytes > self.capacity:
+            if books.allocated + books.cached_bytes + nbytes > self.capacity:
                 try:
                     _, address = self._reserve(nbytes, nbytes, use_cache=False)
                 except torch.OutOfMemoryError:
@@ -365,19 +383,7 @@ class DeviceAllocator:
             else:
                 free = self._free_addresses.get(_SPANS.get(nbytes) or _span(nbytes)) if nbytes else None
                 address = free.pop() if free else self._claim_address(nbytes)
-                books.allocated = allocated
-                requested = books.requested = books.requested + nbytes
-                live = books.live = books.live + 1
-                if allocated > books.peak_allocated:
-                    books.peak_allocated = allocated
-                if allocated + books.cached_bytes > books.peak_reserved:
-                    books.peak_reserved = allocated + books.cached_bytes
-                if requested > books.peak_requested:
-                    books.peak_requested = requested
-                if live > books.peak_live:
-                    books.peak_live = live
-                if live + books.cached_blocks > books.peak_segments:
-                    books.peak_segments = live + books.cached_blocks
+                _count_new_buffer(books, nbytes, nbytes)
         return self._buffer_type(self, block, nbytes, nbytes, False, address)
 
     def hold(self, array: Any) -> Buffer:
@@ -445,19 +451,7 @@ class DeviceAllocator:
                 if books.allocated + block_bytes > self.capacity:
                     self._free_address(address, nbytes)
                     raise self._out_of_memory(nbytes)
-            allocated = books.allocated = books.allocated + block_bytes
-            requested = books.requested = books.requested + nbytes
-            live = books.live = books.live + 1
-            if allocated > books.peak_allocated:
-                books.peak_allocated = allocated
-            if allocated + books.cached_bytes > books.peak_reserved:
-                books.peak_reserved = allocated + books.cached_bytes
-            if requested > books.peak_requested:
-                books.peak_requested = requested
-            if live > books.peak_live:
-                books.peak_live = live
-            if live + books.cached_blocks > books.peak_segments:
-                books.peak_segments = live + books.cached_blocks
+            _count_new_buffer(books, block_bytes, nbytes)
             return block, address
 
     def _claim_address(self, nbytes: int) -> int:
