@@ -3,9 +3,11 @@ same for every backend, and the fields an Estimate carries."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from accelkit.sdk import DeviceModel, Estimate, LaunchLedger
+from accelkit.sdk import DeviceModel, Estimate, LaunchLedger, TargetComparison
 
 LAUNCH = 100e-6
 
@@ -70,6 +72,27 @@ def test_reset_forgets_everything_but_the_launch_cost():
     assert ledger.fields() == {"launch_seconds": 0.0, "launches": 0, "syncs": 0}
     ledger.launch(1e-6)
     assert ledger.fields()["launch_seconds"] == pytest.approx(LAUNCH)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_launches_given_in_batches_add_up_exactly_as_one_by_one(seed):
+    rng = random.Random(seed)
+    one_by_one, batched = LaunchLedger(LAUNCH), LaunchLedger(LAUNCH)
+    models = [DeviceModel(name=n, vendor="v", memory_bytes=1, launch_seconds=LAUNCH * k) for n, k in (("a", 1), ("b", 3))]
+    compared_one_by_one, compared_batched = TargetComparison(models), TargetComparison(models)
+    for _ in range(30):
+        programs = [rng.choice([LAUNCH / 50, LAUNCH / 3, LAUNCH * 2, 0.0]) for _ in range(rng.randrange(0, 20))]
+        for device in programs:
+            one_by_one.launch(device)
+            compared_one_by_one.launch((device, device / 2))
+        batched.launch_all(programs)
+        compared_batched.launch_all([(device, device / 2) for device in programs])
+        if rng.random() < 0.7:
+            for ledger in (one_by_one, batched, compared_one_by_one, compared_batched):
+                ledger.wait()
+        assert batched.fields() == one_by_one.fields()  # the same arithmetic, to the last bit
+        assert compared_batched.by_target() == compared_one_by_one.by_target()
+    assert one_by_one.fields()["launches"] > 100
 
 
 def test_no_launch_cost_counts_launches_and_charges_nothing():

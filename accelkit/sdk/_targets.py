@@ -66,6 +66,18 @@ class TargetComparison:
                 self._device[i] += seconds
                 self._ledgers[i].launch(seconds)
 
+    def launch_all(self, device_seconds: Sequence[Sequence[float]]) -> None:
+        """Program executions one after the other, the j-th taking ``device_seconds[j][i]`` on
+        ``models[i]``: :meth:`launch` for each, in one step."""
+        with self._lock:
+            for i, ledger in enumerate(self._ledgers):
+                on_target = [seconds[i] for seconds in device_seconds]
+                total = self._device[i]
+                for seconds in on_target:
+                    total += seconds
+                self._device[i] = total
+                ledger.launch_all(on_target)
+
     def wait(self) -> None:
         """A host wait (see :meth:`LaunchLedger.wait`)."""
         for ledger in self._ledgers:

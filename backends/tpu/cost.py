@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,10 @@ import numpy as np
 import torch
 
 from accelkit.sdk import DeviceModel, Estimate, LaunchLedger, TargetComparison
+
+
+#: Executions recorded between two settlings of the ledger at most (a bound on its backlog).
+SETTLE_EVERY = 4096
 
 
 @dataclass(frozen=True)
@@ -105,6 +110,8 @@ class CostLedger:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     #: op -> [calls, flops, bytes accessed, estimated seconds] since the last reset.
     _totals: dict[str, list] = field(default_factory=dict)
+    #: Executions not yet added to the totals and launches (see :meth:`record`).
+    _executed: deque = field(default_factory=deque)
     launches: LaunchLedger = field(default_factory=LaunchLedger)
     comparison: TargetComparison | None = None
 
@@ -137,38 +144,62 @@ class CostLedger:
         return Tally(op, cost, row)
 
     def record(self, tally: Tally) -> None:
-        """Count one execution of ``tally``'s program."""
-        cost = tally.cost
-        seconds = cost.seconds if cost.seconds is not None else self.seconds(cost)
+        """Count one execution of ``tally``'s program.
+
+        Executions are kept in order and settled in batches (:meth:`_settle`: at a host wait,
+        at every read or reset of the figures, and every :data:`SETTLE_EVERY` executions): a
+        small op's record is one append, and the figures read are the same as if every
+        execution had been added at once."""
+        executed = self._executed
+        executed.append(tally)
+        if len(executed) >= SETTLE_EVERY:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Add the executions recorded since the last settling to the totals and the launch
+        ledgers, in the order they ran."""
         with self._lock:
-            row = tally.row
-            row[0] += 1
-            row[1] += cost.flops
-            row[2] += cost.bytes_accessed
-            row[3] += seconds
-        self.launches.launch(seconds)
-        comparison = self.comparison
-        if comparison is not None:
-            if tally.compared is not comparison:
-                tally.target_seconds = tuple(self.seconds(cost, m) for m in comparison.models)
-                tally.compared = comparison
-            comparison.launch(tally.target_seconds)
+            executed = self._executed
+            # One popleft at a time: an execution recorded meanwhile stays for the next batch.
+            batch = [executed.popleft() for _ in range(len(executed))]
+            if not batch:
+                return
+            seconds: dict[Tally, float] = {}
+            for tally, runs in Counter(batch).items():
+                cost = tally.cost
+                seconds[tally] = cost.seconds if cost.seconds is not None else self.seconds(cost)
+                row = tally.row
+                row[0] += runs
+                row[1] += runs * cost.flops
+                row[2] += runs * cost.bytes_accessed
+                row[3] += runs * seconds[tally]
+            self.launches.launch_all([seconds[tally] for tally in batch])
+            comparison = self.comparison
+            if comparison is not None:
+                for tally in seconds:
+                    if tally.compared is not comparison:
+                        tally.target_seconds = tuple(self.seconds(tally.cost, m) for m in comparison.models)
+                        tally.compared = comparison
+                comparison.launch_all([tally.target_seconds for tally in batch])
 
     def wait(self) -> None:
         """The host waits for the device (a read to the host)."""
+        self._settle()
         self.launches.wait()
         if self.comparison is not None:
             self.comparison.wait()
 
     def reset(self) -> None:
-        self.launches.reset()
-        if self.comparison is not None:
-            self.comparison.reset()
         with self._lock:
+            self._executed.clear()
+            self.launches.reset()
+            if self.comparison is not None:
+                self.comparison.reset()
             for row in self._totals.values():
                 row[:] = [0, 0.0, 0.0, 0.0]
 
     def summary(self) -> dict[str, Any]:
+        self._settle()
         with self._lock:
             ran = sorted((op, tuple(row)) for op, row in self._totals.items() if row[0])
         ops = {op: {"calls": int(c), "flops": f, "bytes": b, "estimated_seconds": s} for op, (c, f, b, s) in ran}

@@ -4,11 +4,14 @@ backend's device: accelkit.sdk.testing.generic.test_estimates."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 import accelkit
 from accelkit.sdk import active_device_model
+from accelkit_backends.tpu.cost import SETTLE_EVERY, CostLedger, ProgramCost
 from accelkit_backends.tpu.device import device_model
 
 
@@ -44,6 +47,40 @@ def test_a_compiled_graphs_runs_are_in_the_estimate(dev):
     matmul_flops = 2 * 64 * 128 * 256 + 2 * 64 * 256 * 32
     assert e["flops"] >= runs * matmul_flops
     assert e["launches"] == runs and e["syncs"] == runs
+
+
+def test_executions_recorded_from_several_threads_are_all_counted_once():
+    # The ledger settles its recorded executions in batches (at reads, waits and every
+    # SETTLE_EVERY of them); recording threads must lose none and count none twice.
+    ledger = CostLedger()
+    ledger.model = device_model("v5e")
+    small = ledger.tally("add", ProgramCost(flops=16.0, bytes_accessed=192.0, low_precision=False))
+    large = ledger.tally("mm", ProgramCost(flops=2e6, bytes_accessed=1e5, low_precision=False))
+    per_thread, threads = SETTLE_EVERY, 4
+
+    def work() -> None:
+        for i in range(per_thread):
+            ledger.record(small if i % 2 else large)
+            if i % 1000 == 999:
+                ledger.summary()  # reads settle while the others record
+
+    workers = [threading.Thread(target=work) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    summary = ledger.summary()
+    runs = per_thread * threads // 2
+    assert {op: row["calls"] for op, row in summary["ops"].items()} == {"add": runs, "mm": runs}
+    assert summary["flops"] == runs * (16.0 + 2e6)
+    assert ledger.launches.fields()["launches"] == 2 * runs
+    ledger.record(small)  # not settled yet: a wait settles it first, then closes the segment
+    ledger.wait()
+    assert ledger.launches.fields()["launches"] == 2 * runs + 1
+    assert ledger.launches.fields()["syncs"] == 1
+    ledger.record(small)
+    ledger.reset()  # an execution recorded before a reset is forgotten with the rest
+    assert ledger.summary()["ops"] == {} and ledger.launches.fields()["launches"] == 0
 
 
 #: The validation table's tolerance (docs/estimates.md): each estimate within 25% of the published
