@@ -89,6 +89,18 @@ class TpuGraphLowering(GraphLowering):
 _count_lock = threading.Lock()
 
 
+class _Structure:
+    """A graph program's executable for one input structure: the jitted program, the outputs
+    known while tracing (position -> value), and the cost tally while it has one executable."""
+
+    __slots__ = ("program", "statics", "only")
+
+    def __init__(self, program: Program, statics: dict[int, Any]):
+        self.program = program
+        self.statics = statics
+        self.only: Tally | None = None
+
+
 class GraphProgram:
     """One aten graph as a jitted JAX function, one executable per input structure."""
 
@@ -98,8 +110,7 @@ class GraphProgram:
     def __init__(self, graph: torch.fx.GraphModule, random_nodes: Sequence[torch.fx.Node]):
         self._placeholders, self._body, self._outputs = graph_parts(graph)
         self._random = {node: i for i, node in enumerate(random_nodes)}
-        self._jitted: dict[tuple, Program] = {}
-        self._statics: dict[tuple, dict[int, Any]] = {}  # per structure: non-array outputs
+        self._structures: dict[tuple, _Structure] = {}  # per input structure: its program
         self._tallies: dict[tuple, Tally] = {}  # per structure and input shapes: the cost of a run
         self.name = f"compiled graph ({len(self._body)} ops)"
 
@@ -125,18 +136,25 @@ class GraphProgram:
         else:
             windows, rng = (), []
         key = (tuple(structure), windows)
-        program = self._jitted.get(key)
-        if program is None:
-            program = self._jitted[key] = LOADED.track(Program(jax.jit(self._program(key))))
-            self._statics[key] = {}
+        known = self._structures.get(key)
+        if known is None:
+            statics: dict[int, Any] = {}
+            known = self._structures[key] = _Structure(
+                LOADED.track(Program(jax.jit(self._program(key, statics)))), statics)
+        program = known.program
         program.last_use = next_use()
         outputs = modes.run_program(self.name, inputs, program.jitted, arrays, rng)
         compiled = program.newly_compiled()
         if compiled:
             with _count_lock:
                 GraphProgram.compiled_total += compiled
-        COSTS.record(self._tally(key, program, arrays, rng, compiled))
-        statics = self._statics[key]
+        tally = known.only
+        if tally is None or compiled or program.loaded != 1:
+            tally = self._tally(key, program, arrays, rng, compiled)
+            # One executable: every call until the next compile runs it (no shapes to look at).
+            known.only = tally if program.loaded == 1 else None
+        COSTS.record(tally)
+        statics = known.statics
         if statics:  # sizes the graph returns: Python numbers, fixed per input structure
             outputs = list(outputs)
             for position, value in statics.items():
@@ -153,9 +171,10 @@ class GraphProgram:
             tally = self._tallies[shapes] = COSTS.tally(self.name, ProgramCost.of(executable, arrays))
         return tally
 
-    def _program(self, key: tuple) -> Any:
+    def _program(self, key: tuple, statics: dict[int, Any]) -> Any:
+        """The traceable program of one input structure; the outputs that are not arrays (sizes,
+        known while tracing) go into ``statics`` by position instead."""
         placeholders, body, outputs, random = self._placeholders, self._body, self._outputs, self._random
-        statics = self._statics
         structure, windows = key
 
         def program(arrays: list, rng: list) -> Any:
@@ -180,7 +199,7 @@ class GraphProgram:
             results = [env[o] if isinstance(o, torch.fx.Node) else o for o in outputs]
             for position, value in enumerate(results):
                 if not isinstance(value, jax.Array):
-                    statics[key][position] = value  # known while tracing: not a program output
+                    statics[position] = value  # known while tracing: not a program output
                     results[position] = None
             return results, stated.status()
 

@@ -49,6 +49,28 @@ def test_a_compiled_graphs_runs_are_in_the_estimate(dev):
     assert e["launches"] == runs and e["syncs"] == runs
 
 
+def test_a_compiled_graph_run_on_alternating_shapes_counts_each_runs_own_cost(dev):
+    # A graph program keeps the tally of its one executable per input structure; alternating
+    # shapes must still charge each run the cost of the executable that ran.
+    def layer(x, w):
+        return torch.relu(x @ w).sum(0)
+
+    compiled = torch.compile(layer, backend="tpu", dynamic=True)
+    w = torch.ones(8, 16, device=dev)
+    small, large = torch.ones(4, 8, device=dev), torch.ones(64, 8, device=dev)
+
+    def flops(*inputs: torch.Tensor) -> float:
+        accelkit.reset_stats()
+        for x in inputs:
+            compiled(x, w).cpu()
+        return _estimate()["flops"]
+
+    flops(small, large)  # compiled for both
+    one_small, one_large = flops(small), flops(large)
+    assert one_large > one_small > 0
+    assert flops(small, large, small, large, small) == 3 * one_small + 2 * one_large
+
+
 def test_executions_recorded_from_several_threads_are_all_counted_once():
     # The ledger settles its recorded executions in batches (at reads, waits and every
     # SETTLE_EVERY of them); recording threads must lose none and count none twice.
