@@ -588,6 +588,33 @@ def test_a_native_buffer_has_the_python_buffers_attributes_and_releases_once():
     assert (stats["num_frees"], stats["num_device_free"], alloc.memory_allocated()) == (1, 1, 0)
 
 
+def test_native_adopt_is_the_allocators_adopt_unless_the_backend_has_its_own():
+    assert PlainAdopter("tiny:0", MiB).adopt.__func__ is DeviceAllocator.adopt
+    assert _native_books(PlainAdopter("tiny:0", MiB)).adopt.__func__ is _load_native().adopt
+
+    class OwnAdopt(PlainAdopter):
+        def adopt(self, array):
+            self.seen = array
+            return super().adopt(array)
+
+    own = _native_books(OwnAdopt("tiny:0", MiB))
+    result = bytearray(100)
+    buf = own.adopt(result)
+    assert own.seen is result and buf.block is result  # its own adopt ran, and the books counted
+    assert own.memory_allocated() == 100
+
+
+def test_native_adopt_names_a_backend_hook_that_returns_the_wrong_thing():
+    class Broken(PlainAdopter):
+        def _block_from_array(self, array):
+            return array  # not (block, nbytes)
+
+    alloc = _native_books(Broken("tiny:0", MiB))
+    with pytest.raises(TypeError, match="_block_from_array must return"):
+        alloc.adopt(bytearray(8))
+    assert alloc.memory_stats()["num_allocations"] == 0  # nothing counted
+
+
 # ---------------------------------------------------------------------------------------------
 # the ref device
 # ---------------------------------------------------------------------------------------------

@@ -9,7 +9,9 @@
 //   plus what the common case needs of the allocator: its lock, its capacity, its free device
 //   addresses (the allocator's own dict) and whether its backend drops blocks itself.
 // - adopt_buffer(books, allocator, block, nbytes): DeviceAllocator.adopt's common case (the
-//   result fits beside the cache), or None, for the Python path to do the whole step.
+//   result fits beside the cache), or None, for the Python path to do the whole step; and
+//   adopt(allocator, array), the whole of DeviceAllocator.adopt around it (the allocator's
+//   adopt once the books are native).
 // - Buffer: the allocator's payload type (the same attributes and constructor as the Python
 //   Buffer), whose finalizer releases an adopted block in C when the backend does nothing to
 //   drop a block, and otherwise calls the allocator's _release, as the Python Buffer's __del__.
@@ -352,9 +354,53 @@ PyObject* adopt_buffer(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return new_buffer(allocator, books, block, nbytes, nbytes, false, address);
 }
 
+// adopt(allocator, array) -> Buffer | None: DeviceAllocator.adopt with native books, one call
+// (the runtime binds it to the allocator as its ``adopt``): the backend's _block_from_array,
+// then adopt_buffer, and the allocator's _adopt_block (Python) for anything else.
+PyObject* adopt(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "adopt(allocator, array)");
+    return nullptr;
+  }
+  static PyObject* const block_from_array = interned("_block_from_array");
+  static PyObject* const books_name = interned("_books");
+  static PyObject* const general = interned("_adopt_block");
+  PyObject *allocator = args[0], *array = args[1];
+  PyObject* adopted = PyObject_CallMethodOneArg(allocator, block_from_array, array);
+  if (adopted == nullptr || adopted == Py_None) return adopted;
+  if (!PyTuple_CheckExact(adopted) || PyTuple_GET_SIZE(adopted) != 2) {
+    Py_DECREF(adopted);
+    PyErr_SetString(PyExc_TypeError, "_block_from_array must return (block, nbytes) or None");
+    return nullptr;
+  }
+  PyObject *block = PyTuple_GET_ITEM(adopted, 0), *nbytes = PyTuple_GET_ITEM(adopted, 1);
+  PyObject* books = PyObject_GetAttr(allocator, books_name);
+  if (books == nullptr) {
+    Py_DECREF(adopted);
+    return nullptr;
+  }
+  PyObject* buffer = Py_None;
+  Py_INCREF(buffer);
+  if (Py_TYPE(books) == &BooksType) {
+    Py_DECREF(buffer);
+    PyObject* const common[4] = {books, allocator, block, nbytes};
+    buffer = adopt_buffer(nullptr, common, 4);
+  }
+  Py_DECREF(books);
+  if (buffer == Py_None) {
+    Py_DECREF(buffer);
+    PyObject* const rest[4] = {allocator, array, block, nbytes};
+    buffer = PyObject_VectorcallMethod(general, rest, 4, nullptr);
+  }
+  Py_DECREF(adopted);
+  return buffer;
+}
+
 PyMethodDef book_functions[] = {
     {"adopt_buffer", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(adopt_buffer)), METH_FASTCALL,
      "DeviceAllocator.adopt's common case: a new Buffer for block (nbytes), or None for the Python path"},
+    {"adopt", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(adopt)), METH_FASTCALL,
+     "DeviceAllocator.adopt with native books, in one call: adopt(allocator, array)"},
     {nullptr, nullptr, 0, nullptr},
 };
 

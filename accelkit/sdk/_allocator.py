@@ -9,6 +9,7 @@ type and the host.
 from __future__ import annotations
 
 import threading
+import types
 from typing import Any, NamedTuple
 
 import torch
@@ -220,10 +221,9 @@ class DeviceAllocator:
         self._next_address = _ADDRESS_BASE
         # Whether the backend does anything to drop a block (every kernel result's release asks).
         self._frees_blocks = type(self)._free_block is not DeviceAllocator._free_block
-        # The buffer type and adopt's common case: the native extension's once the runtime has
-        # loaded it (_use_native_books), which keep the books in C.
+        # The buffer type: the native extension's once the runtime has loaded it
+        # (_use_native_books), which keeps the books in C (and adopt with them).
         self._buffer_type: Any = Buffer
-        self._adopt_natively: Any = None
 
     def _use_native_books(self, native: Any) -> None:
         """Keep the books in accelkit's native extension (``_native/books.cpp``) from now on:
@@ -239,7 +239,8 @@ class DeviceAllocator:
             books.free_addresses = self._free_addresses
             self._books = books
             self._buffer_type = native.Buffer
-            self._adopt_natively = native.adopt_buffer
+            if type(self).adopt is DeviceAllocator.adopt:  # a backend's own adopt stays
+                self.adopt = types.MethodType(native.adopt, self)  # type: ignore[method-assign]
 
     @property
     def capacity(self) -> int:
@@ -365,15 +366,15 @@ class DeviceAllocator:
         adopted = self._block_from_array(array)
         if adopted is None:
             return None
-        block, nbytes = adopted
+        return self._adopt_block(array, *adopted)
+
+    def _adopt_block(self, array: Any, block: Any, nbytes: int) -> Buffer:
+        """:meth:`adopt` once the backend has made ``array``'s block (the native books' adopt
+        takes the common case in C and comes here for the rest)."""
         books = self._books
-        if self._adopt_natively is not None:
-            buffer = self._adopt_natively(books, self, block, nbytes)  # the common case, in C
-            if buffer is not None:
-                return buffer
         with self._lock:
             # The common case inline (a kernel result on every op); a result that needs the
-            # cache emptied, or does not fit, or a new address range, takes the general path.
+            # cache emptied, or does not fit, takes the general path.
             if books.allocated + books.cached_bytes + nbytes > self.capacity:
                 try:
                     _, address = self._reserve(nbytes, nbytes, use_cache=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,6 +155,12 @@ class CostLedger:
         executed.append(tally)
         if len(executed) >= SETTLE_EVERY:
             self._settle()
+
+    def backlog(self) -> tuple[deque, int, Callable[[], None]]:
+        """:meth:`record` in parts, for a caller that inlines it on every op: the executions
+        not yet settled, the length at which they must be, and the settling; i.e.
+        ``backlog.append(tally)``, then ``if len(backlog) >= limit: settle()``."""
+        return self._executed, SETTLE_EVERY, self._settle
 
     def _settle(self) -> None:
         """Add the executions recorded since the last settling to the totals and the launch

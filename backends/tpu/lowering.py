@@ -253,7 +253,8 @@ class Lowering:
         # small op's Python overhead is mostly calls; a fused-mode record is inlined the same way
         # (debug mode, and fused mode outside recording, take :meth:`_run`).
         jitted, name, tally_of = signature.jitted, self.name, self._tally
-        stamp, record, defer, refused_error = next_use, COSTS.record, checks.defer, checks.Refused
+        stamp, defer, refused_error = next_use, checks.defer, checks.Refused
+        backlog, settle_at, settle = COSTS.backlog()  # COSTS.record, inline
         record_program, recording = fused.record_program, fused.recording
 
         def plan(blocks: list, values: list) -> Any:
@@ -279,7 +280,9 @@ class Lowering:
             tally = signature.only
             if tally is None or jitted._cache_size() != signature.loaded:
                 tally = tally_of(signature, arrays, scalars)
-            record(tally)
+            backlog.append(tally)
+            if len(backlog) >= settle_at:
+                settle()
             return out
 
         return plan
