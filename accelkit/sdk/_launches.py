@@ -61,17 +61,13 @@ class LaunchLedger:
 
     def launch(self, device_seconds: float) -> None:
         """One program execution whose device time is ``device_seconds``."""
-        with self._lock:
-            self._launches += 1
-            self._segment_launches += 1
-            self._host += self.launch_seconds
-            self._device = max(self._device, self._host) + device_seconds
-            self._busy += device_seconds
+        self.launch_all((device_seconds,))
 
     def launch_all(self, device_seconds: Sequence[float]) -> None:
         """Program executions one after the other, the i-th taking ``device_seconds[i]``: the
-        same as :meth:`launch` for each, in one step (for a backend that records its launches
-        in batches)."""
+        host issues each ``launch_seconds`` after the previous one, and the device starts it
+        once it is issued and the previous program has finished (a backend that records its
+        launches in batches hands them over here in one step)."""
         with self._lock:
             step = self.launch_seconds
             host, device, busy = self._host, self._device, self._busy

@@ -61,14 +61,11 @@ class TargetComparison:
 
     def launch(self, device_seconds: Sequence[float]) -> None:
         """One program execution, taking ``device_seconds[i]`` on ``models[i]``."""
-        with self._lock:
-            for i, seconds in enumerate(device_seconds):
-                self._device[i] += seconds
-                self._ledgers[i].launch(seconds)
+        self.launch_all((device_seconds,))
 
     def launch_all(self, device_seconds: Sequence[Sequence[float]]) -> None:
         """Program executions one after the other, the j-th taking ``device_seconds[j][i]`` on
-        ``models[i]``: :meth:`launch` for each, in one step."""
+        ``models[i]``."""
         with self._lock:
             for i, ledger in enumerate(self._ledgers):
                 on_target = [seconds[i] for seconds in device_seconds]
