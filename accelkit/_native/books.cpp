@@ -379,13 +379,8 @@ PyObject* adopt(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Py_DECREF(adopted);
     return nullptr;
   }
-  PyObject* buffer = Py_None;
-  Py_INCREF(buffer);
-  if (Py_TYPE(books) == &BooksType) {
-    Py_DECREF(buffer);
-    PyObject* const common[4] = {books, allocator, block, nbytes};
-    buffer = adopt_buffer(nullptr, common, 4);
-  }
+  PyObject* const common[4] = {books, allocator, block, nbytes};
+  PyObject* buffer = Py_TYPE(books) == &BooksType ? adopt_buffer(nullptr, common, 4) : Py_NewRef(Py_None);
   Py_DECREF(books);
   if (buffer == Py_None) {
     Py_DECREF(buffer);
