@@ -247,8 +247,8 @@ def _host_transfer(device: Any) -> Any:
 
 
 _ZEROS: dict[Any, Any] = {}  # device -> its zero-fill program
-_SHARED_ZEROS_BYTES = 64 * 1024  # zero storage up to this size is shared (see _zero_storage)
-_SHARED_ZEROS_KEPT = 256  # shared zero arrays kept at most: 16 MiB of device memory
+_SHARED_BYTES = 64 * 1024  # arrays up to this size may be shared (see TpuAllocator.keep_shared)
+_SHARED_KEPT = 256  # shared arrays kept at most: 16 MiB of device memory
 
 
 def _zeros_on(device: Any) -> Any:
@@ -338,7 +338,9 @@ class TpuAllocator(DeviceAllocator):
         self._last: jax.Array | None = None
         self._zeros = _zeros_on(jax_device)
         self._put = _host_transfer(jax_device)
-        self._shared_zeros: dict[tuple[int, torch.dtype], jax.Array] = {}
+        self._shared: dict[Any, jax.Array] = {}  # see keep_shared
+        self._shared_alive: dict[int, weakref.ref] = {}  # id -> every shared array still alive
+        self._issued: jax.Array | None = None  # see shared
         _allocators.append(weakref.ref(self))
 
     # -- blocks ------------------------------------------------------------------------------
@@ -367,18 +369,41 @@ class TpuAllocator(DeviceAllocator):
         return block.array
 
     def _zero_storage(self, length: int, dtype: torch.dtype) -> jax.Array:
-        """``length`` zeros of ``dtype``. Small ones are made once and shared by every block
-        that needs them (``torch.zeros``, ``ones_like``'s seed, ``full`` all fill a fresh
-        ``empty``): a jax array never changes, and a write gives its block a new one."""
-        key = (length, dtype)
-        zeros = self._shared_zeros.get(key)
+        """``length`` zeros of ``dtype``, shared by every block that needs them when small
+        (storage read before it was written: an ``empty`` given to an op that reads it)."""
+        key = ("zeros", length, dtype)
+        zeros = self._shared.get(key)
         if zeros is None:
             zeros = self._zeros(length, jax_dtype(dtype))
-            if length * dtype.itemsize <= _SHARED_ZEROS_BYTES:
-                if len(self._shared_zeros) >= _SHARED_ZEROS_KEPT:
-                    self._shared_zeros.clear()
-                self._shared_zeros[key] = zeros
+            self.keep_shared(key, zeros)
         return zeros
+
+    # -- arrays shared by many blocks --------------------------------------------------------
+
+    def keep_shared(self, key: Any, array: jax.Array) -> None:
+        """Keep ``array`` under ``key`` to be handed out again as the contents of other blocks
+        (:meth:`shared`), when it is small (at most 64 KiB; at most 256 are kept). A jax array
+        never changes and a write gives its block a new one, so blocks may share one; memory
+        is still accounted per block, as PyTorch would allocate it."""
+        if array.size * array.dtype.itemsize > _SHARED_BYTES:
+            return
+        if len(self._shared) >= _SHARED_KEPT:
+            self._shared.clear()
+        self._shared[key] = array
+        alive = self._shared_alive
+        alive[id(array)] = weakref.ref(array, lambda _, i=id(array): alive.pop(i, None))
+
+    def shared(self, key: Any) -> jax.Array | None:
+        """The array kept under ``key`` (:meth:`keep_shared`), or None. The caller hands it
+        out in place of running a program, so it may become the last array adopted, which
+        :meth:`synchronize` waits for: the last array that came from a program is remembered
+        to be waited for as well (a shared array was finished long ago)."""
+        array = self._shared.get(key)
+        if array is not None:
+            last = self._last
+            if last is not None and id(last) not in self._shared_alive:
+                self._issued = last
+        return array
 
     # -- views -------------------------------------------------------------------------------
 
@@ -459,15 +484,17 @@ class TpuAllocator(DeviceAllocator):
         if (array is None or self.jax_device.platform != "cpu" or not _covers(view, block.nbytes)
                 or array.dtype != jax_dtype(view.dtype)):
             return None
-        was_last = self._last is array
-        del array  # counted below: only the block and self._last may hold it
-        if not _array_held_only_by(block, was_last):
+        was_last, was_issued = self._last is array, self._issued is array
+        del array  # counted below: only the block, self._last and self._issued may hold it
+        if not _array_held_only_by(block, was_last + was_issued):
             return None
         checks.raise_pending(self.device)
         lent = _donated(block.array)
         block.array = lent
         if was_last:
             self._last = lent
+        if was_issued:
+            self._issued = lent
         lent.block_until_ready()
         COSTS.wait()
         return torch.from_dlpack(lent).view(view.size)
@@ -528,6 +555,11 @@ class TpuAllocator(DeviceAllocator):
             self._last = self._last.value
         if self._last is not None:
             self._last.block_until_ready()
+        if self._issued is not None:
+            if type(self._issued) is Pending:
+                self._issued = self._issued.value
+            self._issued.block_until_ready()
+            self._issued = None
         COSTS.wait()
 
 

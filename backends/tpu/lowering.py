@@ -118,11 +118,12 @@ class Lowering:
             cls.__call__ = fused.outside_regions(cls.__dict__["__call__"])
 
     def __init__(self, op: OpOverload, fn: Callable[..., Any], static: tuple[str, ...] = (),
-                 own_dtypes: bool = False):
+                 own_dtypes: bool = False, ignores_contents: bool = False):
         self.op = op
         self.fn = fn
         self.name = str(op)
         self.own_dtypes = own_dtypes
+        self.ignores_contents = ignores_contents
         # Float arguments named here are compile-time constants (a norm's ``ord``): the program
         # may branch on them and the Meta kernel sees their values.
         names = [a.name for a in op._schema.arguments]
@@ -285,7 +286,7 @@ class Lowering:
                 settle()
             return out
 
-        return plan
+        return _sharing_results(plan, signature, allocator) if self.ignores_contents else plan
 
     def _signature(self, structure: Any) -> _Signature:
         signature = self._signatures.get(structure)
@@ -387,6 +388,35 @@ class Lowering:
         return program
 
 
+def _sharing_results(plan: Callable[[list, list], Any], signature: _Signature, allocator: Any) -> Callable:
+    """``plan`` for a lowering whose result ignores its tensors' contents (``fill``, ``zero``):
+    in strict mode its small results are made by the program once per call layout and numbers
+    and then handed out again by the allocator (:meth:`~.buffers.TpuAllocator.keep_shared`),
+    each call still charged the program's cost, as the target would run it. ``torch.zeros``,
+    ``full`` and ``ones_like`` (every ``backward``'s seed) are a fresh ``empty`` filled this way.
+    """
+    shared, keep = allocator.shared, allocator.keep_shared
+    backlog, settle_at, settle = COSTS.backlog()
+
+    def sharing(blocks: list, values: list) -> Any:
+        tally = signature.only  # None before the first compile, or with several executables
+        if tally is None or modes._mode != "strict":
+            return plan(blocks, values)
+        # repr tells -0.0 from 0.0, which compare (and hash) equal
+        key = (signature, *[(type(v), repr(v)) for v in values]) if values else signature
+        out = shared(key)
+        if out is None:
+            out = plan(blocks, values)
+            keep(key, out)
+            return out
+        backlog.append(tally)
+        if len(backlog) >= settle_at:
+            settle()
+        return out
+
+    return sharing
+
+
 def _refusing_unholdable_results(program: Callable[..., Any]) -> Callable[..., Any]:
     """``program`` as run on its own: when it is traced, that is before it first runs for these
     input shapes (or, in fused mode, when it is recorded), its results' bytes are checked
@@ -441,7 +471,7 @@ def _conform(name: str, out: Any, expected: Any, own_dtypes: bool = False) -> An
 
 def lowering(
     *ops: OpOverload | OpOverloadPacket, derive_variants: bool = True, static: tuple[str, ...] = (),
-    own_dtypes: bool = False,
+    own_dtypes: bool = False, ignores_contents: bool = False,
 ) -> Callable:
     """Register a JAX function as the tpu kernel of each of ``ops`` (see the module docstring).
 
@@ -449,13 +479,17 @@ def lowering(
     :param own_dtypes: the function's result dtypes stand, not the Meta kernel's: for the few
         ops whose CPU kernel and Meta kernel disagree on a result dtype (the lowering then
         implements CPU's rule).
+    :param ignores_contents: the result depends on the tensor arguments' geometry and dtypes
+        and on the numbers passed, never on the tensors' contents; small results are then made
+        once and shared (:func:`_sharing_results`).
     """
 
     def register(fn: Callable) -> Callable:
         for op in ops:
             if isinstance(op, OpOverloadPacket):
                 op = op.default
-            kernels.add(op, Lowering(op, fn, static, own_dtypes), derive_variants=derive_variants)
+            lowered = Lowering(op, fn, static, own_dtypes, ignores_contents)
+            kernels.add(op, lowered, derive_variants=derive_variants)
         return fn
 
     return register

@@ -610,11 +610,12 @@ def right_shift(x, y):
 # ---------------------------------------------------------------------------------------------
 
 
-@lowering(aten.fill.Scalar, aten.fill.Tensor)
+@lowering(aten.fill.Tensor)
+@lowering(aten.fill.Scalar, ignores_contents=True)
 def fill(x, value):
     return jnp.broadcast_to(jnp.asarray(value).astype(x.dtype), x.shape)
 
 
-@lowering(aten.zero.default)
+@lowering(aten.zero.default, ignores_contents=True)
 def zero(x):
     return jnp.zeros_like(x)

@@ -94,3 +94,82 @@ def test_a_compile_time_float_stays_a_compile_time_constant(dev):
 def test_memory_never_written_reads_as_zeros_through_a_prepared_call(dev):
     fresh = torch.empty(4, device=dev)
     assert (fresh + 1).cpu().tolist() == [1.0] * 4
+
+
+# -- results shared by many tensors: fill and zero, whose result ignores the tensor's contents ----
+
+
+def array_of(t):
+    return T.buffer_of(t).block.array
+
+
+def test_small_fills_share_one_array_and_stay_independent_tensors(dev):
+    made = [torch.full((3, 7), 2.5, device=dev) for _ in range(4)]  # a shape no other test uses
+    assert array_of(made[2]) is array_of(made[3])  # the program ran for the first two
+    made[3].add_(1)  # a write gives its block a new array
+    made[2][0, 1] = -1.0  # so does a write through a view
+    assert made[3].cpu().tolist() == [[3.5] * 7] * 3
+    assert made[2].cpu()[0].tolist() == [2.5, -1.0] + [2.5] * 5
+    assert made[1].cpu().tolist() == [[2.5] * 7] * 3
+    zeros = [torch.zeros(3, 7, device=dev) for _ in range(3)]
+    assert array_of(zeros[1]) is array_of(zeros[2]) and zeros[2].cpu().abs().sum().item() == 0.0
+    other = [torch.full((3, 7), 4.0, device=dev) for _ in range(3)]
+    assert array_of(other[2]) is not array_of(made[1]) and other[2].cpu().tolist() == [[4.0] * 7] * 3
+
+
+def test_a_shared_fill_keeps_the_sign_of_zero(dev):
+    for value in (-0.0, 0.0, -0.0, 0.0, -0.0, 0.0):
+        got = torch.full((5,), value, device=dev).cpu()
+        assert torch.signbit(got).tolist() == [str(value).startswith("-")] * 5
+
+
+def test_in_place_fills_of_a_whole_tensor_share_and_of_a_view_write_only_the_view(dev):
+    a, b = torch.randn(2, 9, device=dev), torch.randn(2, 9, device=dev)
+    for t in (a, b, a, b):
+        t.fill_(0.25)
+    assert array_of(a) is array_of(b)
+    rows = torch.randn(4, 9, device=dev)
+    expected = rows.cpu()
+    for _ in range(3):
+        rows[1:3].zero_()
+    expected[1:3] = 0
+    assert rows.cpu().tolist() == expected.tolist()
+
+
+def test_shared_results_are_accounted_per_tensor_and_counted_per_call(dev):
+    from accelkit_backends.tpu.cost import COSTS
+
+    torch.zeros(6, 5, device=dev), torch.zeros(6, 5, device=dev)
+    COSTS.reset()
+    before = torch.tpu.memory_allocated()
+    held = [torch.zeros(6, 5, device=dev) for _ in range(5)]
+    assert len({id(array_of(t)) for t in held}) == 1
+    assert torch.tpu.memory_allocated() - before >= 5 * 6 * 5 * 4  # each tensor is its own block
+    assert accelkit.stats()["tpu"]["estimate"]["ops"]["aten.zero.default"]["calls"] == 5
+
+
+def test_a_large_fill_is_not_kept(dev):
+    made = [torch.full((129, 128), 1.5, device=dev) for _ in range(3)]  # 66 KB, over the 64 KiB kept
+    assert array_of(made[1]) is not array_of(made[2])
+    assert made[2].cpu().eq(1.5).all()
+
+
+def test_synchronize_waits_for_the_programs_before_a_shared_result(dev):
+    a = torch.randn(1500, 1500, device=dev)
+    for _ in range(3):
+        torch.zeros(11, 3, device=dev)
+    torch.tpu.synchronize()
+    y = a @ a  # about 7 GFLOP: far longer than a dispatch
+    z = torch.zeros(11, 3, device=dev)  # the last array adopted: shared, finished long ago
+    assert not array_of(y).is_ready(), "strict mode should dispatch asynchronously"
+    torch.tpu.synchronize()
+    assert array_of(y).is_ready()
+    assert z.cpu().abs().sum().item() == 0.0
+
+
+def test_fills_in_fused_mode_read_as_in_strict_mode(dev):
+    from accelkit_backends.tpu import execution_mode
+
+    with execution_mode("fused"):
+        made = [torch.full((2, 11), 3.0, device=dev) + 1 for _ in range(4)]
+        assert [t.cpu().tolist() for t in made] == [[[4.0] * 11] * 2] * 4
