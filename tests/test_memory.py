@@ -536,14 +536,20 @@ def _load_native():
         pytest.skip(str(error))
 
 
-@pytest.mark.parametrize("kind", [PlainAdopter, AdoptingAllocator], ids=["released-in-c", "backend-frees"])
+ALLOCATOR_KINDS = {
+    "released-in-c": lambda capacity: PlainAdopter("tiny:0", capacity),
+    "caches-nothing": lambda capacity: PlainAdopter("tiny:0", capacity, max_cached=0),  # allocates in C too
+    "backend-frees": lambda capacity: AdoptingAllocator(capacity, max_cached=64 * KiB),
+}
+
+
+@pytest.mark.parametrize("kind", ALLOCATOR_KINDS)
 @pytest.mark.parametrize("seed", range(3))
 def test_native_books_keep_the_figures_and_addresses_python_books_keep(kind, seed):
     rng = random.Random(seed)
     capacity = 256 * KiB
-    python = kind(capacity, max_cached=64 * KiB) if kind is AdoptingAllocator else kind("tiny:0", capacity)
-    native = _native_books(kind(capacity, max_cached=64 * KiB) if kind is AdoptingAllocator
-                           else kind("tiny:0", capacity))
+    python = ALLOCATOR_KINDS[kind](capacity)
+    native = _native_books(ALLOCATOR_KINDS[kind](capacity))
     live: list[tuple] = []
     adopted_natively = 0
     for step in range(400):
@@ -602,6 +608,39 @@ def test_native_adopt_is_the_allocators_adopt_unless_the_backend_has_its_own():
     buf = own.adopt(result)
     assert own.seen is result and buf.block is result  # its own adopt ran, and the books counted
     assert own.memory_allocated() == 100
+
+
+def test_native_allocate_is_the_allocators_allocate_only_when_it_caches_nothing():
+    native = _load_native()
+    assert _native_books(PlainAdopter("tiny:0", MiB, max_cached=0)).allocate.__func__ is native.allocate
+    assert _native_books(PlainAdopter("tiny:0", MiB)).allocate.__func__ is DeviceAllocator.allocate
+
+    class OwnAllocate(PlainAdopter):
+        def allocate(self, nbytes):
+            self.seen = nbytes
+            return super().allocate(nbytes)
+
+    own = _native_books(OwnAllocate("tiny:0", MiB, max_cached=0))
+    assert own.allocate(64).nbytes == 64 and own.seen == 64
+
+
+def test_native_allocate_gives_everything_back_when_the_backend_fails_and_keeps_its_error():
+    class Failing(PlainAdopter):
+        def _alloc_block(self, nbytes):
+            raise MemoryError(f"the backend has no {nbytes} bytes")
+
+    alloc = _native_books(Failing("tiny:0", MiB, max_cached=0))
+    first = _native_books(PlainAdopter("tiny:0", MiB, max_cached=0)).allocate(4 * KiB)
+    before = alloc.memory_stats()
+    with pytest.raises(MemoryError, match="no 4096 bytes"):
+        alloc.allocate(4 * KiB)
+    after = alloc.memory_stats()
+    peaks = {k for k in after if ".peak" in k}
+    assert {k: v for k, v in after.items() if k not in peaks} == {k: v for k, v in before.items() if k not in peaks}
+    alloc._alloc_block = lambda nbytes: bytearray(nbytes)  # the backend recovers
+    assert alloc.allocate(4 * KiB).address == first.address  # the address went back too
+    with pytest.raises(ValueError, match="negative size"):
+        alloc.allocate(-1)  # the Python path's own errors
 
 
 def test_native_adopt_names_a_backend_hook_that_returns_the_wrong_thing():

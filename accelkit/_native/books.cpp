@@ -302,56 +302,64 @@ PyMemberDef buffer_members[] = {
     {nullptr},
 };
 
+// A new buffer of nbytes counted in the books, under the allocator's lock, when it fits beside
+// the cache (DeviceAllocator.adopt's common case, see its Python twin there): 1 with its device
+// address set, 0 when it does not fit (the cache, or an OOM: the Python path's to decide), -1
+// with a Python error. Nothing is changed unless it returns 1.
+int reserve(BooksObject* books, PyObject* allocator, PyObject* size, long long nbytes, long long* address) {
+  *address = 0;
+  if (!PyDict_CheckExact(books->free_addresses)) return 0;
+  Held held(books->lock);
+  if (!held.held()) return -1;
+  const long long allocated = books->allocated + nbytes;
+  if (allocated + books->cached_bytes > books->capacity) return 0;
+  if (nbytes) {
+    PyObject* span = PyLong_FromLongLong(size_class(nbytes));
+    if (span == nullptr) return -1;
+    PyObject* free = PyDict_GetItemWithError(books->free_addresses, span);  // borrowed
+    Py_DECREF(span);
+    if (free != nullptr && PyList_CheckExact(free) && PyList_GET_SIZE(free) > 0) {
+      const Py_ssize_t last = PyList_GET_SIZE(free) - 1;
+      *address = PyLong_AsLongLong(PyList_GET_ITEM(free, last));
+      if (*address == -1 && PyErr_Occurred()) return -1;
+      if (PyList_SetSlice(free, last, last + 1, nullptr) != 0) return -1;
+    } else {
+      if (PyErr_Occurred()) return -1;
+      static PyObject* const claim = interned("_claim_address");
+      PyObject* claimed = PyObject_CallMethodOneArg(allocator, claim, size);
+      if (claimed == nullptr) return -1;  // out of device addresses: that error
+      *address = PyLong_AsLongLong(claimed);
+      Py_DECREF(claimed);
+      if (*address == -1 && PyErr_Occurred()) return -1;
+    }
+  }
+  books->allocated = allocated;
+  books->requested += nbytes;
+  books->live += 1;
+  if (allocated > books->peak_allocated) books->peak_allocated = allocated;
+  if (allocated + books->cached_bytes > books->peak_reserved) books->peak_reserved = allocated + books->cached_bytes;
+  if (books->requested > books->peak_requested) books->peak_requested = books->requested;
+  if (books->live > books->peak_live) books->peak_live = books->live;
+  if (books->live + books->cached_blocks > books->peak_segments) {
+    books->peak_segments = books->live + books->cached_blocks;
+  }
+  return 1;
+}
+
 // adopt_buffer(books, allocator, block, nbytes) -> Buffer | None: DeviceAllocator.adopt's
-// common case (see its Python twin there).
+// common case, or None for the Python path.
 PyObject* adopt_buffer(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   if (nargs != 4 || Py_TYPE(args[0]) != &BooksType) {
     PyErr_SetString(PyExc_TypeError, "adopt_buffer(books, allocator, block, nbytes)");
     return nullptr;
   }
   auto* books = reinterpret_cast<BooksObject*>(args[0]);
-  PyObject *allocator = args[1], *block = args[2];
   const long long nbytes = PyLong_AsLongLong(args[3]);
   if (nbytes == -1 && PyErr_Occurred()) return nullptr;
-  if (!PyDict_CheckExact(books->free_addresses)) Py_RETURN_NONE;
-  long long address = 0;
-  {
-    Held held(books->lock);
-    if (!held.held()) return nullptr;
-    const long long allocated = books->allocated + nbytes;
-    if (allocated + books->cached_bytes > books->capacity) Py_RETURN_NONE;  // the cache, or an OOM
-    if (nbytes) {
-      PyObject* span = PyLong_FromLongLong(size_class(nbytes));
-      if (span == nullptr) return nullptr;
-      PyObject* free = PyDict_GetItemWithError(books->free_addresses, span);  // borrowed
-      Py_DECREF(span);
-      if (free != nullptr && PyList_CheckExact(free) && PyList_GET_SIZE(free) > 0) {
-        const Py_ssize_t last = PyList_GET_SIZE(free) - 1;
-        address = PyLong_AsLongLong(PyList_GET_ITEM(free, last));
-        if (address == -1 && PyErr_Occurred()) return nullptr;
-        if (PyList_SetSlice(free, last, last + 1, nullptr) != 0) return nullptr;
-      } else {
-        if (PyErr_Occurred()) return nullptr;
-        static PyObject* const claim = interned("_claim_address");
-        PyObject* claimed = PyObject_CallMethodOneArg(allocator, claim, args[3]);
-        if (claimed == nullptr) return nullptr;  // out of device addresses: that error
-        address = PyLong_AsLongLong(claimed);
-        Py_DECREF(claimed);
-        if (address == -1 && PyErr_Occurred()) return nullptr;
-      }
-    }
-    books->allocated = allocated;
-    books->requested += nbytes;
-    books->live += 1;
-    if (allocated > books->peak_allocated) books->peak_allocated = allocated;
-    if (allocated + books->cached_bytes > books->peak_reserved) books->peak_reserved = allocated + books->cached_bytes;
-    if (books->requested > books->peak_requested) books->peak_requested = books->requested;
-    if (books->live > books->peak_live) books->peak_live = books->live;
-    if (books->live + books->cached_blocks > books->peak_segments) {
-      books->peak_segments = books->live + books->cached_blocks;
-    }
-  }
-  return new_buffer(allocator, books, block, nbytes, nbytes, false, address);
+  long long address;
+  const int reserved = reserve(books, args[1], args[3], nbytes, &address);
+  if (reserved <= 0) return reserved < 0 ? nullptr : Py_NewRef(Py_None);
+  return new_buffer(args[1], books, args[2], nbytes, nbytes, false, address);
 }
 
 // adopt(allocator, array) -> Buffer | None: DeviceAllocator.adopt with native books, one call
@@ -391,11 +399,63 @@ PyObject* adopt(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return buffer;
 }
 
+// allocate(allocator, nbytes) -> Buffer: DeviceAllocator.allocate of an allocator that caches
+// nothing (the runtime binds it as the allocator's ``allocate`` then): a block of exactly nbytes
+// from the backend's _alloc_block, counted as adopt counts one and released in C like an
+// adopted block. Anything else (an empty or negative size, a request the books cannot take
+// beside the cache, an OOM) takes DeviceAllocator.allocate itself.
+PyObject* allocate(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 2) {
+    PyErr_SetString(PyExc_TypeError, "allocate(allocator, nbytes)");
+    return nullptr;
+  }
+  static PyObject* const books_name = interned("_books");
+  static PyObject* const alloc_block = interned("_alloc_block");
+  static PyObject* const general = interned("allocate");
+  PyObject *allocator = args[0], *size = args[1];
+  const long long nbytes = PyLong_Check(size) ? PyLong_AsLongLong(size) : 0;
+  if (nbytes == -1 && PyErr_Occurred()) return nullptr;
+  PyObject* books = nbytes > 0 ? PyObject_GetAttr(allocator, books_name) : nullptr;
+  if (nbytes > 0 && books == nullptr) return nullptr;
+  long long address = 0;
+  const int reserved = books != nullptr && Py_TYPE(books) == &BooksType
+      ? reserve(reinterpret_cast<BooksObject*>(books), allocator, size, nbytes, &address) : 0;
+  if (reserved <= 0) {
+    Py_XDECREF(books);
+    if (reserved < 0) return nullptr;
+    PyObject* python = PyObject_GetAttr(reinterpret_cast<PyObject*>(Py_TYPE(allocator)), general);
+    if (python == nullptr) return nullptr;
+    PyObject* buffer = PyObject_CallFunctionObjArgs(python, allocator, size, nullptr);
+    Py_DECREF(python);
+    return buffer;
+  }
+  PyObject* block = PyObject_CallMethodOneArg(allocator, alloc_block, size);
+  if (block == nullptr) {  // the backend failed: the reservation goes back, its error stays
+    static PyObject* const unreserve = interned("_unreserve");
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject* at = PyLong_FromLongLong(address);
+    PyObject* done = at != nullptr ? PyObject_CallMethodObjArgs(allocator, unreserve, size, size, at, nullptr) : nullptr;
+    Py_XDECREF(done);
+    Py_XDECREF(at);
+    PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+    Py_DECREF(books);
+    return nullptr;
+  }
+  PyObject* buffer = new_buffer(allocator, reinterpret_cast<BooksObject*>(books), block, nbytes, nbytes, false, address);
+  Py_DECREF(block);
+  Py_DECREF(books);
+  return buffer;
+}
+
 PyMethodDef book_functions[] = {
     {"adopt_buffer", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(adopt_buffer)), METH_FASTCALL,
      "DeviceAllocator.adopt's common case: a new Buffer for block (nbytes), or None for the Python path"},
     {"adopt", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(adopt)), METH_FASTCALL,
      "DeviceAllocator.adopt with native books, in one call: adopt(allocator, array)"},
+    {"allocate", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(allocate)), METH_FASTCALL,
+     "DeviceAllocator.allocate with native books, for an allocator that caches nothing"},
     {nullptr, nullptr, 0, nullptr},
 };
 

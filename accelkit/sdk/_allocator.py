@@ -229,7 +229,8 @@ class DeviceAllocator:
         """Keep the books in accelkit's native extension (``_native/books.cpp``) from now on:
         its ``Books`` takes over this allocator's counters (their values so far), adopting a
         kernel result and releasing a buffer update them in C in the common case, under the same
-        lock, and every other path reads and writes them as before."""
+        lock, and every other path reads and writes them as before. An allocator that caches
+        nothing (``max_cached=0``) also allocates in C, as it adopts."""
         with self._lock:
             books = native.Books()
             for name in _Books.__slots__:
@@ -241,6 +242,8 @@ class DeviceAllocator:
             self._buffer_type = native.Buffer
             if type(self).adopt is DeviceAllocator.adopt:  # a backend's own adopt stays
                 self.adopt = types.MethodType(native.adopt, self)  # type: ignore[method-assign]
+            if type(self).allocate is DeviceAllocator.allocate and not self.max_cached:
+                self.allocate = types.MethodType(native.allocate, self)  # type: ignore[method-assign]
 
     @property
     def capacity(self) -> int:
@@ -338,7 +341,6 @@ class DeviceAllocator:
             after the cache is emptied. The message names the device, the request, what is in
             use and the capacity.
         """
-        books = self._books
         if nbytes < 0:
             raise ValueError(f"{self.device}: cannot allocate a negative size ({nbytes} bytes)")
         # Size classes let a freed block serve the next request of its class. An allocator that
@@ -349,13 +351,18 @@ class DeviceAllocator:
             try:
                 block = self._alloc_block(block_bytes)
             except BaseException:
-                with self._lock:
-                    books.allocated -= block_bytes
-                    books.requested -= nbytes
-                    books.live -= 1
-                    self._free_address(address, nbytes)
+                self._unreserve(nbytes, block_bytes, address)
                 raise
         return self._buffer_type(self, block, nbytes, block_bytes, address=address)
+
+    def _unreserve(self, nbytes: int, block_bytes: int, address: int) -> None:
+        """Undo a reservation whose block the backend failed to make."""
+        books = self._books
+        with self._lock:
+            books.allocated -= block_bytes
+            books.requested -= nbytes
+            books.live -= 1
+            self._free_address(address, nbytes)
 
     def adopt(self, array: Any) -> Buffer | None:
         """Make a freshly computed array the block of a new buffer, without a copy.
