@@ -4,7 +4,8 @@
 maker of device tensors at any index; ``hooks.cpp`` PyTorch's PrivateUse1 hooks with pinned host
 memory and the device's generators (``generator.cpp``); ``memory.cpp`` the device's memory figures
 for ``torch.accelerator``; ``views.cpp`` and ``lane.cpp`` the view kernels and the prepared-call
-lane's front; ``books.cpp`` the allocator's books for kernel results (see their headers). It is
+lane's front; ``books.cpp`` the allocator's books for kernel results and uncached allocations;
+``factories.cpp`` the common case of ``torch.empty`` (see their headers). It is
 compiled once per torch version, Python version and source, with the system C++ compiler against
 the installed torch, into
 ``$ACCELKIT_NATIVE_DIR`` (default ``$XDG_CACHE_HOME/accelkit/native``, i.e.
@@ -42,7 +43,7 @@ import torch
 from accelkit._errors import AccelkitError
 
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("device.cpp", "hooks.cpp", "memory.cpp", "generator.cpp",
-                                                             "views.cpp", "lane.cpp", "books.cpp"))
+                                                             "views.cpp", "lane.cpp", "books.cpp", "factories.cpp"))
 MODULE = "_accelkit_device"
 DIR_ENV = "ACCELKIT_NATIVE_DIR"
 SWITCH_ENV = "ACCELKIT_NATIVE"

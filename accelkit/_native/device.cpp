@@ -21,6 +21,7 @@
 #include <c10/core/Storage.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/utils/pybind.h>
 
 namespace py = pybind11;
@@ -136,12 +137,41 @@ at::Tensor device_tensor(
 
 }  // namespace
 
+// A contiguous device tensor of device 0 over a runtime buffer (an accelkit.sdk Buffer), as the
+// Python runtime's adopted_tensor makes it: the storage at the buffer's address with its byte
+// size, and the buffer as the storage's Python object's ``payload``. The GIL is held.
+at::Tensor tensor_over_buffer(PyObject* payload, c10::IntArrayRef shape, c10::ScalarType dtype) {
+  static PyObject* const address_name = PyUnicode_InternFromString("address");
+  static PyObject* const nbytes_name = PyUnicode_InternFromString("nbytes");
+  static PyObject* const payload_name = PyUnicode_InternFromString("payload");
+  auto read = [payload](PyObject* name) {
+    PyObject* value = PyObject_GetAttr(payload, name);
+    if (value == nullptr) throw py::error_already_set();
+    const long long number = PyLong_AsLongLong(value);
+    Py_DECREF(value);
+    if (number == -1 && PyErr_Occurred()) throw py::error_already_set();
+    return number;
+  };
+  const auto address = static_cast<uintptr_t>(read(address_name));
+  const int64_t nbytes = read(nbytes_name);
+  c10::Storage storage(c10::Storage::use_byte_size_t{}, nbytes,
+                       c10::DataPtr(reinterpret_cast<void*>(address), c10::Device(kDevice, 0)), nullptr, false);
+  at::Tensor tensor = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
+  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  py::object python_storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(tensor.storage()));
+  if (!python_storage) throw py::error_already_set();
+  if (PyObject_SetAttr(python_storage.ptr(), payload_name, payload) != 0) throw py::error_already_set();
+  return tensor;
+}
+
 void add_hook_functions(py::module& m);    // hooks.cpp
 void add_memory_functions(py::module& m);  // memory.cpp
 void add_generator_functions(py::module& m);  // generator.cpp
 void add_view_functions(py::module& m);  // views.cpp
 void add_lane_functions(py::module& m);  // lane.cpp
 void add_book_functions(py::module& m);  // books.cpp
+void add_factory_functions(py::module& m);  // factories.cpp
 
 PYBIND11_MODULE(_accelkit_device, m) {
   m.doc() = "accelkit's native PrivateUse1 device guard, multi-device tensors and hooks";
@@ -151,6 +181,7 @@ PYBIND11_MODULE(_accelkit_device, m) {
   add_view_functions(m);
   add_lane_functions(m);
   add_book_functions(m);
+  add_factory_functions(m);
   m.def("install_guard", &install_guard, py::arg("count"), py::arg("synchronize"));
   m.def("device_count", [] { return static_cast<int>(device_count.load()); });
   m.def("current_device", [] { return static_cast<int>(current_device); });

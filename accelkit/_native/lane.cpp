@@ -35,6 +35,8 @@
 
 namespace py = pybind11;
 
+at::Tensor tensor_over_buffer(PyObject* payload, c10::IntArrayRef shape, c10::ScalarType dtype);  // device.cpp
+
 namespace {
 
 // Attribute names looked up on every call, made once (a C string would be a new str each time).
@@ -216,7 +218,7 @@ class Front {
     }
     py::object payload = adopt_(out);
     if (payload.is_none()) return wrapped(op, stack, out);
-    at::Tensor result = adopted(*entry, payload);
+    at::Tensor result = tensor_over_buffer(payload.ptr(), entry->shape, entry->dtype);
     torch::jit::drop(*stack, count);
     torch::jit::push(*stack, std::move(result));
     return true;
@@ -284,27 +286,6 @@ class Front {
     }
     entry.known = true;
     return true;
-  }
-
-  // A contiguous device tensor over the adopted buffer, as the Python runtime's
-  // adopted_tensor makes it: the storage at the buffer's address with its byte size, and the
-  // buffer on the storage's Python object.
-  static at::Tensor adopted(const Entry& entry, const py::object& payload) {
-    static PyObject* const address_name = interned("address");
-    static PyObject* const nbytes_name = interned("nbytes");
-    const auto address = payload.attr(address_name).cast<uintptr_t>();
-    const auto nbytes = payload.attr(nbytes_name).cast<int64_t>();
-    c10::Device device(c10::DeviceType::PrivateUse1, 0);
-    c10::Storage storage(c10::Storage::use_byte_size_t{}, nbytes,
-                         c10::DataPtr(reinterpret_cast<void*>(address), device), nullptr, false);
-    at::Tensor tensor = at::detail::make_tensor<c10::TensorImpl>(
-        std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-        c10::scalarTypeToTypeMeta(entry.dtype));
-    tensor.unsafeGetTensorImpl()->set_sizes_contiguous(entry.shape);
-    py::object python_storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(tensor.storage()));
-    if (!python_storage) throw py::error_already_set();
-    if (PyObject_SetAttr(python_storage.ptr(), payload_name(), payload.ptr()) != 0) throw py::error_already_set();
-    return tensor;
   }
 
   static bool equal(const c10::IValue& a, const c10::IValue& b) {

@@ -272,7 +272,24 @@ def _install_native_views() -> tuple[OpOverload, ...]:
     return NATIVE_VIEWS
 
 
-#: ``ACCELKIT_NATIVE_LANE=off`` keeps every lane's front in Python even with the extension loaded.
+def _install_native_empty(ctx: BackendContext, python_empty: Callable) -> tuple[OpOverload, ...]:
+    """Make the native kernel of ``empty`` (``_native/factories.cpp``: the common case in C++,
+    ``python_empty`` for the rest) the device's when the native fronts are on and the process
+    has one device; the ops it covers, or () otherwise."""
+    native = _native_front()
+    if native is None or not hasattr(native, "install_empty") or ctx.devices is not None:
+        return ()
+    rules = ctx.dtype_rules
+    held = rules.supported if rules is not None else _ALL_DTYPES
+    native.install_empty(python_empty, ctx.allocator, sorted(held, key=str))
+    return (_aten.empty.memory_format,)
+
+
+_ALL_DTYPES = frozenset(v for v in vars(torch).values() if isinstance(v, torch.dtype))
+
+
+#: ``ACCELKIT_NATIVE_LANE=off`` keeps every lane's front, and ``empty``, in Python even with the
+#: extension loaded.
 NATIVE_LANE_ENV = "ACCELKIT_NATIVE_LANE"
 
 
@@ -424,11 +441,13 @@ def _install(ctx: BackendContext) -> None:
     pipeline = _pipeline = Pipeline(ctx)
     kernels = _KernelLibrary(ctx, torch.library.Library("aten", "IMPL"))
     native_views = _install_native_views()
-    for op, fn in core_ops(ctx).items():
-        if op not in native_views:
+    runtime_ops = core_ops(ctx)
+    native_factories = _install_native_empty(ctx, runtime_ops[_aten.empty.memory_format])
+    for op, fn in runtime_ops.items():
+        if op not in native_views and op not in native_factories:
             kernels.impl(op, fn, "PrivateUse1")
         registered[op] = "runtime"
-    owned = set(core_ops(ctx))
+    owned = set(runtime_ops)
     # Every native kernel goes behind PyTorch's number-fits-the-dtype check (a no-op wrapper
     # for the ops the CPU does not check; see _scalar_checks).
     native_front = _native_front()
