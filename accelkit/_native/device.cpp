@@ -11,6 +11,7 @@
 // device's memory figures for torch.accelerator, generator.cpp the device's generators.
 
 #include <atomic>
+#include <optional>
 #include <cctype>
 #include <string>
 #include <cstdint>
@@ -137,10 +138,12 @@ at::Tensor device_tensor(
 
 }  // namespace
 
-// A contiguous device tensor of device 0 over a runtime buffer (an accelkit.sdk Buffer), as the
-// Python runtime's adopted_tensor makes it: the storage at the buffer's address with its byte
-// size, and the buffer as the storage's Python object's ``payload``. The GIL is held.
-at::Tensor tensor_over_buffer(PyObject* payload, c10::IntArrayRef shape, c10::ScalarType dtype) {
+// A device tensor of device 0 over a runtime buffer (an accelkit.sdk Buffer), contiguous unless
+// ``strides`` are given, as the Python runtime's adopted_tensor makes it: the storage at the
+// buffer's address with its byte size, and the buffer as the storage's Python object's
+// ``payload``. The GIL is held.
+at::Tensor tensor_over_buffer(PyObject* payload, c10::IntArrayRef shape, c10::ScalarType dtype,
+                              std::optional<c10::IntArrayRef> strides) {
   static PyObject* const address_name = PyUnicode_InternFromString("address");
   static PyObject* const nbytes_name = PyUnicode_InternFromString("nbytes");
   static PyObject* const payload_name = PyUnicode_InternFromString("payload");
@@ -158,7 +161,11 @@ at::Tensor tensor_over_buffer(PyObject* payload, c10::IntArrayRef shape, c10::Sc
                        c10::DataPtr(reinterpret_cast<void*>(address), c10::Device(kDevice, 0)), nullptr, false);
   at::Tensor tensor = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
-  tensor.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  if (strides.has_value()) {
+    tensor.unsafeGetTensorImpl()->set_sizes_and_strides(shape, *strides);
+  } else {
+    tensor.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  }
   py::object python_storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(tensor.storage()));
   if (!python_storage) throw py::error_already_set();
   if (PyObject_SetAttr(python_storage.ptr(), payload_name, payload) != 0) throw py::error_already_set();

@@ -19,6 +19,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -35,7 +36,8 @@
 
 namespace py = pybind11;
 
-at::Tensor tensor_over_buffer(PyObject* payload, c10::IntArrayRef shape, c10::ScalarType dtype);  // device.cpp
+at::Tensor tensor_over_buffer(PyObject* payload, c10::IntArrayRef shape, c10::ScalarType dtype,
+                              std::optional<c10::IntArrayRef> strides = std::nullopt);  // device.cpp
 
 namespace {
 

@@ -272,24 +272,25 @@ def _install_native_views() -> tuple[OpOverload, ...]:
     return NATIVE_VIEWS
 
 
-def _install_native_empty(ctx: BackendContext, python_empty: Callable) -> tuple[OpOverload, ...]:
-    """Make the native kernel of ``empty`` (``_native/factories.cpp``: the common case in C++,
-    ``python_empty`` for the rest) the device's when the native fronts are on and the process
-    has one device; the ops it covers, or () otherwise."""
+def _install_native_empty(ctx: BackendContext, runtime_ops: Mapping[OpOverload, Callable]) -> tuple[OpOverload, ...]:
+    """Make the native kernels of ``empty`` and ``empty_strided`` (``_native/factories.cpp``:
+    the common case in C++, the runtime's Python kernels for the rest) the device's when the
+    native fronts are on and the process has one device; the ops they cover, or () otherwise."""
     native = _native_front()
     if native is None or not hasattr(native, "install_empty") or ctx.devices is not None:
         return ()
     rules = ctx.dtype_rules
     held = rules.supported if rules is not None else _ALL_DTYPES
-    native.install_empty(python_empty, ctx.allocator, sorted(held, key=str))
-    return (_aten.empty.memory_format,)
+    empty, empty_strided = _aten.empty.memory_format, _aten.empty_strided.default
+    native.install_empty(runtime_ops[empty], runtime_ops[empty_strided], ctx.allocator, sorted(held, key=str))
+    return (empty, empty_strided)
 
 
 _ALL_DTYPES = frozenset(v for v in vars(torch).values() if isinstance(v, torch.dtype))
 
 
-#: ``ACCELKIT_NATIVE_LANE=off`` keeps every lane's front, and ``empty``, in Python even with the
-#: extension loaded.
+#: ``ACCELKIT_NATIVE_LANE=off`` keeps every lane's front, and ``empty``'s, in Python even with
+#: the extension loaded.
 NATIVE_LANE_ENV = "ACCELKIT_NATIVE_LANE"
 
 
@@ -442,7 +443,7 @@ def _install(ctx: BackendContext) -> None:
     kernels = _KernelLibrary(ctx, torch.library.Library("aten", "IMPL"))
     native_views = _install_native_views()
     runtime_ops = core_ops(ctx)
-    native_factories = _install_native_empty(ctx, runtime_ops[_aten.empty.memory_format])
+    native_factories = _install_native_empty(ctx, runtime_ops)
     for op, fn in runtime_ops.items():
         if op not in native_views and op not in native_factories:
             kernels.impl(op, fn, "PrivateUse1")
