@@ -395,8 +395,7 @@ def _sharing_results(plan: Callable[[list, list], Any], signature: _Signature, a
     each call still charged the program's cost, as the target would run it. ``torch.zeros``,
     ``full`` and ``ones_like`` (every ``backward``'s seed) are a fresh ``empty`` filled this way.
     """
-    shared, keep = allocator.shared, allocator.keep_shared
-    backlog, settle_at, settle = COSTS.backlog()
+    shared, keep, record = allocator.shared, allocator.keep_shared, COSTS.record
 
     def sharing(blocks: list, values: list) -> Any:
         tally = signature.only  # None before the first compile, or with several executables
@@ -409,9 +408,7 @@ def _sharing_results(plan: Callable[[list, list], Any], signature: _Signature, a
             out = plan(blocks, values)
             keep(key, out)
             return out
-        backlog.append(tally)
-        if len(backlog) >= settle_at:
-            settle()
+        record(tally)
         return out
 
     return sharing
