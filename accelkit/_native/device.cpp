@@ -116,15 +116,12 @@ void install_guard(int count, py::object synchronize) {
   }
 }
 
-// A device tensor on `index` with this geometry, over `nbytes` of storage at device address
-// `address`. Address 0 is an empty buffer: a resizable storage with no data, as
-// torch._C._acc.create_empty_tensor gives.
-at::Tensor device_tensor(
-    const std::vector<int64_t>& size, const std::vector<int64_t>& stride, c10::ScalarType dtype,
-    int index, uintptr_t address, int64_t nbytes) {
-  check_index(static_cast<c10::DeviceIndex>(index));
-  TORCH_CHECK(size.size() == stride.size(), "size and stride differ in length");
-  c10::Device device(kDevice, static_cast<c10::DeviceIndex>(index));
+// A device tensor on `index` with this geometry (contiguous when `stride` is absent), over
+// `nbytes` of storage at device address `address`. Address 0 is an empty buffer: a resizable
+// storage with no data, as torch._C._acc.create_empty_tensor gives.
+at::Tensor tensor_at(c10::IntArrayRef size, std::optional<c10::IntArrayRef> stride, c10::ScalarType dtype,
+                     c10::DeviceIndex index, uintptr_t address, int64_t nbytes) {
+  c10::Device device(kDevice, index);
   c10::Storage storage = address == 0
       ? c10::Storage(c10::Storage::use_byte_size_t{}, 0, c10::GetAllocator(c10::kMeta), true)
       : c10::Storage(c10::Storage::use_byte_size_t{}, nbytes,
@@ -132,8 +129,21 @@ at::Tensor device_tensor(
   if (address == 0) storage.set_data_ptr_noswap(c10::DataPtr(nullptr, device));
   at::Tensor tensor = at::detail::make_tensor<c10::TensorImpl>(
       std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
-  tensor.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride, 0);
+  if (stride.has_value()) {
+    tensor.unsafeGetTensorImpl()->set_sizes_and_strides(size, *stride, 0);
+  } else {
+    tensor.unsafeGetTensorImpl()->set_sizes_contiguous(size);
+  }
   return tensor;
+}
+
+// tensor_at for Python: the index checked against the device count.
+at::Tensor device_tensor(
+    const std::vector<int64_t>& size, const std::vector<int64_t>& stride, c10::ScalarType dtype,
+    int index, uintptr_t address, int64_t nbytes) {
+  check_index(static_cast<c10::DeviceIndex>(index));
+  TORCH_CHECK(size.size() == stride.size(), "size and stride differ in length");
+  return tensor_at(size, stride, dtype, static_cast<c10::DeviceIndex>(index), address, nbytes);
 }
 
 }  // namespace
@@ -156,16 +166,7 @@ at::Tensor tensor_over_buffer(PyObject* payload, c10::IntArrayRef shape, c10::Sc
     return number;
   };
   const auto address = static_cast<uintptr_t>(read(address_name));
-  const int64_t nbytes = read(nbytes_name);
-  c10::Storage storage(c10::Storage::use_byte_size_t{}, nbytes,
-                       c10::DataPtr(reinterpret_cast<void*>(address), c10::Device(kDevice, 0)), nullptr, false);
-  at::Tensor tensor = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), c10::scalarTypeToTypeMeta(dtype));
-  if (strides.has_value()) {
-    tensor.unsafeGetTensorImpl()->set_sizes_and_strides(shape, *strides);
-  } else {
-    tensor.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
-  }
+  at::Tensor tensor = tensor_at(shape, strides, dtype, 0, address, read(nbytes_name));
   py::object python_storage = py::reinterpret_steal<py::object>(THPStorage_Wrap(tensor.storage()));
   if (!python_storage) throw py::error_already_set();
   if (PyObject_SetAttr(python_storage.ptr(), payload_name, payload) != 0) throw py::error_already_set();
